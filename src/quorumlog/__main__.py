@@ -1,0 +1,5 @@
+"""``python -m quorumlog`` runs the CLI."""
+
+from quorumlog.cli import main
+
+main()

@@ -1,0 +1,56 @@
+"""The ``quorumlog`` command line. Each component adds a sub-app here."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+import quorumlog
+from quorumlog.errors import QuorumlogError
+from quorumlog.log import configure
+
+app = typer.Typer(
+    name="quorumlog",
+    help="quorumlog: replicated durable logs and key-value tables.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+err_console = Console(stderr=True)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"quorumlog {quorumlog.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version_callback, is_eager=True,
+        help="Print the version and exit.",
+    ),
+    log_level: str = typer.Option("WARNING", "--log-level", help="Logging level."),
+) -> None:
+    """quorumlog: replicated durable logs and key-value tables."""
+    configure(log_level)
+
+
+def _register() -> None:
+    """Attach each component's sub-app (one line per component)."""
+
+
+_register()
+
+
+def main() -> None:
+    """Entry point: a QuorumlogError becomes a one-line message and exit code 1."""
+    try:
+        app()
+    except QuorumlogError as exc:
+        err_console.print(f"[bold red]error:[/] {exc.message}")
+        sys.exit(1)
