@@ -1,0 +1,64 @@
+"""The metadata service: a replicated KV state machine (etcd v3 semantics).
+
+This package holds the deterministic state machine and its command types;
+the service that runs it on a Raft group (driver, server, clients) is built on
+``quorumlog.raft`` and ``quorumlog.rpc``.
+"""
+
+from quorumlog.meta._commands import (
+    Compact,
+    CompactResult,
+    Compare,
+    CompareOp,
+    CompareTarget,
+    CreateSession,
+    DeleteOp,
+    DeleteResult,
+    ErrorResult,
+    Event,
+    EventType,
+    IdResult,
+    KeyValue,
+    NextId,
+    PutOp,
+    PutResult,
+    RangeOp,
+    RangeResult,
+    Request,
+    Result,
+    RevokeSession,
+    SessionResult,
+    Txn,
+    TxnResult,
+)
+from quorumlog.meta._state import CompactedError, MetaLimits, MetaStateMachine
+
+__all__ = [
+    "Compact",
+    "CompactResult",
+    "CompactedError",
+    "Compare",
+    "CompareOp",
+    "CompareTarget",
+    "CreateSession",
+    "DeleteOp",
+    "DeleteResult",
+    "ErrorResult",
+    "Event",
+    "EventType",
+    "IdResult",
+    "KeyValue",
+    "MetaLimits",
+    "MetaStateMachine",
+    "NextId",
+    "PutOp",
+    "PutResult",
+    "RangeOp",
+    "RangeResult",
+    "Request",
+    "Result",
+    "RevokeSession",
+    "SessionResult",
+    "Txn",
+    "TxnResult",
+]
