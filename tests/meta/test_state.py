@@ -246,3 +246,22 @@ def test_replicas_and_snapshots_agree(seed: int) -> None:
             b = Log(restored)
     assert a.sm.snapshot() == b.sm.snapshot()
     assert CompareOp.EQUAL.value == "=="
+
+
+def test_lease_keeper_expires_and_refreshes() -> None:
+    from quorumlog.meta._leases import LeaseKeeper
+
+    keeper = LeaseKeeper()
+    keeper.created(1, 1000, now_ms=0)  # not the leader: ignored
+    assert keeper.expired(10_000) == []
+    keeper.promote(now_ms=100, sessions={1: 1000, 2: 500})
+    assert keeper.expired(599) == []
+    assert keeper.expired(600) == [2]
+    assert keeper.keepalive(1, now_ms=1000) == 1000
+    assert keeper.expired(1999) == [2]  # still reported until revoked
+    keeper.revoked(2)
+    assert keeper.expired(1999) == []
+    assert keeper.expired(2000) == [1]
+    assert keeper.keepalive(99, now_ms=0) is None
+    keeper.demote()
+    assert keeper.keepalive(1, now_ms=0) is None and keeper.expired(10**9) == []

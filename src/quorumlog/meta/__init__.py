@@ -31,6 +31,7 @@ from quorumlog.meta._commands import (
     Txn,
     TxnResult,
 )
+from quorumlog.meta._leases import LeaseKeeper
 from quorumlog.meta._state import CompactedError, MetaLimits, MetaStateMachine
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "EventType",
     "IdResult",
     "KeyValue",
+    "LeaseKeeper",
     "MetaLimits",
     "MetaStateMachine",
     "NextId",
