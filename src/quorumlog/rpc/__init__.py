@@ -1,0 +1,90 @@
+"""quorumlog.rpc: the network layer (asyncio on uvloop).
+
+Typed request/response messages over length-prefixed binary frames, pipelined
+on long-lived connections, with optional mutual TLS and a shared token.
+
+Messages are frozen msgspec Structs with a stable wire id; a request names its
+response type::
+
+    from typing import ClassVar
+    from quorumlog import rpc
+
+    class PingResponse(rpc.Message, frozen=True):
+        type_id: ClassVar[int] = 60001
+        n: int
+
+    class PingRequest(rpc.Request[PingResponse], frozen=True):
+        type_id: ClassVar[int] = 60000
+        n: int
+
+    async def ping(request: PingRequest, ctx: rpc.RequestContext) -> PingResponse:
+        return PingResponse(n=request.n)            # or (response, payload_bytes)
+
+    server = rpc.Server({PingRequest: ping}, config=rpc.RpcConfig())
+    await server.start("127.0.0.1", 0)
+    conn = await rpc.connect("127.0.0.1", server.port)
+    response = await conn.call(PingRequest(n=1), timeout_s=1.0)          # PingResponse
+    response, data = await conn.call_with_payload(PingRequest(n=2), payload=b"entry")
+    await conn.close(); await server.close()
+
+Public API:
+
+- ``Message``, ``Request[R]``: message bases (``type_id: ClassVar[int]`` registers).
+- ``Server(handlers, *, config=None, security=None)``: ``await start(host, port)``,
+  ``port``, ``connection_count``, ``await close()``. A handler is
+  ``async (request, RequestContext) -> response | (response, payload)``.
+- ``connect(host, port, *, config=None, security=None) -> Connection``:
+  ``call``, ``call_with_payload``, ``send_nowait``, ``call_many``, ``close``,
+  ``close_nowait``, ``peer``, ``closed``, ``in_flight``.
+- ``Pool(*, config=None, security=None)``: one connection per ``"host:port"``,
+  reconnecting on demand: ``get``, ``call``, ``call_with_payload``, ``close``.
+- ``RpcConfig``, ``RpcSecurityConfig``: every limit and security option.
+- Errors: ``ConnectionClosedError`` and ``ConnectFailedError`` (retriable),
+  ``BackpressureError`` (retriable), ``AuthenticationError``,
+  ``RemoteInternalError``, ``UnsupportedRequestError``; ``register_error`` gives
+  a package's own error class a wire code. A handler's QuorumlogError is raised
+  again, same class, on the client.
+- ``install_uvloop()``, ``run(main)``: event loop helpers.
+- ``metrics_registry``: the prometheus_client registry with the rpc counters.
+
+See docs/rpc.md for the wire format, the copy count of payloads and the limits.
+"""
+
+from ._client import Connection, connect
+from ._config import RpcConfig, RpcSecurityConfig
+from ._errors import (
+    AuthenticationError,
+    BackpressureError,
+    ConnectFailedError,
+    ConnectionClosedError,
+    RemoteInternalError,
+    UnsupportedRequestError,
+    register_error,
+)
+from ._loop import install_uvloop, run
+from ._messages import Message, Request
+from ._metrics import metrics_registry
+from ._pool import Pool
+from ._server import RequestContext, Server
+
+__all__ = [
+    "AuthenticationError",
+    "BackpressureError",
+    "ConnectFailedError",
+    "Connection",
+    "ConnectionClosedError",
+    "Message",
+    "Pool",
+    "RemoteInternalError",
+    "Request",
+    "RequestContext",
+    "RpcConfig",
+    "RpcSecurityConfig",
+    "Server",
+    "UnsupportedRequestError",
+    "connect",
+    "install_uvloop",
+    "metrics_registry",
+    "register_error",
+    "run",
+]
