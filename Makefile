@@ -1,5 +1,5 @@
 # Developer shortcuts. Every target installs from the lock file first.
-.PHONY: setup test test-slow sim lint bench clean
+.PHONY: setup test test-slow sim lint bench clean demo
 
 setup:
 	./scripts/setup.sh
@@ -10,6 +10,12 @@ test: setup
 test-slow: setup
 	./scripts/uv run --frozen pytest -n 2 -m "slow"
 
+# 100,000 simulator seeds (75,000 three-node + 25,000 five-node runs, every fault
+# mix, 2 processes; about half an hour). A failure prints its seed and replay command.
+sim: setup
+	./scripts/uv run --frozen quorumlog sim raft --seeds 75000 --nodes 3 --jobs 2
+	./scripts/uv run --frozen quorumlog sim raft --seeds 25000 --nodes 5 --jobs 2
+
 lint: setup
 	./scripts/uv run --frozen ruff check .
 	./scripts/uv run --frozen mypy
@@ -19,3 +25,6 @@ bench: setup
 
 clean:
 	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache
+
+demo:
+	./scripts/demo.sh

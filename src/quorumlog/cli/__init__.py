@@ -42,6 +42,12 @@ def _root(
 
 def _register() -> None:
     """Attach each component's sub-app (one line per component)."""
+    app.add_typer(__import__("quorumlog.cli._wal", fromlist=["app"]).app, name="wal")
+    app.add_typer(__import__("quorumlog.cli._sim", fromlist=["app"]).app, name="sim")
+    from quorumlog.cli import _cluster, _meta
+
+    _cluster.register(app)
+    app.add_typer(_meta.app, name="meta")
 
 
 _register()

@@ -92,7 +92,7 @@ class Request(msgspec.Struct, frozen=True, kw_only=True):
     command: Command
 
 
-class KeyValue(msgspec.Struct, frozen=True, kw_only=True):
+class KeyValue(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     key: str
     value: bytes
     create_revision: int
@@ -152,7 +152,7 @@ class EventType(enum.StrEnum):
     DELETE = "delete"
 
 
-class Event(msgspec.Struct, frozen=True, kw_only=True):
+class Event(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     type: EventType
     kv: KeyValue  # for DELETE: key, mod_revision = deletion revision, empty value
     prev: KeyValue | None = None

@@ -67,7 +67,9 @@ class MetaLimits(Config, frozen=True):
     value_max_bytes: int = 1024 * 1024  # ledger metadata with many fragments fits easily
     txn_ops_max: int = 128  # etcd's default --max-txn-ops
     range_limit_max: int = 10_000  # one response stays bounded
-    history_events_max: int = 100_000  # watch history kept for resumption
+    # Watch history kept for resumption; it is part of every snapshot, so it is
+    # kept modest (a watcher further behind re-reads and resumes from now).
+    history_events_max: int = 10_000
     dedupe_clients_max: int = 10_000  # clients whose last result is remembered
     session_ttl_ms_min: int = 500
     session_ttl_ms_max: int = 3_600_000
@@ -114,6 +116,9 @@ class MetaStateMachine:
 
     def __init__(self, limits: MetaLimits | None = None) -> None:
         self.limits = limits or MetaLimits()
+        self._reset()
+
+    def _reset(self) -> None:
         self.applied_index = 0
         self.revision = 0
         self.compacted_revision = 0
@@ -421,6 +426,10 @@ class MetaStateMachine:
         return _ENCODER.encode(snap)
 
     def restore(self, data: bytes) -> None:
+        """Replace the state by a snapshot; empty data is the initial (bootstrap) state."""
+        if not data:
+            self._reset()
+            return
         snap = msgspec.msgpack.decode(data, type=_Snapshot)
         self.applied_index = snap.applied_index
         self.revision = snap.revision

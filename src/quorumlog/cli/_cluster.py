@@ -1,0 +1,107 @@
+"""``quorumlog node``, ``up``, ``down``, ``status``: node processes and the local cluster."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+
+DirOption = typer.Option(
+    None, "--dir", help="Cluster directory (default: $QUORUMLOG_CLUSTER_DIR or .quorumlog/cluster)."
+)
+
+
+def _dir(directory: Path | None) -> Path:
+    from quorumlog.node import DEFAULT_DIR
+
+    return directory or DEFAULT_DIR
+
+
+def node(config: Path = typer.Option(..., "--config", help="The node's TOML config file.")) -> None:
+    """Run one node process (roles from its config) until SIGTERM."""
+    from quorumlog.node import load_node_config
+    from quorumlog.node._process import run_node
+
+    run_node(load_node_config(config))
+
+
+def up(
+    nodes: int = typer.Option(3, "--nodes", help="Number of node processes (1-3 today)."),
+    directory: Path | None = DirOption,
+) -> None:
+    """Start a local cluster on 127.0.0.1 in the background and wait until healthy."""
+    from quorumlog import node as cluster
+
+    with console.status(f"starting {nodes} node(s) and waiting for a meta leader..."):
+        infos = cluster.up(_dir(directory), nodes)
+    table = Table(title=f"quorumlog cluster in {_dir(directory).resolve()}")
+    for col in ("node", "pid", "address", "metrics", "roles"):
+        table.add_column(col)
+    for i in infos:
+        table.add_row(str(i.id), str(i.pid), i.address, f"http://{i.metrics}/metrics",
+                      ",".join(i.roles))
+    console.print(table)
+    console.print("meta members: " + ",".join(i.address for i in infos))
+
+
+def down(directory: Path | None = DirOption) -> None:
+    """Stop the local cluster (SIGTERM, then SIGKILL after a deadline)."""
+    from quorumlog import node as cluster
+
+    stopped = cluster.down(_dir(directory))
+    console.print(f"stopped {len(stopped)} node process(es)")
+
+
+def status(
+    directory: Path | None = DirOption,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Show every node: pid, roles, address, Raft role, term, commit/applied index."""
+    from quorumlog import node as cluster
+
+    rows = cluster.status(_dir(directory))
+    if as_json:
+        typer.echo(json.dumps({"nodes": rows}, indent=2))
+        return
+    table = Table(title="quorumlog nodes")
+    cols = ("id", "pid", "alive", "roles", "address", "meta_role", "term", "leader",
+            "commit_index", "applied_index", "revision")
+    for col in cols:
+        table.add_column(col)
+    for r in rows:
+        table.add_row(*[",".join(r[c]) if c == "roles" else str(r.get(c, "-")) for c in cols])
+    console.print(table)
+
+
+def restart(
+    node_id: int = typer.Option(..., "--node", help="The node id to start again."),
+    directory: Path | None = DirOption,
+) -> None:
+    """Start a stopped or killed node of the local cluster again (same config and data)."""
+    from quorumlog import node as cluster
+
+    info = cluster.restart_node(_dir(directory), node_id)
+    console.print(f"node {info.id} started again, pid {info.pid}")
+
+
+def add_node(directory: Path | None = DirOption) -> None:
+    """Start one more node that will join the meta group once added as a member."""
+    from quorumlog import node as cluster
+
+    info = cluster.add_node(_dir(directory))
+    console.print(f"node {info.id} started at {info.address} (pid {info.pid}); make it a member "
+                  f"with: quorumlog meta member add {info.id} {info.address}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("add-node")(add_node)
+    app.command("restart")(restart)
+    app.command("node")(node)
+    app.command("up")(up)
+    app.command("down")(down)
+    app.command("status")(status)

@@ -1,0 +1,158 @@
+"""``quorumlog meta``: operator access to the metadata service."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help="Read and write the metadata service.", no_args_is_help=True)
+console = Console()
+
+MembersOption = typer.Option(
+    None, "--members", help="Comma-separated meta addresses (default: the local cluster)."
+)
+DirOption = typer.Option(None, "--dir", help="Local cluster directory.")
+
+
+def _members(members: str | None, directory: Path | None) -> list[str]:
+    if members:
+        return [m.strip() for m in members.split(",") if m.strip()]
+    from quorumlog.node import DEFAULT_DIR, meta_addresses
+
+    return meta_addresses(directory or DEFAULT_DIR)
+
+
+@app.command()
+def get(
+    key: str,
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+    serializable: bool = typer.Option(False, help="Read from any member (may be stale)."),
+) -> None:
+    """Print one key's value and versions."""
+    from quorumlog.meta._client import BlockingMetaClient
+
+    with BlockingMetaClient(_members(members, directory)) as meta:
+        kv = meta.get(key, serializable=serializable)
+    if kv is None:
+        console.print(f"{key}: not found")
+        raise typer.Exit(1)
+    typer.echo(json.dumps({"key": kv.key, "value": kv.value.decode(errors="replace"),
+                           "version": kv.version, "create_revision": kv.create_revision,
+                           "mod_revision": kv.mod_revision, "session_id": kv.session_id}))
+
+
+@app.command()
+def put(
+    key: str,
+    value: str,
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+    expect_version: int = typer.Option(-1, help="Compare-and-swap: only if version matches."),
+) -> None:
+    """Write a key (optionally compare-and-swap on its version)."""
+    from quorumlog.meta._client import BlockingMetaClient
+
+    with BlockingMetaClient(_members(members, directory)) as meta:
+        if expect_version >= 0:
+            if not meta.cas(key, expect_version, value.encode()):
+                console.print(f"[red]version of {key} is not {expect_version}; nothing written")
+                raise typer.Exit(1)
+            console.print("ok")
+        else:
+            console.print(f"ok, revision {meta.put(key, value.encode())}")
+
+
+@app.command("list")
+def list_(
+    prefix: str,
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+    limit: int = typer.Option(1000, help="At most this many keys."),
+) -> None:
+    """List keys under a prefix."""
+    from quorumlog.meta._client import BlockingMetaClient
+
+    with BlockingMetaClient(_members(members, directory)) as meta:
+        kvs = meta.list_keys(prefix, limit=limit)
+    table = Table(title=f"keys under {prefix!r}")
+    for col in ("key", "value", "version", "mod_revision", "session"):
+        table.add_column(col)
+    for kv in kvs:
+        table.add_row(kv.key, kv.value[:60].decode(errors="replace"), str(kv.version),
+                      str(kv.mod_revision), str(kv.session_id or ""))
+    console.print(table)
+
+
+@app.command()
+def watch(
+    key: str,
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+    prefix: bool = typer.Option(False, help="Watch every key under KEY."),
+    from_revision: int = typer.Option(0, help="Start at this revision (default: now)."),
+    count: int = typer.Option(0, help="Stop after this many events (0: until Ctrl-C)."),
+) -> None:
+    """Print changes to a key or prefix, in revision order, as JSON lines."""
+    from quorumlog.meta._client import MetaClient
+
+    async def main() -> None:
+        async with MetaClient(_members(members, directory)) as meta:
+            start = from_revision
+            if start <= 0:
+                _, revision = await meta.range(key, prefix=prefix, limit=1)
+                start = revision + 1
+            seen = 0
+            async for event in meta.watch(key, prefix=prefix, start_revision=start):
+                typer.echo(json.dumps({"type": event.type.value, "key": event.kv.key,
+                                       "value": event.kv.value.decode(errors="replace"),
+                                       "revision": event.kv.mod_revision}), nl=True)
+                seen += 1
+                if count and seen >= count:
+                    return
+
+    asyncio.run(main())
+
+
+member_app = typer.Typer(help="Change the members of the meta Raft group.", no_args_is_help=True)
+app.add_typer(member_app, name="member")
+
+
+def _change(action: str, node_id: int, address: str, members: str | None,
+            directory: Path | None) -> None:
+    from quorumlog.meta._client import BlockingMetaClient
+
+    with BlockingMetaClient(_members(members, directory)) as meta:
+        voters, learners = meta.change_member(action, node_id, address)
+    console.print(f"voters {voters}, learners {learners}")
+
+
+@member_app.command("add")
+def member_add(
+    node_id: int, address: str, members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+    learner: bool = typer.Option(False, help="Add as a learner (receives the log, no vote)."),
+) -> None:
+    """Add node NODE_ID at ADDRESS as a voter (or a learner)."""
+    _change("add_learner" if learner else "add", node_id, address, members, directory)
+
+
+@member_app.command("promote")
+def member_promote(
+    node_id: int, members: str | None = MembersOption, directory: Path | None = DirOption
+) -> None:
+    """Promote learner NODE_ID to a voter."""
+    _change("promote", node_id, "", members, directory)
+
+
+@member_app.command("remove")
+def member_remove(
+    node_id: int, members: str | None = MembersOption, directory: Path | None = DirOption
+) -> None:
+    """Remove NODE_ID from the meta group."""
+    _change("remove", node_id, "", members, directory)

@@ -1,0 +1,144 @@
+"""``quorumlog sim``: the deterministic simulator.
+
+``quorumlog sim raft --seeds N`` runs N seeds and prints a summary;
+``quorumlog sim raft --seed S --trace`` replays one seed and prints its
+transcript. A failure prints the seed, the violated invariant and the command
+that replays it; the exit code is 1 when any seed failed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from quorumlog.sim import BatchSummary, SimResult
+
+app = typer.Typer(
+    help="Deterministic simulation: seeded, replayable runs with faults.",
+    no_args_is_help=True,
+)
+
+_console = Console()
+_err = Console(stderr=True)
+
+DETAIL_LINES_SHOWN = 12
+"""Lines of a failure's explanation printed in a summary."""
+
+
+@app.command("raft")
+def raft(
+    seeds: int = typer.Option(0, "--seeds", min=0, help="Run this many seeds."),
+    start: int = typer.Option(0, "--start", min=0, help="First seed of --seeds."),
+    seed: int | None = typer.Option(None, "--seed", min=0, help="Run (replay) one seed."),
+    nodes: int = typer.Option(3, "--nodes", min=1, max=9, help="Raft nodes at the start."),
+    mix: str = typer.Option(
+        "all", "--mix",
+        help="Fault mix: calm, lossy, partitions, crashes, figure8, churn, everything; "
+        "'all' rotates through them by seed.",
+    ),
+    jobs: int = typer.Option(2, "--jobs", min=1, max=64, help="Worker processes for --seeds."),
+    trace: bool = typer.Option(False, "--trace", help="With --seed: print the transcript."),
+) -> None:
+    """Run the Raft key-value cluster simulator: safety invariants after every
+    step, linearizability of the client history, liveness after faults heal."""
+    from quorumlog.errors import UsageError
+    from quorumlog.sim import mix_for_seed
+
+    mix_for_seed(mix, 0)  # reject an unknown mix before doing anything
+    if (seed is None) == (seeds == 0):
+        raise UsageError("give exactly one of --seed S (replay one) or --seeds N (run many)")
+    if seed is not None:
+        ok = _run_one(seed, mix, nodes, trace=trace)
+    else:
+        if trace:
+            raise UsageError("--trace needs --seed S: transcripts are kept for one seed only")
+        ok = _run_many(start, seeds, mix, nodes, jobs)
+    if not ok:
+        raise typer.Exit(1)
+
+
+def _run_one(seed: int, mix_name: str, nodes: int, *, trace: bool) -> bool:
+    from quorumlog.sim import SimConfig, mix_for_seed, run_seed
+
+    mix = mix_for_seed(mix_name, seed)
+    result = run_seed(seed, mix, SimConfig(nodes=nodes), keep_trace=trace)
+    for line in result.trace:
+        _console.print(line, markup=False, highlight=False)
+    stats = " ".join(f"{k}={v}" for k, v in result.stats.items())
+    _console.print(
+        f"seed {seed} mix={result.mix} nodes={nodes}: "
+        + ("[green]passed[/]" if result.passed else f"[red]FAILED[/] {result.violation}"),
+    )
+    _console.print(
+        f"  operations={result.operations} unknown={result.unknown_operations} "
+        f"linearizability={result.verdict or '-'} {stats}",
+        markup=False, highlight=False,
+    )
+    if trace:
+        _console.print(f"  trace sha256 {result.trace_hash}", markup=False)
+    if not result.passed:
+        _print_failure(result, nodes)
+    return result.passed
+
+
+def _run_many(start: int, count: int, mix: str, nodes: int, jobs: int) -> bool:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from quorumlog.sim import SeedSpec, run_many
+
+    specs = [SeedSpec(seed, mix, nodes) for seed in range(start, start + count)]
+    columns = (
+        "{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        "{task.fields[failed]} failed",
+    )
+    with Progress(*columns, console=_err, transient=True) as progress:
+        task = progress.add_task(f"raft sim, {nodes} nodes", total=count, failed=0)
+        failed = 0
+
+        def advance(result: SimResult) -> None:
+            nonlocal failed
+            failed += not result.passed
+            progress.update(task, advance=1, failed=failed)
+
+        summary = run_many(specs, jobs=jobs, on_result=advance)
+    _print_summary(summary, start, count, nodes)
+    for result in summary.failures:
+        _print_failure(result, nodes)
+    return summary.passed
+
+
+def _print_summary(summary: BatchSummary, start: int, count: int, nodes: int) -> None:
+    table = Table(title=f"quorumlog sim raft: seeds {start}..{start + count - 1}, {nodes} nodes")
+    for column in ("mix", "seeds", "passed", "failed", "lin. decided", "lin. undecided",
+                   "ops", "unknown ops"):
+        table.add_column(column, justify="left" if column == "mix" else "right")
+    for name, s in sorted(summary.per_mix.items()):
+        failed = s.seeds - s.passed
+        table.add_row(
+            name, str(s.seeds), str(s.passed), f"[red]{failed}[/]" if failed else "0",
+            str(s.decided), str(s.undecided), str(s.operations), str(s.unknown_operations),
+        )
+    _console.print(table)
+    failed = len(summary.failures)
+    verdict = "[green]all passed[/]" if summary.passed else f"[red]{failed} failed[/]"
+    _console.print(f"{summary.seeds} seeds: {verdict}")
+
+
+def _print_failure(result: SimResult, nodes: int) -> None:
+    lines = result.detail.splitlines() or [""]
+    _console.print(
+        f"[red]seed {result.seed}[/] mix={result.mix} violated [bold]{result.violation}[/]: ",
+        end="",
+    )
+    _console.print(lines[0], markup=False, highlight=False)
+    for line in lines[1:DETAIL_LINES_SHOWN]:
+        _console.print(f"  {line}", markup=False, highlight=False)
+    _console.print(
+        f"  replay: quorumlog sim raft --seed {result.seed} --mix {result.mix} "
+        f"--nodes {nodes} --trace",
+        markup=False, highlight=False,
+    )

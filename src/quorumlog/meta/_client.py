@@ -1,0 +1,353 @@
+"""Clients of the metadata service: asyncio (:class:`MetaClient`) and blocking.
+
+A client takes the member addresses, finds the leader by itself (following
+the address carried by NotLeaderError), and retries retriable errors with
+exponential backoff until a deadline. Every write carries this client's id and
+a sequence number that a retry reuses, so a write retried across a leader
+change is applied exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+from quorumlog import rpc
+from quorumlog.errors import DeadlineExceededError, NotLeaderError, QuorumlogError, UsageError
+from quorumlog.meta._commands import (
+    REQUEST_ENCODER,
+    RESULT_DECODER,
+    Command,
+    Compact,
+    Compare,
+    CompareOp,
+    CompareTarget,
+    CreateSession,
+    DeleteOp,
+    ErrorResult,
+    Event,
+    IdResult,
+    KeyValue,
+    NextId,
+    Op,
+    PutOp,
+    RangeOp,
+    RangeResult,
+    Request,
+    Result,
+    RevokeSession,
+    SessionResult,
+    Txn,
+    TxnResult,
+)
+from quorumlog.meta._service import (
+    MetaKeepAliveRequest,
+    MetaMemberRequest,
+    MetaRangeRequest,
+    MetaRequestFailedError,
+    MetaStatusRequest,
+    MetaStatusResponse,
+    MetaWatchRequest,
+    MetaWriteRequest,
+)
+
+T = TypeVar("T")
+
+BACKOFF_INITIAL_S = 0.02
+BACKOFF_MAX_S = 0.5
+REQUEST_TIMEOUT_S = 5.0  # one attempt
+OPERATION_DEADLINE_S = 20.0  # all attempts of one operation
+
+
+class MetaClient:
+    """asyncio client; use as ``async with MetaClient([...]) as meta:``."""
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        *,
+        pool: rpc.Pool | None = None,
+        deadline_s: float = OPERATION_DEADLINE_S,
+    ) -> None:
+        if not addresses:
+            raise UsageError("MetaClient needs at least one member address")
+        self.addresses = list(addresses)
+        self._pool = pool or rpc.Pool()
+        self._own_pool = pool is None
+        self._leader: str | None = None
+        self._client_id = os.urandom(16)
+        self._seq = 0
+        self._deadline_s = deadline_s
+        self._rng = random.Random()
+
+    async def __aenter__(self) -> MetaClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._own_pool:
+            await self._pool.close()
+
+    # ----- plumbing ----------------------------------------------------------
+
+    async def _retrying(self, attempt: Callable[[str], Awaitable[T]], *, leader: bool) -> T:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._deadline_s
+        backoff = BACKOFF_INITIAL_S
+        tried = 0
+        while True:
+            address = self._pick(leader, tried)
+            tried += 1
+            try:
+                return await attempt(address)
+            except NotLeaderError as exc:
+                self._leader = exc.leader_hint
+                error: QuorumlogError = exc
+            except QuorumlogError as exc:
+                if not exc.retriable:
+                    raise
+                if self._leader == address:
+                    self._leader = None
+                error = exc
+            if loop.time() + backoff > deadline:
+                raise DeadlineExceededError(
+                    f"meta operation did not succeed within {self._deadline_s:.0f} s; "
+                    f"last error: {error.message}"
+                ) from error
+            if not isinstance(error, NotLeaderError) or error.leader_hint is None:
+                await asyncio.sleep(backoff * (0.5 + self._rng.random()))
+                backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    def _pick(self, leader: bool, tried: int) -> str:
+        if leader and self._leader is not None:
+            return self._leader
+        return self.addresses[tried % len(self.addresses)]
+
+    async def _write(self, command: Command) -> Result:
+        self._seq += 1
+        data = REQUEST_ENCODER.encode(
+            Request(client_id=self._client_id, seq=self._seq, command=command)
+        )
+
+        async def attempt(address: str) -> Result:
+            response = await self._pool.call(
+                address, MetaWriteRequest(request=data), timeout_s=REQUEST_TIMEOUT_S
+            )
+            result: Result = RESULT_DECODER.decode(response.result)
+            return result
+
+        result = await self._retrying(attempt, leader=True)
+        if isinstance(result, ErrorResult):
+            raise MetaRequestFailedError(result.message, code=result.code)
+        return result
+
+    # ----- KV ----------------------------------------------------------------
+
+    async def txn(
+        self,
+        compares: Sequence[Compare] = (),
+        success: Sequence[Op] = (),
+        failure: Sequence[Op] = (),
+    ) -> TxnResult:
+        result = await self._write(
+            Txn(compares=tuple(compares), success=tuple(success), failure=tuple(failure))
+        )
+        assert isinstance(result, TxnResult)
+        return result
+
+    async def put(self, key: str, value: bytes, *, session_id: int = 0) -> int:
+        """Write ``key``; return the new revision."""
+        result = await self.txn(success=[PutOp(key=key, value=value, session_id=session_id)])
+        return result.revision
+
+    async def cas(
+        self, key: str, expected_version: int, value: bytes, *, session_id: int = 0
+    ) -> bool:
+        """Write ``key`` only if its version is ``expected_version`` (0: absent)."""
+        result = await self.txn(
+            compares=[Compare(key=key, target=CompareTarget.VERSION, op=CompareOp.EQUAL,
+                              version=expected_version)],
+            success=[PutOp(key=key, value=value, session_id=session_id)],
+        )
+        return result.succeeded
+
+    async def delete(self, key: str, *, prefix: bool = False) -> int:
+        result = await self.txn(success=[DeleteOp(key=key, prefix=prefix)])
+        deleted = result.results[0]
+        return getattr(deleted, "deleted", 0)
+
+    async def range(
+        self, key: str, *, prefix: bool = False, end: str = "", limit: int = 0,
+        serializable: bool = False,
+    ) -> tuple[RangeResult, int]:
+        """Keys in order; returns (result, revision the read saw)."""
+        request = MetaRangeRequest(
+            op=RangeOp(key=key, prefix=prefix, end=end, limit=limit), serializable=serializable
+        )
+
+        async def attempt(address: str) -> tuple[RangeResult, int]:
+            response = await self._pool.call(address, request, timeout_s=REQUEST_TIMEOUT_S)
+            return response.result, response.revision
+
+        return await self._retrying(attempt, leader=not serializable)
+
+    async def get(self, key: str, *, serializable: bool = False) -> KeyValue | None:
+        result, _ = await self.range(key, serializable=serializable)
+        return result.kvs[0] if result.kvs else None
+
+    async def list_keys(self, prefix: str, *, limit: int = 0) -> list[KeyValue]:
+        result, _ = await self.range(prefix, prefix=True, limit=limit)
+        return list(result.kvs)
+
+    # ----- sessions, ids, compaction -----------------------------------------
+
+    async def create_session(self, ttl_ms: int) -> int:
+        result = await self._write(CreateSession(ttl_ms=ttl_ms))
+        assert isinstance(result, SessionResult)
+        return result.session_id
+
+    async def keepalive(self, session_id: int) -> bool:
+        """Refresh a session; False if it expired (its ephemeral keys are gone)."""
+        request = MetaKeepAliveRequest(session_id=session_id)
+
+        async def attempt(address: str) -> int:
+            response = await self._pool.call(address, request, timeout_s=REQUEST_TIMEOUT_S)
+            return response.ttl_ms
+
+        return await self._retrying(attempt, leader=True) > 0
+
+    async def revoke_session(self, session_id: int) -> None:
+        await self._write(RevokeSession(session_id=session_id))
+
+    async def next_id(self, name: str, count: int = 1) -> int:
+        """The first of ``count`` unique increasing ids of sequence ``name``."""
+        result = await self._write(NextId(name=name, count=count))
+        assert isinstance(result, IdResult)
+        return result.first
+
+    async def compact(self, revision: int) -> None:
+        await self._write(Compact(revision=revision))
+
+    # ----- watch and status ----------------------------------------------------
+
+    async def watch_once(
+        self, key: str, *, prefix: bool = False, start_revision: int, wait_ms: int = 10_000
+    ) -> tuple[list[Event], int]:
+        """Events from ``start_revision`` on (waiting up to ``wait_ms`` for one)."""
+        request = MetaWatchRequest(
+            key=key, prefix=prefix, start_revision=start_revision, wait_ms=wait_ms
+        )
+
+        async def attempt(address: str) -> tuple[list[Event], int]:
+            response = await self._pool.call(
+                address, request, timeout_s=REQUEST_TIMEOUT_S + wait_ms / 1000
+            )
+            return response.events, response.revision
+
+        return await self._retrying(attempt, leader=False)
+
+    async def watch(self, key: str, *, prefix: bool = False, start_revision: int) -> Any:
+        """Async iterator of events in revision order, resuming across reconnects."""
+        next_revision = start_revision
+        while True:
+            events, _ = await self.watch_once(key, prefix=prefix, start_revision=next_revision)
+            for event in events:
+                yield event
+                next_revision = event.kv.mod_revision + 1
+
+    async def change_member(self, action: str, node_id: int, address: str = "") -> tuple[
+        list[int], list[int]
+    ]:
+        """add | add_learner | promote | remove a meta member; returns (voters, learners).
+
+        Not retried on an unknown outcome (a membership change is not idempotent):
+        check ``status`` and try again if it did not happen.
+        """
+        request = MetaMemberRequest(action=action, node_id=node_id, address=address)
+
+        async def attempt(addr: str) -> tuple[list[int], list[int]]:
+            response = await self._pool.call(addr, request, timeout_s=REQUEST_TIMEOUT_S * 2)
+            return response.voters, response.learners
+
+        return await self._retrying(attempt, leader=True)
+
+    async def status(self, address: str) -> MetaStatusResponse:
+        return await self._pool.call(address, MetaStatusRequest(), timeout_s=REQUEST_TIMEOUT_S)
+
+
+class BlockingMetaClient:
+    """The same API, blocking: runs a MetaClient on an event loop in a thread."""
+
+    def __init__(
+        self, addresses: Sequence[str], *, deadline_s: float = OPERATION_DEADLINE_S
+    ) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name="quorumlog-meta-client")
+        self._thread.start()
+        self._client: MetaClient = self._run(_make_client(addresses, deadline_s))
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def __enter__(self) -> BlockingMetaClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._run(self._client.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def put(self, key: str, value: bytes, *, session_id: int = 0) -> int:
+        return self._run(self._client.put(key, value, session_id=session_id))
+
+    def cas(self, key: str, expected_version: int, value: bytes) -> bool:
+        return self._run(self._client.cas(key, expected_version, value))
+
+    def get(self, key: str, *, serializable: bool = False) -> KeyValue | None:
+        return self._run(self._client.get(key, serializable=serializable))
+
+    def list_keys(self, prefix: str, *, limit: int = 0) -> list[KeyValue]:
+        return self._run(self._client.list_keys(prefix, limit=limit))
+
+    def delete(self, key: str, *, prefix: bool = False) -> int:
+        return self._run(self._client.delete(key, prefix=prefix))
+
+    def txn(self, compares: Sequence[Compare] = (), success: Sequence[Op] = (),
+            failure: Sequence[Op] = ()) -> TxnResult:
+        return self._run(self._client.txn(compares, success, failure))
+
+    def next_id(self, name: str, count: int = 1) -> int:
+        return self._run(self._client.next_id(name, count))
+
+    def create_session(self, ttl_ms: int) -> int:
+        return self._run(self._client.create_session(ttl_ms))
+
+    def keepalive(self, session_id: int) -> bool:
+        return self._run(self._client.keepalive(session_id))
+
+    def change_member(self, action: str, node_id: int, address: str = "") -> tuple[
+        list[int], list[int]
+    ]:
+        return self._run(self._client.change_member(action, node_id, address))
+
+    def watch_once(self, key: str, *, prefix: bool = False, start_revision: int,
+                   wait_ms: int = 10_000) -> tuple[list[Event], int]:
+        return self._run(self._client.watch_once(key, prefix=prefix,
+                                                 start_revision=start_revision, wait_ms=wait_ms))
+
+
+async def _make_client(addresses: Sequence[str], deadline_s: float) -> MetaClient:
+    return MetaClient(addresses, deadline_s=deadline_s)
+
+

@@ -1,0 +1,36 @@
+"""Node processes and the local development cluster.
+
+``quorumlog node --config node.toml`` runs one node (its roles come from the
+config); ``quorumlog up/down/status`` manage a local cluster on 127.0.0.1.
+"""
+
+from quorumlog.node._cluster import (
+    DEFAULT_DIR,
+    NodeInfo,
+    add_node,
+    down,
+    load,
+    meta_addresses,
+    restart_node,
+    status,
+    stop_node,
+    up,
+)
+from quorumlog.node._config import MetaSection, NodeConfig, NodeSection, load_node_config
+
+__all__ = [
+    "DEFAULT_DIR",
+    "MetaSection",
+    "NodeConfig",
+    "NodeInfo",
+    "NodeSection",
+    "add_node",
+    "down",
+    "load",
+    "load_node_config",
+    "meta_addresses",
+    "restart_node",
+    "status",
+    "stop_node",
+    "up",
+]

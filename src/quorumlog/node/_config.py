@@ -1,0 +1,105 @@
+"""Configuration of one node process (``quorumlog node --config node.toml``).
+
+Example::
+
+    [node]
+    id = 1
+    data_dir = "/var/lib/quorumlog/node-1"
+    listen = "127.0.0.1:7101"
+    metrics_listen = "127.0.0.1:9101"    # "" disables the Prometheus endpoint
+    roles = ["meta"]
+
+    [meta]
+    members = ["1=127.0.0.1:7101", "2=127.0.0.1:7102", "3=127.0.0.1:7103"]
+    bootstrap = true                     # a new group with these voters
+    tick_interval_ms = 100
+    snapshot_entries = 10000
+
+Every field can be overridden from the environment, for example
+``QUORUMLOG_NODE__LISTEN=127.0.0.1:7200``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from quorumlog import config
+from quorumlog.config import Config, require
+
+KNOWN_ROLES = frozenset({"meta"})
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    require(bool(host) and port.isdigit(), f"address {text!r} must look like host:port")
+    require(0 < int(port) < 65536, f"port of {text!r} out of range")
+    return host, int(port)
+
+
+class NodeSection(Config, frozen=True):
+    id: int
+    data_dir: str
+    listen: str
+    metrics_listen: str = ""
+    roles: tuple[str, ...] = ("meta",)
+    log_level: str = "INFO"
+
+    def validate(self) -> None:
+        require(self.id >= 1, f"node id must be >= 1, got {self.id}")
+        parse_address(self.listen)
+        if self.metrics_listen:
+            parse_address(self.metrics_listen)
+        unknown = set(self.roles) - KNOWN_ROLES
+        require(not unknown, f"unknown roles {sorted(unknown)}; known: {sorted(KNOWN_ROLES)}")
+
+
+class MetaSection(Config, frozen=True):
+    members: tuple[str, ...] = ()
+    bootstrap: bool = True
+    tick_interval_ms: int = 100
+    election_timeout_ticks: int = 10
+    snapshot_entries: int = 10_000
+
+    def member_map(self) -> dict[int, str]:
+        out: dict[int, str] = {}
+        for item in self.members:
+            node_id, sep, address = item.partition("=")
+            require(
+                sep == "=" and node_id.isdigit(), f"member {item!r} must look like 'id=host:port'"
+            )
+            parse_address(address)
+            out[int(node_id)] = address
+        return out
+
+    def validate(self) -> None:
+        require(bool(self.members), "[meta] members must list the meta group (id=host:port)")
+        self.member_map()
+        require(self.tick_interval_ms >= 1, "tick_interval_ms must be >= 1")
+        require(self.election_timeout_ticks >= 2, "election_timeout_ticks must be >= 2")
+        require(self.snapshot_entries >= 1, "snapshot_entries must be >= 1")
+
+
+class NodeConfig(Config, frozen=True):
+    node: NodeSection
+    meta: MetaSection | None = None
+
+    def validate(self) -> None:
+        self.node.validate()
+        if "meta" in self.node.roles:
+            require(self.meta is not None, "role meta needs a [meta] section")
+            assert self.meta is not None
+            self.meta.validate()
+            members = self.meta.member_map()
+            require(
+                self.node.id in members,
+                f"node {self.node.id} has role meta but is not in [meta] members",
+            )
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.node.data_dir)
+
+
+def load_node_config(path: str | os.PathLike[str]) -> NodeConfig:
+    return config.load(NodeConfig, path)

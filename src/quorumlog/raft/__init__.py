@@ -1,0 +1,90 @@
+"""Raft consensus, sans-IO (after etcd's raft): ``quorumlog.raft``.
+
+A :class:`RaftNode` is one member of one group. It changes memory only; the
+caller feeds it ``tick()``, ``step(message)`` and proposals, and carries out
+each :class:`Ready` (persist, send, apply — in that order) before
+``advance(ready)``. See docs/raft.md for the API, the guarantees and the
+driver loop.
+"""
+
+from quorumlog.raft._confchange import ConfChangeError
+from quorumlog.raft._config import RaftConfig, ReadOnlyMode
+from quorumlog.raft._errors import (
+    CompactedError,
+    ConfChangePendingError,
+    ProposalDroppedError,
+    SnapshotOutOfDateError,
+    SnapshotTemporarilyUnavailableError,
+    UnavailableError,
+)
+from quorumlog.raft._node import RaftNode, fold_epoch
+from quorumlog.raft._storage import (
+    BOOTSTRAP_INDEX,
+    BOOTSTRAP_TERM,
+    MemoryStorage,
+    RaftStorage,
+)
+from quorumlog.raft._types import (
+    NO_NODE,
+    ConfChange,
+    ConfChangeSingle,
+    ConfChangeTransition,
+    ConfChangeType,
+    ConfState,
+    Entry,
+    EntryType,
+    HardState,
+    Message,
+    MessageType,
+    ReadState,
+    Ready,
+    Role,
+    Snapshot,
+    SnapshotMeta,
+    SoftState,
+    decode_message,
+    encode_message,
+    format_entries,
+    format_message,
+)
+from quorumlog.raft._wal_storage import WalRaftStorage
+
+__all__ = [
+    "BOOTSTRAP_INDEX",
+    "BOOTSTRAP_TERM",
+    "NO_NODE",
+    "CompactedError",
+    "ConfChange",
+    "ConfChangeError",
+    "ConfChangePendingError",
+    "ConfChangeSingle",
+    "ConfChangeTransition",
+    "ConfChangeType",
+    "ConfState",
+    "Entry",
+    "EntryType",
+    "HardState",
+    "MemoryStorage",
+    "Message",
+    "MessageType",
+    "ProposalDroppedError",
+    "RaftConfig",
+    "RaftNode",
+    "RaftStorage",
+    "ReadOnlyMode",
+    "ReadState",
+    "Ready",
+    "Role",
+    "Snapshot",
+    "SnapshotMeta",
+    "SnapshotOutOfDateError",
+    "SnapshotTemporarilyUnavailableError",
+    "SoftState",
+    "UnavailableError",
+    "WalRaftStorage",
+    "decode_message",
+    "encode_message",
+    "fold_epoch",
+    "format_entries",
+    "format_message",
+]

@@ -1,0 +1,535 @@
+"""The asyncio driver: runs many Raft cores of one process against the WAL and rpc.
+
+One :class:`RaftHost` per process hosts any number of groups keyed by group
+id (the tables' copysets need many; the metadata service uses one). It owns:
+
+* one ticker for every group (``tick_interval_ms``);
+* one *ready pass* at a time: collect the Ready of every group that has one,
+  persist all of them in one hop to the I/O thread (group commit across
+  groups: the fsyncs of one pass share the hop, and proposals that arrived
+  meanwhile share each fsync), then send the messages — coalesced into one
+  request per peer process — then apply committed entries, then advance;
+* the state machines (one per group) and the futures of local proposals and
+  linearizable reads;
+* snapshots every ``snapshot_entries`` applied entries, then log compaction.
+
+The order inside a pass is the one :class:`~quorumlog.raft.Ready` demands:
+nothing leaves this process before the state it promises is durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import struct
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from quorumlog import rpc
+from quorumlog.config import Config, require
+from quorumlog.errors import (
+    DeadlineExceededError,
+    NotLeaderError,
+    QuorumlogError,
+    UsageError,
+    invariant,
+)
+from quorumlog.log import get_logger
+from quorumlog.raft._config import RaftConfig
+from quorumlog.raft._errors import ProposalDroppedError
+from quorumlog.raft._node import RaftNode
+from quorumlog.raft._types import (
+    ConfChange,
+    ConfState,
+    EntryType,
+    Ready,
+    Role,
+    decode_message,
+    encode_message,
+)
+from quorumlog.raft._wal_storage import WalRaftStorage
+
+_log = get_logger(__name__)
+
+_PROPOSAL_HEADER = struct.Struct("<Q")  # proposal id, so the proposer finds its result
+
+
+class StateMachine(Protocol):
+    """What a group applies its committed entries to (deterministically)."""
+
+    def apply(self, index: int, data: bytes) -> Any: ...
+
+    def snapshot(self) -> bytes: ...
+
+    def restore(self, data: bytes) -> None: ...
+
+
+class HostConfig(Config, frozen=True):
+    # Wall time of one Raft tick: election after 10-20 ticks = 1-2 s at 100 ms.
+    tick_interval_ms: int = 100
+    election_timeout_ticks: int = 10
+    heartbeat_interval_ticks: int = 1
+    # Take a snapshot (and compact the log) after this many applied entries.
+    snapshot_entries: int = 10_000
+    # Keep this many entries before the snapshot for slow followers.
+    compaction_margin_entries: int = 1_000
+    # How long a proposal may wait for its entry to apply.
+    proposal_timeout_ms: int = 5_000
+    # Raft messages to one peer are sent as one request; bounded in count.
+    messages_per_send_max: int = 4096
+    # Proposals waiting for the next ready pass, per group (backpressure bound).
+    queued_proposals_max: int = 10_000
+    send_timeout_ms: int = 2_000
+
+    def validate(self) -> None:
+        require(self.tick_interval_ms >= 1, "tick_interval_ms must be >= 1")
+        require(self.snapshot_entries >= 1, "snapshot_entries must be >= 1")
+        require(self.compaction_margin_entries >= 0, "compaction_margin_entries must be >= 0")
+        require(self.proposal_timeout_ms >= 1, "proposal_timeout_ms must be >= 1")
+        require(self.messages_per_send_max >= 1, "messages_per_send_max must be >= 1")
+        require(self.queued_proposals_max >= 1, "queued_proposals_max must be >= 1")
+
+
+class RaftMessagesResponse(rpc.Message, frozen=True):
+    type_id: ClassVar[int] = 1001
+    accepted: int
+
+
+class RaftMessagesRequest(rpc.Request[RaftMessagesResponse], frozen=True):
+    """Raft messages from one process to another: (group id, encoded message)."""
+
+    type_id: ClassVar[int] = 1000
+    from_node: int
+    messages: list[tuple[int, bytes]]
+
+
+@dataclass(slots=True)
+class _Group:
+    group_id: int
+    node: RaftNode
+    storage: WalRaftStorage
+    machine: StateMachine
+    applied_index: int
+    snapshot_index: int
+    proposals: dict[int, asyncio.Future[Any]] = field(default_factory=dict)
+    # Proposals of this pass, handed to the core together (one append, one
+    # round of AppendEntries) at the start of the next ready pass.
+    queued: list[tuple[int, bytes]] = field(default_factory=list)
+    reads: dict[bytes, asyncio.Future[int]] = field(default_factory=dict)
+    waiting_reads: list[tuple[int, asyncio.Future[int]]] = field(default_factory=list)
+    role: Role = Role.FOLLOWER
+    leader_id: int = 0
+
+
+class RaftHost:
+    """Runs Raft groups in one asyncio process; see the module docstring."""
+
+    def __init__(
+        self,
+        node_id: int,
+        addresses: dict[int, str],
+        data_dir: str | Path,
+        *,
+        config: HostConfig | None = None,
+        pool: rpc.Pool | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        invariant(node_id in addresses, f"node {node_id} must be in the address map")
+        self.node_id = node_id
+        self.addresses = dict(addresses)
+        self.data_dir = Path(data_dir)
+        self.config = config or HostConfig()
+        self.config.validate()
+        self._pool = pool or rpc.Pool()
+        self._own_pool = pool is None
+        self._rng = rng or random.Random()
+        self._groups: dict[int, _Group] = {}
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"raft-io-{node_id}")
+        self._work = asyncio.Event()  # hosts are created inside the running loop
+        self._tasks: list[asyncio.Task[None]] = []
+        self._proposal_ids = itertools.count((node_id & 0xFFFF) << 48)
+        self._read_ids = itertools.count(1)
+        self._closed = False
+        # Set when the ready loop dies; the node process exits on it.
+        self.failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.on_role_change: Callable[[int, Role, int], None] | None = None
+        # Addresses of members that joined after start-up (the application keeps
+        # them in replicated state, e.g. the meta service under /_meta/members/).
+        self.resolver: Callable[[int], str | None] | None = None
+
+    # ----- lifecycle --------------------------------------------------------
+
+    def handlers(self) -> dict[type[rpc.Request[Any]], Any]:
+        """The rpc handlers this host serves (add them to the process's server)."""
+        return {RaftMessagesRequest: self._on_messages}
+
+    def add_group(
+        self, group_id: int, voters: set[int] | None, machine: StateMachine
+    ) -> None:
+        """Open (or create) group ``group_id``; ``voters`` bootstraps a new group.
+
+        A member joining an existing group passes ``voters=None`` and learns the
+        configuration from the leader.
+        """
+        invariant(group_id not in self._groups, f"group {group_id} is already hosted")
+        cs = ConfState(voters=frozenset(voters)) if voters else None
+        storage = WalRaftStorage.open(self.data_dir / f"group-{group_id:016x}", conf_state=cs)
+        snap = storage.snapshot()
+        if snap.data:
+            machine.restore(snap.data)
+        applied = snap.meta.index
+        raft_config = RaftConfig(
+            node_id=self.node_id,
+            election_timeout_ticks=self.config.election_timeout_ticks,
+            heartbeat_interval_ticks=self.config.heartbeat_interval_ticks,
+        )
+        node = RaftNode(raft_config, storage, random.Random(self._rng.random()), applied=applied)
+        self._groups[group_id] = _Group(group_id, node, storage, machine, applied, applied)
+        self._kick()
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._ticker(), name=f"raft-ticker-{self.node_id}"),
+            loop.create_task(self._ready_loop(), name=f"raft-ready-{self.node_id}"),
+        ]
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for group in self._groups.values():
+            _fail_all(group, ProposalDroppedError("the raft host is shutting down"))
+            group.storage.close()
+        if self._own_pool:
+            await self._pool.close()
+        self._io.shutdown(wait=True)
+
+    # ----- client operations -----------------------------------------------
+
+    def group(self, group_id: int) -> _Group:
+        group = self._groups.get(group_id)
+        if group is None:
+            raise UsageError(f"raft group {group_id} is not hosted on node {self.node_id}")
+        return group
+
+    def address_of(self, node_id: int) -> str | None:
+        address = self.addresses.get(node_id)
+        if address is None and self.resolver is not None:
+            address = self.resolver(node_id)
+        return address
+
+    def leader_address(self, group_id: int) -> str | None:
+        leader = self.group(group_id).node.leader_id
+        return self.address_of(leader) if leader else None
+
+    async def propose(self, group_id: int, data: bytes, *, timeout_s: float | None = None) -> Any:
+        """Replicate ``data``; return what the state machine's apply returned."""
+        group = self.group(group_id)
+        self.require_leader(group)
+        if len(group.queued) >= self.config.queued_proposals_max:
+            raise ProposalDroppedError(
+                f"group {group_id}: {len(group.queued)} proposals already queued; retry later"
+            )
+        proposal_id = next(self._proposal_ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        group.queued.append((proposal_id, _PROPOSAL_HEADER.pack(proposal_id) + data))
+        group.proposals[proposal_id] = future
+        self._kick()
+        try:
+            return await asyncio.wait_for(future, self._timeout(timeout_s))
+        except TimeoutError:
+            raise DeadlineExceededError(
+                f"group {group_id}: proposal not applied within the deadline"
+            ) from None
+        finally:
+            group.proposals.pop(proposal_id, None)
+
+    async def read_barrier(self, group_id: int, *, timeout_s: float | None = None) -> int:
+        """Wait until a linearizable read may be served (ReadIndex); return the index."""
+        group = self.group(group_id)
+        self.require_leader(group)
+        context = struct.pack("<QQ", self.node_id, next(self._read_ids))
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        group.reads[context] = future
+        group.node.read_index(context)
+        self._kick()
+        try:
+            return await asyncio.wait_for(future, self._timeout(timeout_s))
+        except TimeoutError:
+            raise DeadlineExceededError(
+                f"group {group_id}: read index not confirmed within the deadline"
+            ) from None
+        finally:
+            group.reads.pop(context, None)
+
+    async def change_membership(
+        self, group_id: int, change: ConfChange, *, timeout_s: float | None = None
+    ) -> ConfState:
+        """Propose a configuration change and wait until it is applied here."""
+        group = self.group(group_id)
+        self.require_leader(group)
+        group.node.propose_conf_change(change)
+        self._kick()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout(timeout_s)
+        target = group.node.last_index
+        while group.applied_index < target:
+            if loop.time() > deadline:
+                raise DeadlineExceededError(f"group {group_id}: conf change not applied in time")
+            await asyncio.sleep(self.config.tick_interval_ms / 1000)
+        return group.node.conf_state
+
+    def transfer_leader(self, group_id: int, target: int) -> None:
+        self.group(group_id).node.transfer_leader(target)
+        self._kick()
+
+    def status(self) -> list[dict[str, Any]]:
+        out = []
+        for gid, group in sorted(self._groups.items()):
+            node = group.node
+            out.append({
+                "group": gid,
+                "role": node.role.name.lower(),
+                "term": node.term,
+                "leader": node.leader_id,
+                "commit_index": node.commit_index,
+                "applied_index": group.applied_index,
+                "epoch": node.epoch,
+                "voters": sorted(node.conf_state.voters),
+                "learners": sorted(node.conf_state.learners),
+            })
+        return out
+
+    def require_leader(self, group: _Group) -> None:
+        if group.node.role is not Role.LEADER:
+            leader = group.node.leader_id
+            raise NotLeaderError(
+                f"node {self.node_id} is not the leader of group {group.group_id}"
+                + (f"; try node {leader}" if leader else "; no leader known yet, retry"),
+                leader_hint=self.address_of(leader) if leader else None,
+            )
+
+    def _timeout(self, timeout_s: float | None) -> float:
+        return timeout_s if timeout_s is not None else self.config.proposal_timeout_ms / 1000
+
+    # ----- the loops ----------------------------------------------------------
+
+    def _kick(self) -> None:
+        self._work.set()
+
+    async def _ticker(self) -> None:
+        interval = self.config.tick_interval_ms / 1000
+        while not self._closed:
+            await asyncio.sleep(interval)
+            for group in self._groups.values():
+                group.node.tick()
+            self._kick()
+
+    async def _ready_loop(self) -> None:
+        while not self._closed:
+            await self._work.wait()
+            self._work.clear()
+            try:
+                await self._ready_pass()
+            except Exception as exc:
+                # Storage or state machine failed mid-pass: the groups' state is
+                # unknown, so this host must stop rather than limp on.
+                _log.exception("raft_ready_pass_failed", node=self.node_id)
+                if not self.failed.done():
+                    self.failed.set_exception(exc)
+                raise
+
+    def _propose_queued(self, group: _Group) -> None:
+        queued, group.queued = group.queued, []
+        try:
+            group.node.propose_batch([data for _, data in queued])
+        except QuorumlogError as exc:
+            error = exc
+            if isinstance(exc, ProposalDroppedError) and group.node.role is not Role.LEADER:
+                error = NotLeaderError(exc.message, leader_hint=self.address_of(
+                    group.node.leader_id) if group.node.leader_id else None)
+            for proposal_id, _ in queued:
+                future = group.proposals.pop(proposal_id, None)
+                if future is not None and not future.done():
+                    future.set_exception(error)
+
+    async def _ready_pass(self) -> None:
+        for group in self._groups.values():
+            if group.queued:
+                self._propose_queued(group)
+        batch = [(g, g.node.ready()) for g in self._groups.values() if g.node.has_ready()]
+        if not batch:
+            return
+        # A leader's messages may leave before its own log write (Raft §10.2.1,
+        # as etcd does): an entry is only applied, and acknowledged, after a
+        # later pass, when this pass's write is durable on the leader too.
+        # Everyone else sends after persisting (votes and acks promise state).
+        leaders = [(g, r) for g, r in batch if g.node.role is Role.LEADER]
+        others = [(g, r) for g, r in batch if g.node.role is not Role.LEADER]
+        self._send_all(leaders)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._io, _persist_all, batch)
+        for group, ready in batch:
+            group.storage.install(ready.hard_state, ready.entries, ready.snapshot)
+        self._send_all(others)
+        for group, ready in batch:
+            self._apply(group, ready)
+            group.node.advance(ready)
+        for group, _ in batch:
+            await self._maybe_snapshot(group)
+        if any(g.node.has_ready() for g in self._groups.values()):
+            self._kick()
+
+    # ----- messages -------------------------------------------------------------
+
+    def _send_all(self, batch: list[tuple[_Group, Ready]]) -> None:
+        per_peer: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
+        for group, ready in batch:
+            for message in ready.messages:
+                per_peer[message.to].append((group.group_id, encode_message(message)))
+        for peer, messages in per_peer.items():
+            step = self.config.messages_per_send_max
+            for start in range(0, len(messages), step):
+                self._send(peer, messages[start : start + step])
+
+    def _send(self, peer: int, messages: list[tuple[int, bytes]]) -> None:
+        address = self.address_of(peer)
+        if address is None:
+            _log.warning("raft_unknown_peer", node=self.node_id, peer=peer)
+            return
+        request = RaftMessagesRequest(from_node=self.node_id, messages=messages)
+        task = asyncio.get_running_loop().create_task(
+            self._pool.call(address, request, timeout_s=self.config.send_timeout_ms / 1000)
+        )
+        task.add_done_callback(lambda t: self._sent(t, peer, messages))
+
+    def _sent(self, task: asyncio.Task[Any], peer: int, messages: list[tuple[int, bytes]]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        for group_id in {gid for gid, _ in messages}:
+            group = self._groups.get(group_id)
+            if group is not None:
+                group.node.report_unreachable(peer)
+        self._kick()
+
+    async def _on_messages(
+        self, request: RaftMessagesRequest, ctx: rpc.RequestContext
+    ) -> RaftMessagesResponse:
+        accepted = 0
+        for group_id, data in request.messages:
+            group = self._groups.get(group_id)
+            if group is None:
+                _log.warning("raft_unknown_group", node=self.node_id, group=group_id,
+                             peer=ctx.peer)
+                continue
+            message = decode_message(data)
+            try:
+                group.node.step(message)
+            except QuorumlogError as exc:
+                _log.warning("raft_message_rejected", node=self.node_id, group=group_id,
+                             peer=ctx.peer, error=exc.message)
+                continue
+            accepted += 1
+        self._kick()
+        return RaftMessagesResponse(accepted=accepted)
+
+    # ----- applying -------------------------------------------------------------
+
+    def _apply(self, group: _Group, ready: Ready) -> None:
+        if ready.soft_state is not None:
+            self._role_changed(group, ready.soft_state.role, ready.soft_state.leader_id)
+        if ready.snapshot is not None and ready.snapshot.meta.index > group.applied_index:
+            group.machine.restore(ready.snapshot.data)
+            group.applied_index = ready.snapshot.meta.index
+            group.snapshot_index = ready.snapshot.meta.index
+        for entry in ready.committed_entries:
+            if entry.index <= group.applied_index:
+                continue
+            # The core switches configuration itself in advance(); a conf
+            # change entry has nothing for the state machine.
+            if entry.type is not EntryType.CONF_CHANGE and entry.data:
+                self._apply_normal(group, entry.index, entry.data)
+            group.applied_index = entry.index
+        for read in ready.read_states:
+            future = group.reads.pop(read.context, None)
+            if future is not None:
+                group.waiting_reads.append((read.index, future))
+        self._release_reads(group)
+
+    def _apply_normal(self, group: _Group, index: int, data: bytes) -> None:
+        (proposal_id,) = _PROPOSAL_HEADER.unpack_from(data)
+        result = group.machine.apply(index, data[_PROPOSAL_HEADER.size :])
+        future = group.proposals.pop(proposal_id, None)
+        if future is not None and not future.done():
+            future.set_result(result)
+
+    def _release_reads(self, group: _Group) -> None:
+        still: list[tuple[int, asyncio.Future[int]]] = []
+        for index, future in group.waiting_reads:
+            if index <= group.applied_index:
+                if not future.done():
+                    future.set_result(index)
+            else:
+                still.append((index, future))
+        group.waiting_reads = still
+
+    def _role_changed(self, group: _Group, role: Role, leader_id: int) -> None:
+        was_leader = group.role is Role.LEADER
+        group.role, group.leader_id = role, leader_id
+        if was_leader and role is not Role.LEADER:
+            hint = self.address_of(leader_id) if leader_id else None
+            _fail_all(group, NotLeaderError(
+                f"node {self.node_id} lost leadership of group {group.group_id}; the "
+                "outcome of in-flight proposals is unknown, retry with the same request id",
+                leader_hint=hint,
+            ))
+        if self.on_role_change is not None:
+            self.on_role_change(group.group_id, role, leader_id)
+
+    async def _maybe_snapshot(self, group: _Group) -> None:
+        """Snapshot the state machine on the loop (a consistent cut), write it on
+        the I/O thread, then compact on the loop (the core reads the storage)."""
+        if group.applied_index - group.snapshot_index < self.config.snapshot_entries:
+            return
+        index, data = group.applied_index, group.machine.snapshot()
+        snapshot = group.storage.create_snapshot(
+            index, group.node.conf_state, data, group.node.epoch
+        )
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._io, group.storage.persist_snapshot, snapshot)
+        group.snapshot_index = index
+        compact_to = index - self.config.compaction_margin_entries
+        if compact_to >= group.storage.first_index():
+            group.storage.compact(compact_to)
+            await loop.run_in_executor(self._io, group.storage.release_wal, compact_to)
+
+
+def _persist_all(batch: list[tuple[_Group, Ready]]) -> None:
+    """Runs on the I/O thread: every group's Ready of this pass, in one hop."""
+    for group, ready in batch:
+        group.storage.persist(
+            ready.hard_state, ready.entries, ready.snapshot, must_sync=ready.must_sync
+        )
+
+
+def _fail_all(group: _Group, error: QuorumlogError) -> None:
+    for future in group.proposals.values():
+        if not future.done():
+            future.set_exception(error)
+    group.proposals.clear()
+    for future in group.reads.values():
+        if not future.done():
+            future.set_exception(error)
+    group.reads.clear()
+    for _, future in group.waiting_reads:
+        if not future.done():
+            future.set_exception(error)
+    group.waiting_reads.clear()
+

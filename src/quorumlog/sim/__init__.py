@@ -1,0 +1,73 @@
+"""Deterministic simulation and history checking: ``quorumlog.sim``.
+
+- A linearizability checker for key-value histories (put / get / CAS, with
+  unknown outcomes), independent of the simulator: :func:`check_history`.
+- Simulator parts, each seeded and replayable: a virtual clock and timer
+  queue, a faulty network (delay, drop, duplicate, reorder, symmetric and
+  one-way partitions), disks that lose or tear unsynced writes on a crash.
+- A Raft key-value cluster simulator built on them: :func:`run_seed` runs one
+  seed of a :class:`FaultMix` and returns a :class:`SimResult` (which
+  invariant, if any, was violated; whether the client history was
+  linearizable); :func:`run_many` runs many seeds, in several processes.
+
+See docs/sim.md for the invariants, the fault mixes and how to replay a seed.
+"""
+
+from quorumlog.sim._batch import BatchSummary, MixSummary, SeedSpec, run_many, run_spec
+from quorumlog.sim._client import ClientRequest, ClientResponse, SimClient
+from quorumlog.sim._clock import TimerQueue, VirtualClock
+from quorumlog.sim._config import MIX_ROTATION, MIXES, FaultMix, SimConfig, mix_for_seed
+from quorumlog.sim._disk import CrashOutcome, SimDisk
+from quorumlog.sim._invariants import RaftInvariants, SimInvariantViolation
+from quorumlog.sim._kv import KvCommand, KvOp, KvStateMachine
+from quorumlog.sim._linearizability import (
+    KeyResult,
+    LinearizabilityResult,
+    Operation,
+    OpKind,
+    Verdict,
+    check_history,
+    partition_by_key,
+)
+from quorumlog.sim._network import Envelope, NetworkStats, SimNetwork
+from quorumlog.sim._runner import RaftSimulation, SimResult, run_seed
+from quorumlog.sim._trace import Tracer
+
+__all__ = [
+    "MIXES",
+    "MIX_ROTATION",
+    "BatchSummary",
+    "ClientRequest",
+    "ClientResponse",
+    "CrashOutcome",
+    "Envelope",
+    "FaultMix",
+    "KeyResult",
+    "KvCommand",
+    "KvOp",
+    "KvStateMachine",
+    "LinearizabilityResult",
+    "MixSummary",
+    "NetworkStats",
+    "OpKind",
+    "Operation",
+    "RaftInvariants",
+    "RaftSimulation",
+    "SeedSpec",
+    "SimClient",
+    "SimConfig",
+    "SimDisk",
+    "SimInvariantViolation",
+    "SimNetwork",
+    "SimResult",
+    "TimerQueue",
+    "Tracer",
+    "Verdict",
+    "VirtualClock",
+    "check_history",
+    "mix_for_seed",
+    "partition_by_key",
+    "run_many",
+    "run_seed",
+    "run_spec",
+]

@@ -1,0 +1,425 @@
+"""Linearizability checker for key-value histories (Wing & Gong, as in Porcupine).
+
+A history is a list of :class:`Operation` records, each with the time its call
+was issued and the time its response arrived. The checker decides whether some
+total order of the operations (a *linearization*) exists that respects real
+time (an operation that returned before another was called comes first) and
+the sequential semantics of a register per key (put / get / compare-and-set).
+
+How it works:
+
+- **P-compositionality.** A history of independent registers is linearizable
+  iff the sub-history of every key is; each key is checked alone.
+- **Search.** Call and return events are sorted by time in one doubly-linked
+  list (calls before returns at equal times: touching intervals count as
+  concurrent). A depth-first search walks the list: at a call it tries to
+  linearize that operation now (the model must accept it); at a return of an
+  operation not yet linearized it backtracks. Visited
+  ``(linearized-set bitset, model state)`` pairs are memoized, so no
+  configuration is explored twice.
+- **Unknown outcomes.** An operation whose client never heard back (``ret`` is
+  ``None`` or ``+inf``) may or may not have taken effect. It gets a return
+  event at +infinity: it can be linearized anywhere after its call, and
+  "never took effect" is the same as "took effect after everything else".
+  A put or CAS with unknown outcome is always accepted by the model (a CAS
+  takes effect iff the register holds the expected value at that point); a
+  get with unknown outcome observed nothing and is dropped. The search
+  succeeds as soon as every operation with a known outcome is linearized.
+- **Bounds.** ``step_limit`` bounds the number of search steps over the whole
+  history and ``time_limit_s`` (optional, wall clock through an injectable
+  ``clock``) bounds the time. When a bound is hit the verdict is
+  :attr:`Verdict.UNKNOWN` - "could not decide" - never a pass.
+
+The checker knows nothing about the simulator: it is used against simulated
+and real clusters alike.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from quorumlog.errors import UsageError
+
+Value = str | bytes | int | None
+"""A register value; ``None`` means "absent" (the initial state of every key)."""
+
+STEP_LIMIT_DEFAULT = 2_000_000
+"""Search steps over a whole history before giving up with UNKNOWN."""
+
+CLOCK_CHECK_INTERVAL_STEPS = 4096
+"""How often (in search steps) the optional wall-clock budget is consulted."""
+
+EXPLANATION_CONTEXT_OPERATIONS_MAX = 4
+"""How many linearized operations before the failure point an explanation shows."""
+
+
+class OpKind(enum.StrEnum):
+    PUT = "put"
+    GET = "get"
+    CAS = "cas"
+
+
+class Verdict(enum.StrEnum):
+    OK = "ok"
+    ILLEGAL = "illegal"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """One client operation on one key.
+
+    - put: ``input`` is the value written, ``output`` is ignored (``None``).
+    - get: ``input`` is ignored (``None``), ``output`` the value read (``None``
+      when the key was absent).
+    - cas: ``input`` is ``(expected, new)``, ``output`` whether it succeeded.
+
+    ``call`` and ``ret`` are times on one clock shared by all clients
+    (simulated or real). ``ret`` is ``None`` or ``math.inf`` when the outcome is
+    unknown (timeout, crash); ``output`` is then ignored.
+
+    Fields are positional, in the order ``Operation(client_id, kind, key,
+    input, output, call, ret)``, because histories are usually written as
+    short literal tables in tests and tools.
+    """
+
+    client_id: int
+    kind: OpKind
+    key: str
+    input: object
+    output: object
+    call: float
+    ret: float | None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", OpKind(self.kind))
+        if not math.isfinite(self.call):
+            raise UsageError(f"operation call time must be finite, got {self.call}")
+        if self.ret is not None and self.ret < self.call:
+            raise UsageError(
+                f"operation returns before it is called (call={self.call}, ret={self.ret}); "
+                "record both times on the same clock"
+            )
+        if self.kind is OpKind.CAS and not (
+            isinstance(self.input, tuple) and len(self.input) == 2
+        ):
+            raise UsageError(f"cas input must be (expected, new), got {self.input!r}")
+        if self.kind is OpKind.CAS and self.outcome_known and not isinstance(self.output, bool):
+            raise UsageError(f"cas output must be a bool (succeeded), got {self.output!r}")
+
+    @property
+    def outcome_known(self) -> bool:
+        return self.ret is not None and self.ret != math.inf
+
+    def describe(self) -> str:
+        """A one-line human description: ``client 3 cas k ('a'->'b') = True [10, 14]``."""
+        ret = f"{self.ret:g}" if self.outcome_known else "?"
+        if self.kind is OpKind.PUT:
+            body = f"put {self.key}={self.input!r}"
+        elif self.kind is OpKind.GET:
+            body = f"get {self.key} -> " + (repr(self.output) if self.outcome_known else "?")
+        else:
+            expected, new = _cas_input(self)
+            outcome = repr(self.output) if self.outcome_known else "?"
+            body = f"cas {self.key} ({expected!r} -> {new!r}) = {outcome}"
+        return f"client {self.client_id} {body} [{self.call:g}, {ret}]"
+
+
+@dataclass(frozen=True, slots=True)
+class KeyResult:
+    key: str
+    verdict: Verdict
+    operations: int
+    steps: int
+    explanation: str
+
+
+@dataclass(frozen=True, slots=True)
+class LinearizabilityResult:
+    """The verdict over a whole history, plus the first key that decided it.
+
+    ``key`` and ``explanation`` name the offending key for ILLEGAL and the
+    undecided key for UNKNOWN; both are empty for OK.
+    """
+
+    verdict: Verdict
+    key: str | None
+    explanation: str
+    keys: tuple[KeyResult, ...]
+    steps: int
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict is Verdict.OK
+
+
+class _BudgetExhaustedError(Exception):
+    pass
+
+
+class _Budget:
+    """Shared step and optional wall-clock budget for one check."""
+
+    __slots__ = ("_clock", "_deadline", "check_every_steps", "steps_left", "used")
+
+    def __init__(
+        self, step_limit: int, time_limit_s: float | None, clock: Callable[[], float]
+    ) -> None:
+        self.steps_left = step_limit
+        self.used = 0
+        self.check_every_steps = min(CLOCK_CHECK_INTERVAL_STEPS, step_limit)
+        self._clock = clock
+        self._deadline = None if time_limit_s is None else clock() + time_limit_s
+
+    def charge(self, steps: int, *, decided: bool = False) -> None:
+        """Account for ``steps``; unless the search has ``decided``, stop it when over."""
+        self.steps_left -= steps
+        self.used += steps
+        if decided:
+            return
+        if self.steps_left < 0:
+            raise _BudgetExhaustedError("step limit")
+        if self._deadline is not None and self._clock() > self._deadline:
+            raise _BudgetExhaustedError("time limit")
+
+
+# Model: operations are compiled to (code, a, b) triples; the register state is
+# a Value. ``_step`` returns the new state or _ILLEGAL.
+_CODE_PUT = 0
+_CODE_GET = 1
+_CODE_CAS_OK = 2
+_CODE_CAS_FAIL = 3
+_CODE_CAS_UNKNOWN = 4
+_ILLEGAL = object()
+
+
+def _compile(op: Operation) -> tuple[int, object, object]:
+    if op.kind is OpKind.PUT:
+        return (_CODE_PUT, op.input, None)
+    if op.kind is OpKind.GET:
+        return (_CODE_GET, op.output, None)
+    expected, new = _cas_input(op)
+    if not op.outcome_known:
+        return (_CODE_CAS_UNKNOWN, expected, new)
+    return (_CODE_CAS_OK if op.output else _CODE_CAS_FAIL, expected, new)
+
+
+def _cas_input(op: Operation) -> tuple[object, object]:
+    pair = op.input
+    if not isinstance(pair, tuple):
+        raise UsageError(f"cas input must be (expected, new), got {pair!r}")
+    return pair[0], pair[1]
+
+
+def _step(state: object, code: int, a: object, b: object) -> object:
+    if code == _CODE_PUT:
+        return a
+    if code == _CODE_GET:
+        return state if state == a else _ILLEGAL
+    if code == _CODE_CAS_OK:
+        return b if state == a else _ILLEGAL
+    if code == _CODE_CAS_FAIL:
+        return state if state != a else _ILLEGAL
+    return b if state == a else state
+
+
+class _EventList:
+    """Call/return events of one key in a doubly-linked list over arrays.
+
+    Node 0 is the head sentinel and node ``2n + 1`` the tail sentinel; node
+    ``2i + 1`` is the call of operation ``i`` and ``2i + 2`` its return.
+    """
+
+    __slots__ = ("nxt", "prv", "tail")
+
+    def __init__(self, ops: Sequence[Operation]) -> None:
+        events: list[tuple[float, int, int]] = []
+        for i, op in enumerate(ops):
+            events.append((op.call, 0, 2 * i + 1))
+            ret = op.ret if op.outcome_known else math.inf
+            events.append((ret, 1, 2 * i + 2))  # type: ignore[arg-type]
+        events.sort()
+        self.tail = 2 * len(ops) + 1
+        order = [0, *(node for _, _, node in events), self.tail]
+        self.nxt = [0] * (self.tail + 1)
+        self.prv = [0] * (self.tail + 1)
+        for before, after in itertools.pairwise(order):
+            self.nxt[before] = after
+            self.prv[after] = before
+
+    def lift(self, call: int) -> None:
+        nxt, prv = self.nxt, self.prv
+        nxt[prv[call]] = nxt[call]
+        prv[nxt[call]] = prv[call]
+        ret = call + 1
+        nxt[prv[ret]] = nxt[ret]
+        prv[nxt[ret]] = prv[ret]
+
+    def unlift(self, call: int) -> None:
+        nxt, prv = self.nxt, self.prv
+        ret = call + 1
+        nxt[prv[ret]] = ret
+        prv[nxt[ret]] = ret
+        nxt[prv[call]] = call
+        prv[nxt[call]] = call
+
+
+@dataclass(slots=True)
+class _Failure:
+    """The deepest point the search reached before getting stuck."""
+
+    depth: int = -1
+    linearized: tuple[int, ...] = ()
+    stuck: int = -1
+    candidates: tuple[int, ...] = ()
+    state: object = None
+
+
+def _check_key(ops: Sequence[Operation], budget: _Budget) -> tuple[Verdict, _Failure]:
+    """Search one key's history; raises _BudgetExhaustedError when out of budget."""
+    compiled = [_compile(op) for op in ops]
+    known = [op.outcome_known for op in ops]
+    events = _EventList(ops)
+    nxt = events.nxt
+    known_left = sum(known)
+    state: object = None
+    linearized = 0
+    stack: list[tuple[int, object]] = []
+    cache: set[tuple[int, object]] = set()
+    failure = _Failure()
+    entry = nxt[0]
+    steps = 0
+    check_every_steps = budget.check_every_steps
+    budget.charge(0)
+    while known_left:
+        steps += 1
+        if steps >= check_every_steps:
+            budget.charge(steps)
+            steps = 0
+        if entry & 1:  # a call
+            op = entry >> 1
+            code, a, b = compiled[op]
+            new_state = _step(state, code, a, b)
+            if new_state is not _ILLEGAL:
+                new_linearized = linearized | (1 << op)
+                memo = (new_linearized, new_state)
+                if memo not in cache:
+                    cache.add(memo)
+                    stack.append((entry, state))
+                    state, linearized = new_state, new_linearized
+                    known_left -= known[op]
+                    events.lift(entry)
+                    entry = nxt[0]
+                    continue
+            entry = nxt[entry]
+            continue
+        if len(stack) > failure.depth:
+            failure = _failure_at(events, stack, entry, state)
+        if not stack:
+            budget.charge(steps, decided=True)
+            return Verdict.ILLEGAL, failure
+        entry, state = stack.pop()
+        op = entry >> 1
+        linearized &= ~(1 << op)
+        known_left += known[op]
+        events.unlift(entry)
+        entry = nxt[entry]
+    budget.charge(steps, decided=True)
+    return Verdict.OK, failure
+
+
+def _failure_at(
+    events: _EventList, stack: list[tuple[int, object]], ret_entry: int, state: object
+) -> _Failure:
+    candidates = []
+    entry = events.nxt[0]
+    while entry != ret_entry:
+        candidates.append(entry >> 1)
+        entry = events.nxt[entry]
+    return _Failure(
+        depth=len(stack),
+        linearized=tuple(e >> 1 for e, _ in stack),
+        stuck=(ret_entry - 1) >> 1,
+        candidates=tuple(candidates),
+        state=state,
+    )
+
+
+def _explain(key: str, ops: Sequence[Operation], failure: _Failure) -> str:
+    stuck = ops[failure.stuck]
+    lines = [
+        f"key {key!r}: no linearization of its {len(ops)} operations. "
+        f"The longest linearizable prefix has {failure.depth}; after it the register "
+        f"holds {failure.state!r}, and this operation, which returned before any other "
+        f"remaining operation could take effect, cannot take effect either:",
+        f"  stuck: {stuck.describe()}",
+    ]
+    others = [i for i in failure.candidates if i != failure.stuck]
+    lines.extend(f"  also pending, also impossible: {ops[i].describe()}" for i in others)
+    tail = failure.linearized[-EXPLANATION_CONTEXT_OPERATIONS_MAX:]
+    if tail:
+        lines.append("  last linearized before it:")
+        lines.extend(f"    {ops[i].describe()}" for i in tail)
+    return "\n".join(lines)
+
+
+def partition_by_key(history: Iterable[Operation]) -> dict[str, list[Operation]]:
+    """Split a history per key, dropping gets with unknown outcome (no effect)."""
+    parts: dict[str, list[Operation]] = {}
+    for op in history:
+        if op.kind is OpKind.GET and not op.outcome_known:
+            continue
+        parts.setdefault(op.key, []).append(op)
+    return parts
+
+
+def check_history(
+    history: Iterable[Operation],
+    *,
+    step_limit: int = STEP_LIMIT_DEFAULT,
+    time_limit_s: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> LinearizabilityResult:
+    """Decide whether a key-value history is linearizable.
+
+    Returns OK, ILLEGAL (the first offending key, with an explanation) or
+    UNKNOWN (a bound was hit before a decision). Keys are checked in sorted
+    order, so the result does not depend on the order of ``history``.
+    """
+    if step_limit <= 0:
+        raise UsageError(f"step_limit must be positive, got {step_limit}")
+    budget = _Budget(step_limit, time_limit_s, clock)
+    parts = partition_by_key(history)
+    results: list[KeyResult] = []
+    undecided: KeyResult | None = None
+    for key in sorted(parts):
+        ops = parts[key]
+        used_before = budget.used
+        try:
+            verdict, failure = _check_key(ops, budget)
+        except _BudgetExhaustedError as exc:
+            result = KeyResult(
+                key, Verdict.UNKNOWN, len(ops), budget.used - used_before,
+                f"key {key!r}: could not decide within the {exc} "
+                f"({len(ops)} operations, {budget.used} steps used)",
+            )
+            results.append(result)
+            undecided = undecided or result
+            continue
+        explanation = _explain(key, ops, failure) if verdict is Verdict.ILLEGAL else ""
+        result = KeyResult(key, verdict, len(ops), budget.used - used_before, explanation)
+        results.append(result)
+        if verdict is Verdict.ILLEGAL:
+            return LinearizabilityResult(
+                Verdict.ILLEGAL, key, explanation, tuple(results), budget.used
+            )
+    if undecided is not None:
+        return LinearizabilityResult(
+            Verdict.UNKNOWN, undecided.key, undecided.explanation, tuple(results), budget.used
+        )
+    return LinearizabilityResult(Verdict.OK, None, "", tuple(results), budget.used)

@@ -1,0 +1,137 @@
+"""``quorumlog wal inspect|verify|repair``: exit codes and messages naming file and offset."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import structlog
+from typer.testing import CliRunner, Result
+
+from quorumlog.cli import app
+from quorumlog.wal import Wal, WalConfig, WalEntry, inspect
+from quorumlog.wal._format import length_field
+
+CONFIG = WalConfig(segment_size_bytes=4096)
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """The CLI configures logging onto CliRunner's streams; put it back afterwards."""
+    saved = structlog.get_config()
+    handlers = list(logging.getLogger().handlers)
+    yield
+    structlog.configure(**saved)
+    logging.getLogger().handlers[:] = handlers
+
+
+def _run(*args: str) -> Result:
+    return CliRunner().invoke(app, ["wal", *args], env={"COLUMNS": "200"})
+
+
+def _make(path: Path, count: int = 60) -> Path:
+    with Wal.create(path, b"cli", config=CONFIG) as wal:
+        for first in range(1, count + 1, 10):
+            wal.save(b"s", [WalEntry(index=i, data=b"d" * 50) for i in range(first, first + 10)])
+    return path
+
+
+def _segments(path: Path) -> list[Path]:
+    return sorted(path.glob("*.wal"))
+
+
+def test_verify_clean_wal_exits_zero(tmp_path: Path) -> None:
+    _make(tmp_path)
+    result = _run("verify", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert "ok:" in result.stdout
+    assert "entries 1..60" in result.stdout
+
+
+def test_verify_corrupt_wal_names_file_and_offset(tmp_path: Path) -> None:
+    _make(tmp_path)
+    first = _segments(tmp_path)[0]
+    record = inspect(tmp_path, records_limit=20).records[10]
+    image = bytearray(first.read_bytes())
+    image[record.offset + 17] ^= 0x01
+    first.write_bytes(bytes(image))
+    result = _run("verify", str(tmp_path))
+    assert result.exit_code == 1
+    assert first.name in result.stderr
+    assert f"byte offset {record.offset}" in result.stderr
+    assert "CRC mismatch" in result.stderr
+    repaired = _run("repair", str(tmp_path))
+    assert repaired.exit_code == 1
+    assert "cannot repair" in repaired.stderr
+    inspected = _run("inspect", str(tmp_path))
+    assert inspected.exit_code == 1
+    assert "corrupt" in inspected.stdout
+
+
+def test_repair_cuts_a_torn_tail_and_keeps_a_broken_copy(tmp_path: Path) -> None:
+    _make(tmp_path)
+    last = _segments(tmp_path)[-1]
+    data_end = inspect(tmp_path, config=CONFIG).segments[-1].data_bytes
+    with last.open("r+b") as f:
+        f.seek(data_end)
+        f.write(length_field(2000)[0].to_bytes(8, "little") + b"\xab" * 100)
+    torn = _run("verify", str(tmp_path))
+    assert torn.exit_code == 1
+    assert "torn write" in torn.stderr and last.name in torn.stderr
+    assert "quorumlog wal repair" in torn.stderr
+    repaired = _run("repair", str(tmp_path))
+    assert repaired.exit_code == 0, repaired.output
+    assert f"at byte offset {data_end}" in repaired.stdout
+    assert "108 bytes" in repaired.stdout
+    assert Path(str(last) + ".broken").exists()
+    assert _run("verify", str(tmp_path)).exit_code == 0
+    again = _run("repair", str(tmp_path))
+    assert again.exit_code == 0
+    assert "nothing to repair" in again.stdout
+
+
+def test_repair_of_a_locked_wal_fails_clearly(tmp_path: Path) -> None:
+    _make(tmp_path)
+    with Wal.open(tmp_path, config=CONFIG) as wal:
+        wal.read_all()
+        result = _run("repair", str(tmp_path))
+    assert result.exit_code == 1
+    assert "locked by another process" in result.stderr
+
+
+def test_inspect_shows_segments_and_records(tmp_path: Path) -> None:
+    _make(tmp_path, count=100)
+    result = _run("inspect", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    for segment in _segments(tmp_path):
+        assert segment.name in result.stdout
+    assert "verify: ok" in result.stdout
+    listed = _run("inspect", str(tmp_path), "--records", "--limit", "5")
+    assert listed.exit_code == 0
+    assert "records (first 5)" in listed.stdout
+    assert "metadata" in listed.stdout and "entry" in listed.stdout
+
+
+def test_inspect_of_an_empty_directory_fails(tmp_path: Path) -> None:
+    result = _run("inspect", str(tmp_path))
+    assert result.exit_code == 1
+    assert "holds no WAL" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify", "repair"])
+def test_every_command_has_help(command: str) -> None:
+    result = _run(command, "--help")
+    assert result.exit_code == 0
+    assert "Usage" in result.stdout
+
+
+def test_the_installed_entry_point_runs_wal_verify(tmp_path: Path) -> None:
+    _make(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "quorumlog", "wal", "verify", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "ok:" in done.stdout
