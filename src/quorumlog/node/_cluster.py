@@ -105,6 +105,10 @@ def restart_node(directory: Path, node_id: int) -> NodeInfo:
     infos = load(directory)
     for info in infos:
         if info.id == node_id:
+            # A node killed a moment ago may still be exiting: give it a moment.
+            deadline = time.monotonic() + DOWN_TIMEOUT_S
+            while _alive(info.pid) and time.monotonic() < deadline:
+                time.sleep(POLL_INTERVAL_S)
             if _alive(info.pid):
                 raise UsageError(f"node {node_id} is still running (pid {info.pid})")
             info.pid = start_node(Path(info.config)).pid
