@@ -22,7 +22,7 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-_console = Console()
+_console = Console(soft_wrap=True)  # transcript lines stay one line each (grep-able)
 _err = Console(stderr=True)
 
 DETAIL_LINES_SHOWN = 12

@@ -104,7 +104,6 @@ class SimConfig(Config, frozen=True):
     tick_interval_ms: int = 10  # one Raft tick
     election_timeout_ticks: int = 10
     heartbeat_interval_ticks: int = 3
-    entries_per_message_small_max: int = 1  # "small messages" mixes
     active_ms: int = 2_000  # faults are injected during this period; then all heals
     run_events_max: int = 2_000_000  # safety bound on the event loop
 

@@ -454,11 +454,3 @@ def _describe_conf_change(data: bytes) -> str:
         return "leave joint"
     parts = [f"{c.type.name.lower()} {c.node_id}" for c in change.changes]
     return ", ".join(parts) + f" ({change.transition})"
-
-
-def is_vote_grant(message: Message) -> bool:
-    return message.type is MessageType.VOTE_RESP and not message.reject
-
-
-def is_append_ack(message: Message) -> bool:
-    return message.type is MessageType.APP_RESP and not message.reject
