@@ -274,9 +274,16 @@ def test_membership_grows_1_to_3_and_shrinks_back_while_clients_run(tmp_path: Pa
                     else:
                         voters, _ = await admin.change_member("add", info.id, info.address)
                     assert info.id in voters
-                rows = await loop.run_in_executor(None, cluster.status, directory)
-                assert {r["id"] for r in rows if r.get("meta_role") in ("leader", "follower")} \
-                    == {1, 2, 3}
+                # The new voters settle as followers of the one leader (poll, deadline).
+                deadline = loop.time() + DEADLINE_S
+                while True:
+                    rows = await loop.run_in_executor(None, cluster.status, directory)
+                    settled = {r["id"] for r in rows
+                               if r.get("meta_role") in ("leader", "follower")}
+                    if settled == {1, 2, 3}:
+                        break
+                    assert loop.time() < deadline, f"members did not settle: {rows}"
+                    await asyncio.sleep(0.1)
                 for info in reversed(added):
                     voters, _ = await admin.change_member("remove", info.id)
                     assert info.id not in voters
