@@ -91,7 +91,7 @@ def test_wal_refuses_a_snapshot_of_another_term(tmp_path: Path) -> None:
     ("damage", "needle"),
     [
         (lambda b: b[:20], "truncated"),
-        (lambda b: b"XXXXXXXX" + b[8:], "bad header"),
+        (lambda b: b"\xde\xad\xbe\xef" * 2 + b[8:], "bad header"),
         (lambda b: b + b"extra", "says"),
         (lambda b: b[:30] + bytes([b[30] ^ 1]) + b[31:], "CRC mismatch"),
     ],
