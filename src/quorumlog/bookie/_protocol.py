@@ -1,0 +1,285 @@
+"""The bookie's wire protocol (rpc type ids 1200-1299) and its keys in meta.
+
+This module is the contract between bookies (``quorumlog.bookie`` server
+role) and ledger clients (``quorumlog.ledger``). Entries travel as envelopes
+(``quorumlog.ledger._digest``) in the rpc payload, never inside the message
+struct, so they are not copied by the message codec.
+
+Requests and their meaning:
+
+- ``AddEntryRequest`` + payload envelope: store one entry. The bookie checks
+  the master key (the first add or fence of a ledger records it; another key
+  is refused with UnauthorizedError), that the envelope's ids match the
+  request, the envelope's structure and CRC32C, and the fenced flag (a fenced
+  ledger refuses adds with LedgerFencedError unless ``FLAG_RECOVERY``). The
+  envelope's LAC is the piggybacked LAC. The add is answered after the journal
+  fsync, or, with ``FLAG_NO_SYNC`` (deferred sync), once journaled in memory;
+  ``ForceLedgerRequest`` makes every earlier add of the ledger durable.
+- ``ReadEntryRequest``: one entry's envelope as the payload of the response.
+  ``FLAG_FENCE`` (needs the master key) fences the ledger first, durably,
+  before answering: this is the recovery read. NoSuchEntryError /
+  NoSuchLedgerError when absent; the client must tell those apart from
+  timeouts and connection errors.
+- ``ReadBatchRequest``: up to ``max_entries`` consecutive entries (or
+  ``max_bytes``) from ``first_entry_id``; the payload is the envelopes back to
+  back and ``sizes`` gives their lengths. Stops early at the first missing
+  entry; zero entries is NoSuchEntryError.
+- ``ReadLacRequest``: the ledger's LAC (max of explicit and piggybacked) and
+  last entry id. With ``timeout_ms > 0`` it is a long poll: answered when the
+  LAC passes ``previous_lac`` or when the timeout ends (then with the current
+  LAC, maybe unchanged). With ``with_entry`` the envelope of entry
+  ``previous_lac + 1`` rides along as the payload when the bookie has it.
+- ``FenceRequest``: fence (durably, before answering) and return the LAC:
+  step one of ledger recovery.
+- ``WriteLacRequest``: an explicit LAC, sent by an idle writer so tailing
+  readers see the tail.
+- ``ForceLedgerRequest``: make all adds of the ledger so far durable.
+- Admin: ``BookieStatusRequest``, ``LedgerInfoRequest``, ``GcRequest``,
+  ``ScrubRequest``.
+
+Meta layout: a live, registered bookie has the ephemeral key
+``/bookies/available/<bookie id>`` (bound to its session) whose value is a
+msgpack ``BookieRegistration``. Ledger metadata lives under
+``/ledgers/<id, 20 digits>`` (``ledger_key``); ledger ids come from
+``next_id(LEDGER_ID_COUNTER)``. A ledger a bookie stores whose key is gone
+from meta was deleted and is garbage-collected.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import msgspec
+
+from quorumlog import rpc
+from quorumlog.bookie._errors import (
+    BookieError,
+    EntryTooLargeError,
+    LedgerFencedError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    ReadOnlyError,
+    UnauthorizedError,
+    WriteCacheFullError,
+)
+from quorumlog.ledger._digest import BadEnvelopeError, DigestMismatchError
+
+FLAG_RECOVERY = 1
+FLAG_NO_SYNC = 2
+FLAG_FENCE = 4
+
+BOOKIE_REGISTRY_PREFIX = "/bookies/available/"
+LEDGER_KEY_PREFIX = "/ledgers/"
+LEDGER_ID_COUNTER = "ledger"
+
+
+def ledger_key(ledger_id: int) -> str:
+    return f"{LEDGER_KEY_PREFIX}{ledger_id:020d}"
+
+
+def ledger_id_of_key(key: str) -> int | None:
+    """The ledger id of a ``/ledgers/...`` key, None for any other key."""
+    if not key.startswith(LEDGER_KEY_PREFIX):
+        return None
+    tail = key[len(LEDGER_KEY_PREFIX):]
+    return int(tail) if tail.isdigit() else None
+
+
+class BookieRegistration(msgspec.Struct, frozen=True, kw_only=True):
+    """What a bookie publishes about itself in meta."""
+
+    id: str  # the bookie id: its rpc address "host:port"
+    address: str
+    labels: dict[str, str] = msgspec.field(default_factory=dict)  # rack, zone, ...
+    read_only: bool = False
+
+    def encode(self) -> bytes:
+        return msgspec.msgpack.encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> BookieRegistration:
+        return msgspec.msgpack.decode(data, type=cls)
+
+
+for _code, _cls in (
+    (1200, BookieError),
+    (1201, NoSuchLedgerError),
+    (1202, NoSuchEntryError),
+    (1203, UnauthorizedError),
+    (1204, LedgerFencedError),
+    (1205, EntryTooLargeError),
+    (1206, WriteCacheFullError),
+    (1207, ReadOnlyError),
+    (1208, BadEnvelopeError),
+    (1209, DigestMismatchError),
+):
+    rpc.register_error(_code, _cls)
+
+
+# ----- entries ----------------------------------------------------------------
+
+
+class AddEntryResponse(rpc.Message, frozen=True):
+    type_id: ClassVar[int] = 1201
+    ledger_id: int
+    entry_id: int
+
+
+class AddEntryRequest(rpc.Request[AddEntryResponse], frozen=True):
+    """Payload: the entry envelope."""
+
+    type_id: ClassVar[int] = 1200
+    ledger_id: int
+    entry_id: int
+    master_key: bytes
+    flags: int = 0  # FLAG_RECOVERY | FLAG_NO_SYNC
+
+
+class ReadEntryResponse(rpc.Message, frozen=True):
+    """Payload: the entry envelope."""
+
+    type_id: ClassVar[int] = 1203
+    ledger_id: int
+    entry_id: int
+    lac: int  # the bookie's LAC for the ledger when answering
+
+
+class ReadEntryRequest(rpc.Request[ReadEntryResponse], frozen=True):
+    type_id: ClassVar[int] = 1202
+    ledger_id: int
+    entry_id: int
+    flags: int = 0  # FLAG_FENCE: a recovery read
+    master_key: bytes = b""  # required with FLAG_FENCE
+
+
+class ReadBatchResponse(rpc.Message, frozen=True):
+    """Payload: the envelopes back to back, ``sizes`` long each."""
+
+    type_id: ClassVar[int] = 1205
+    ledger_id: int
+    first_entry_id: int
+    sizes: list[int]
+    lac: int
+
+
+class ReadBatchRequest(rpc.Request[ReadBatchResponse], frozen=True):
+    type_id: ClassVar[int] = 1204
+    ledger_id: int
+    first_entry_id: int
+    max_entries: int
+    max_bytes: int
+
+
+# ----- LAC and fencing --------------------------------------------------------
+
+
+class ReadLacResponse(rpc.Message, frozen=True):
+    """Payload (``with_entry``): the envelope of entry previous_lac + 1, or empty."""
+
+    type_id: ClassVar[int] = 1207
+    ledger_id: int
+    lac: int
+    last_entry_id: int  # highest entry the bookie holds, -1 for none
+    fenced: bool
+
+
+class ReadLacRequest(rpc.Request[ReadLacResponse], frozen=True):
+    type_id: ClassVar[int] = 1206
+    ledger_id: int
+    previous_lac: int = -1
+    timeout_ms: int = 0  # > 0: long poll until lac > previous_lac
+    with_entry: bool = False
+
+
+class FenceResponse(rpc.Message, frozen=True):
+    type_id: ClassVar[int] = 1209
+    ledger_id: int
+    lac: int
+    last_entry_id: int
+    fenced: bool
+
+
+class FenceRequest(rpc.Request[FenceResponse], frozen=True):
+    type_id: ClassVar[int] = 1208
+    ledger_id: int
+    master_key: bytes
+
+
+class WriteLacResponse(rpc.Message, frozen=True):
+    type_id: ClassVar[int] = 1211
+    ledger_id: int
+
+
+class WriteLacRequest(rpc.Request[WriteLacResponse], frozen=True):
+    type_id: ClassVar[int] = 1210
+    ledger_id: int
+    master_key: bytes
+    lac: int
+
+
+class ForceLedgerResponse(rpc.Message, frozen=True):
+    type_id: ClassVar[int] = 1213
+    ledger_id: int
+    last_entry_id: int  # every add of the ledger up to here is durable
+
+
+class ForceLedgerRequest(rpc.Request[ForceLedgerResponse], frozen=True):
+    type_id: ClassVar[int] = 1212
+    ledger_id: int
+    master_key: bytes
+
+
+# ----- admin ------------------------------------------------------------------
+
+
+class BookieStatusResponse(rpc.Message, frozen=True):
+    type_id: ClassVar[int] = 1221
+    bookie_id: str
+    read_only: bool
+    registered: bool
+    labels: dict[str, str]
+    ledgers: int
+    disk_usage: float
+    journal_dir: str
+    ledger_dir: str
+    stats: dict[str, int]
+
+
+class BookieStatusRequest(rpc.Request[BookieStatusResponse], frozen=True):
+    type_id: ClassVar[int] = 1220
+
+
+class LedgerInfoResponse(rpc.Message, frozen=True):
+    type_id: ClassVar[int] = 1223
+    ledger_id: int
+    exists: bool
+    fenced: bool
+    lac: int
+    last_entry_id: int
+
+
+class LedgerInfoRequest(rpc.Request[LedgerInfoResponse], frozen=True):
+    type_id: ClassVar[int] = 1222
+    ledger_id: int
+
+
+class GcResponse(rpc.Message, frozen=True):
+    type_id: ClassVar[int] = 1225
+    deleted_ledgers: int
+    compacted_logs: int
+    reclaimed_bytes: int
+
+
+class GcRequest(rpc.Request[GcResponse], frozen=True):
+    type_id: ClassVar[int] = 1224
+
+
+class ScrubResponse(rpc.Message, frozen=True):
+    type_id: ClassVar[int] = 1227
+    ok: bool
+    entries_checked: int
+    problems: list[str]
+
+
+class ScrubRequest(rpc.Request[ScrubResponse], frozen=True):
+    type_id: ClassVar[int] = 1226
