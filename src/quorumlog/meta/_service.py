@@ -174,7 +174,7 @@ class MetaService:
         self.host = host
         self.machine = _WatchableMachine(self, limits or MetaLimits())
         self.leases = LeaseKeeper()
-        self._changed = asyncio.Condition()
+        self._watch_wakeup: asyncio.Future[None] | None = None  # parked watches wait on it
         self._expiry_task: asyncio.Task[None] | None = None
 
     def handlers(self) -> dict[type[rpc.Request[Any]], Any]:
@@ -207,16 +207,18 @@ class MetaService:
             elif result.session_id not in self.machine.sessions():
                 self.leases.revoked(result.session_id)
         if events:
-            asyncio.get_running_loop().create_task(self._notify())
+            self._wake_watches()
 
     def restored(self) -> None:
         if self.leases.active:
             self.leases.promote(_now_ms(), self.machine.sessions())
-        asyncio.get_running_loop().create_task(self._notify())
+        self._wake_watches()
 
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
+    def _wake_watches(self) -> None:
+        """Wake every parked watch; costs nothing when none is parked."""
+        wakeup, self._watch_wakeup = self._watch_wakeup, None
+        if wakeup is not None and not wakeup.done():
+            wakeup.set_result(None)
 
     def _role_changed(self, group_id: int, role: Role, leader_id: int) -> None:
         if group_id != META_GROUP_ID:
@@ -287,9 +289,11 @@ class MetaService:
                     revision=events[WATCH_EVENTS_MAX - 1].kv.mod_revision
                     if len(events) > WATCH_EVENTS_MAX else self.machine.revision,
                 )
-            async with self._changed:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), remaining)
+            if self._watch_wakeup is None:
+                self._watch_wakeup = asyncio.get_running_loop().create_future()
+            # shield: a timed-out watch must not cancel the future others wait on
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._watch_wakeup), remaining)
 
     def _resolve_member(self, node_id: int) -> str | None:
         kv = self.machine.get(f"{MEMBER_KEY_PREFIX}{node_id}")

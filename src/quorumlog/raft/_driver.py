@@ -374,8 +374,12 @@ class RaftHost:
         leaders = [(g, r) for g, r in batch if g.node.role is Role.LEADER]
         others = [(g, r) for g, r in batch if g.node.role is not Role.LEADER]
         self._send_all(leaders)
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._io, _persist_all, batch)
+        if any(r.must_sync or r.snapshot is not None for _, r in batch):
+            await asyncio.get_running_loop().run_in_executor(self._io, _persist_all, batch)
+        else:
+            # Nothing to fsync (only a new commit index, say): a buffered write
+            # costs less than the two thread hand-offs of the I/O thread.
+            _persist_all(batch)
         for group, ready in batch:
             group.storage.install(ready.hard_state, ready.entries, ready.snapshot)
         self._send_all(others)
