@@ -5,6 +5,7 @@ the service that runs it on a Raft group (driver, server, clients) is built on
 ``quorumlog.raft`` and ``quorumlog.rpc``.
 """
 
+from quorumlog.meta._client import BlockingMetaClient, MetaClient
 from quorumlog.meta._commands import (
     Compact,
     CompactResult,
@@ -35,6 +36,7 @@ from quorumlog.meta._leases import LeaseKeeper
 from quorumlog.meta._state import CompactedError, MetaLimits, MetaStateMachine
 
 __all__ = [
+    "BlockingMetaClient",
     "Compact",
     "CompactResult",
     "CompactedError",
@@ -50,6 +52,7 @@ __all__ = [
     "IdResult",
     "KeyValue",
     "LeaseKeeper",
+    "MetaClient",
     "MetaLimits",
     "MetaStateMachine",
     "NextId",
