@@ -28,7 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from quorumlog import rpc
 from quorumlog.config import Config, require
@@ -56,6 +56,7 @@ from quorumlog.raft._wal_storage import WalRaftStorage
 
 _log = get_logger(__name__)
 
+T = TypeVar("T")
 _PROPOSAL_HEADER = struct.Struct("<Q")  # proposal id, so the proposer finds its result
 
 
@@ -243,11 +244,9 @@ class RaftHost:
         group.proposals[proposal_id] = future
         self._kick()
         try:
-            return await asyncio.wait_for(future, self._timeout(timeout_s))
-        except TimeoutError:
-            raise DeadlineExceededError(
-                f"group {group_id}: proposal not applied within the deadline"
-            ) from None
+            return await _with_deadline(
+                future, self._timeout(timeout_s),
+                f"group {group_id}: proposal not applied within the deadline")
         finally:
             group.proposals.pop(proposal_id, None)
 
@@ -261,11 +260,9 @@ class RaftHost:
         group.node.read_index(context)
         self._kick()
         try:
-            return await asyncio.wait_for(future, self._timeout(timeout_s))
-        except TimeoutError:
-            raise DeadlineExceededError(
-                f"group {group_id}: read index not confirmed within the deadline"
-            ) from None
+            return await _with_deadline(
+                future, self._timeout(timeout_s),
+                f"group {group_id}: read index not confirmed within the deadline")
         finally:
             group.reads.pop(context, None)
 
@@ -513,6 +510,24 @@ class RaftHost:
         if compact_to >= group.storage.first_index():
             group.storage.compact(compact_to)
             await loop.run_in_executor(self._io, group.storage.release_wal, compact_to)
+
+
+async def _with_deadline(future: asyncio.Future[T], timeout_s: float, message: str) -> T:
+    """Await ``future``; DeadlineExceededError after ``timeout_s``.
+
+    One timer handle instead of asyncio.wait_for's extra task and futures: this
+    runs once per proposal and per linearizable read.
+    """
+    handle = asyncio.get_running_loop().call_later(timeout_s, _expire, future, message)
+    try:
+        return await future
+    finally:
+        handle.cancel()
+
+
+def _expire(future: asyncio.Future[Any], message: str) -> None:
+    if not future.done():
+        future.set_exception(DeadlineExceededError(message))
 
 
 def _persist_all(batch: list[tuple[_Group, Ready]]) -> None:
