@@ -98,3 +98,26 @@ def test_cli_version_and_help() -> None:
     helped = _cli("--help")
     assert helped.returncode == 0
     assert "Usage" in helped.stdout
+
+
+def test_logging_survives_a_swapped_and_closed_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    """An in-process CLI call configures logging while sys.stderr is a stand-in."""
+    import io
+
+    import structlog
+
+    from quorumlog.log import configure, get_logger
+
+    saved_config, saved_stderr = structlog.get_config(), sys.stderr
+    stand_in = io.StringIO()
+    try:
+        sys.stderr = stand_in
+        configure("INFO", json=True)
+        get_logger("t").info("while_swapped")
+        sys.stderr = saved_stderr
+        stand_in.close()
+        get_logger("t").error("after_restore", n=1)  # raised ValueError when bound to stand_in
+    finally:
+        sys.stderr = saved_stderr
+        structlog.configure(**saved_config)
+    assert '"event": "after_restore"' in capsys.readouterr().err

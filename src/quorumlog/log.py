@@ -8,11 +8,33 @@ Output is human-readable on a terminal and JSON lines otherwise (or when
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from typing import Any
 
 import structlog
+
+
+class _CurrentStderrLogger:
+    """Writes each line to the ``sys.stderr`` of the moment, not the one at configure time.
+
+    A CLI command run in-process (``typer.testing.CliRunner``, a notebook) swaps
+    ``sys.stderr`` and closes its stand-in afterwards; a logger bound to the
+    stand-in would then fail every later log call with "I/O operation on closed
+    file" and turn logging into a crash.
+    """
+
+    def msg(self, message: str) -> None:
+        # A closed stand-in that was never put back: drop the line.
+        with contextlib.suppress(ValueError):
+            print(message, file=sys.stderr, flush=True)
+
+    log = debug = info = warn = warning = error = critical = exception = fatal = msg
+
+
+def _logger_factory(*_args: Any) -> _CurrentStderrLogger:
+    return _CurrentStderrLogger()
 
 
 def configure(level: str = "INFO", *, json: bool | None = None) -> None:
@@ -35,7 +57,7 @@ def configure(level: str = "INFO", *, json: bool | None = None) -> None:
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_logger_factory,
         cache_logger_on_first_use=True,
     )
 
