@@ -6,10 +6,14 @@ locations to a RocksDB index in one synced batch, with a caller-supplied
 checkpoint. Reads go write cache -> read cache (with read-ahead) -> index +
 entry log. Ledger metadata (master key, fencing, LACs), deletion, entry log
 compaction, disk-usage read-only mode, crash recovery and a scrub live here.
-The journal, the RPC handlers and registration belong to the bookie server.
-See docs/bookie.md.
+
+The server role on top of it: ``BookieService`` (rpc handlers for the wire
+protocol in ``_protocol.py``, the journal with group commit, checkpoints,
+journal replay, long-poll LAC, GC, registration in meta) and ``run_bookie``
+to run one in-process. See docs/bookie.md.
 """
 
+from quorumlog.bookie._bookie_config import BookieConfig
 from quorumlog.bookie._config import LedgerStorageConfig
 from quorumlog.bookie._errors import (
     BookieError,
@@ -23,23 +27,31 @@ from quorumlog.bookie._errors import (
     WriteCacheFullError,
 )
 from quorumlog.bookie._format import NO_ENTRY
+from quorumlog.bookie._gc import GcResult
+from quorumlog.bookie._journal import Journal
 from quorumlog.bookie._ledgers import MASTER_KEY_MAX_BYTES, LedgerInfo
 from quorumlog.bookie._results import CompactionResult, FlushResult, ScrubReport, StorageStats
+from quorumlog.bookie._server import BookieService, LocalBookie, local_config, run_bookie
 from quorumlog.bookie._storage import DiskUsageProbe, LedgerStorage, filesystem_usage
 
 __all__ = [
     "MASTER_KEY_MAX_BYTES",
     "NO_ENTRY",
+    "BookieConfig",
     "BookieError",
+    "BookieService",
     "CompactionResult",
     "DiskUsageProbe",
     "EntryLogCorruptionError",
     "EntryTooLargeError",
     "FlushResult",
+    "GcResult",
+    "Journal",
     "LedgerFencedError",
     "LedgerInfo",
     "LedgerStorage",
     "LedgerStorageConfig",
+    "LocalBookie",
     "NoSuchEntryError",
     "NoSuchLedgerError",
     "ReadOnlyError",
@@ -48,4 +60,6 @@ __all__ = [
     "UnauthorizedError",
     "WriteCacheFullError",
     "filesystem_usage",
+    "local_config",
+    "run_bookie",
 ]

@@ -295,13 +295,15 @@ class LedgerStorage:
         LedgerFencedError (fenced and not ``recovery``), EntryTooLargeError,
         ReadOnlyError and WriteCacheFullError (both retriable).
         """
-        _check_id("ledger", ledger_id)
-        _check_id("entry", entry_id)
+        if not (0 <= ledger_id < ID_LIMIT and 0 <= entry_id < ID_LIMIT):  # hot path: inline
+            _check_id("ledger", ledger_id)
+            _check_id("entry", entry_id)
         if len(data) > self._config.entry_max_bytes:
             raise EntryTooLargeError(
                 f"entry {ledger_id}:{entry_id} has {len(data)} bytes, over entry_max_bytes "
                 f"{self._config.entry_max_bytes}; split it or raise the limit")
-        data = bytes(data)
+        if type(data) is not bytes:
+            data = bytes(data)
         with self._cond:
             if not self._admit(ledger_id, entry_id, master_key, piggyback_lac, recovery):
                 return False

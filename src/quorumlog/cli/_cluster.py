@@ -31,13 +31,18 @@ def node(config: Path = typer.Option(..., "--config", help="The node's TOML conf
 
 
 def up(
-    nodes: int = typer.Option(3, "--nodes", help="Number of node processes (1-3 today)."),
+    nodes: int = typer.Option(
+        3, "--nodes",
+        help="Number of node processes: meta on the first 3 (1 when fewer), bookie on all."),
     directory: Path | None = DirOption,
 ) -> None:
-    """Start a local cluster on 127.0.0.1 in the background and wait until healthy."""
+    """Start a local cluster on 127.0.0.1 in the background and wait until healthy.
+
+    Healthy: a meta leader is elected and every bookie is registered and writable.
+    """
     from quorumlog import node as cluster
 
-    with console.status(f"starting {nodes} node(s) and waiting for a meta leader..."):
+    with console.status(f"starting {nodes} node(s), waiting for meta and bookies..."):
         infos = cluster.up(_dir(directory), nodes)
     table = Table(title=f"quorumlog cluster in {_dir(directory).resolve()}")
     for col in ("node", "pid", "address", "metrics", "roles"):
@@ -61,7 +66,7 @@ def status(
     directory: Path | None = DirOption,
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
-    """Show every node: pid, roles, address, Raft role, term, commit/applied index."""
+    """Show every node: pid, roles, address, Raft role, term, commit index, bookie state."""
     from quorumlog import node as cluster
 
     rows = cluster.status(_dir(directory))
@@ -70,12 +75,21 @@ def status(
         return
     table = Table(title="quorumlog nodes")
     cols = ("id", "pid", "alive", "roles", "address", "meta_role", "term", "leader",
-            "commit_index", "applied_index", "revision")
+            "commit_index", "applied_index", "revision", "bookie")
     for col in cols:
         table.add_column(col)
     for r in rows:
-        table.add_row(*[",".join(r[c]) if c == "roles" else str(r.get(c, "-")) for c in cols])
+        table.add_row(*[_cell(r, c) for c in cols])
     console.print(table)
+
+
+def _cell(row: dict[str, object], column: str) -> str:
+    value = row.get(column, "-")
+    if column == "roles" and isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    if column == "bookie" and isinstance(value, dict):
+        return str(value.get("state", "-"))
+    return str(value)
 
 
 def restart(

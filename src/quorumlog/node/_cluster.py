@@ -3,8 +3,10 @@
 ``up`` writes one TOML config per node into ``DIR/node-N/``, starts each node
 as a detached ``python -m quorumlog node`` process (logs in ``node.log``),
 records pids and addresses in ``DIR/cluster.json``, and waits until a meta
-leader is elected and every node answers. ``down`` stops them (SIGTERM, then
-SIGKILL after a deadline). ``status`` asks every node for its Raft state.
+leader is elected, every node answers and every bookie is registered in meta
+and writable. Roles: meta on the first 3 nodes (the first 1 when fewer than
+3), bookie on all. ``down`` stops them (SIGTERM, then SIGKILL after a
+deadline). ``status`` asks every node for its Raft state and bookie state.
 """
 
 from __future__ import annotations
@@ -23,12 +25,27 @@ from pathlib import Path
 from typing import Any
 
 from quorumlog import rpc
+from quorumlog.bookie._protocol import BookieStatusRequest
 from quorumlog.errors import DeadlineExceededError, QuorumlogError, UsageError
 from quorumlog.meta._service import MetaStatusRequest
 
 DEFAULT_DIR = Path(os.environ.get("QUORUMLOG_CLUSTER_DIR", ".quorumlog/cluster"))
 CLUSTER_FILE = "cluster.json"
-UP_TIMEOUT_S = 30.0
+UP_TIMEOUT_S = 60.0
+NODES_MAX = 32  # a local cluster on one machine
+# Local clusters keep their bookies small: journal segments and write caches
+# are allocated per node.
+LOCAL_BOOKIE_TOML = (
+    "journal_segment_size_bytes = 8388608\n"
+    "session_ttl_ms = 4000\n"
+    "\n[bookie.storage]\n"
+    "write_cache_max_bytes = 33554432\n"
+    "read_cache_max_bytes = 16777216\n"
+    "entry_log_max_bytes = 67108864\n"
+    "index_write_buffer_bytes = 4194304\n"
+    "index_block_cache_bytes = 8388608\n"
+)
+RACKS = 3  # local bookies get labels rack = rack-1..rack-3, zone = zone-1
 DOWN_TIMEOUT_S = 10.0
 STATUS_TIMEOUT_S = 2.0
 POLL_INTERVAL_S = 0.1
@@ -52,25 +69,42 @@ def free_port() -> int:
         return port
 
 
-def write_configs(directory: Path, nodes: int) -> list[tuple[int, Path, str, str]]:
-    meta_ids = list(range(1, min(nodes, 3) + 1)) if nodes >= 3 else [1]
+def node_roles(node_id: int, nodes: int) -> list[str]:
+    """meta on the first 3 nodes (the first 1 when fewer than 3), bookie on all."""
+    meta_count = 3 if nodes >= 3 else 1
+    return ["meta", "bookie"] if node_id <= meta_count else ["bookie"]
+
+
+def node_toml(node_id: int, node_dir: Path, *, address: str, metrics: str, roles: list[str],
+              members: str, bootstrap: bool) -> str:
+    role_list = ", ".join(f'"{r}"' for r in roles)
+    text = (
+        f"[node]\nid = {node_id}\ndata_dir = \"{node_dir / 'data'}\"\n"
+        f"listen = \"{address}\"\nmetrics_listen = \"{metrics}\"\n"
+        f"roles = [{role_list}]\n\n[meta]\nmembers = [{members}]\n"
+        f"bootstrap = {'true' if bootstrap else 'false'}\n"
+    )
+    if "bookie" in roles:
+        rack = (node_id - 1) % RACKS + 1
+        text += (f"\n[bookie]\nlabels = {{ rack = \"rack-{rack}\", zone = \"zone-1\" }}\n"
+                 + LOCAL_BOOKIE_TOML)
+    return text
+
+
+def write_configs(directory: Path, nodes: int) -> list[tuple[int, Path, str, str, list[str]]]:
     addresses = {i: f"127.0.0.1:{free_port()}" for i in range(1, nodes + 1)}
+    meta_ids = [i for i in addresses if "meta" in node_roles(i, nodes)]
     members = ", ".join(f'"{i}={addresses[i]}"' for i in meta_ids)
     out = []
     for i in range(1, nodes + 1):
         node_dir = directory / f"node-{i}"
         node_dir.mkdir(parents=True, exist_ok=True)
         metrics = f"127.0.0.1:{free_port()}"
-        text = (
-            f"[node]\nid = {i}\ndata_dir = \"{node_dir / 'data'}\"\n"
-            f"listen = \"{addresses[i]}\"\nmetrics_listen = \"{metrics}\"\n"
-            f"roles = [\"meta\"]\n\n[meta]\nmembers = [{members}]\nbootstrap = true\n"
-        )
-        if i not in meta_ids:
-            raise UsageError("nodes beyond the meta group need the bookie role (not built yet)")
+        roles = node_roles(i, nodes)
         path = node_dir / "node.toml"
-        path.write_text(text)
-        out.append((i, path, addresses[i], metrics))
+        path.write_text(node_toml(i, node_dir, address=addresses[i], metrics=metrics,
+                                  roles=roles, members=members, bootstrap=True))
+        out.append((i, path, addresses[i], metrics, roles))
     return out
 
 
@@ -83,17 +117,23 @@ def start_node(config_path: Path) -> subprocess.Popen[bytes]:
     )
 
 
-def up(directory: Path, nodes: int) -> list[NodeInfo]:
-    if nodes < 1 or nodes > 3:
-        raise UsageError("--nodes must be 1..3 until bookies join the node process")
+def up(directory: Path, nodes: int = 3) -> list[NodeInfo]:
+    """Start ``nodes`` node processes and wait until meta and every bookie are ready.
+
+    Meta runs on the first 3 nodes (1 when ``nodes`` < 3), a bookie on every
+    node. Returns when a meta leader is elected and every bookie is
+    registered in meta and writable.
+    """
+    if nodes < 1 or nodes > NODES_MAX:
+        raise UsageError(f"--nodes must be in 1..{NODES_MAX}")
     directory = directory.resolve()
     if (directory / CLUSTER_FILE).exists() and any(_alive(n.pid) for n in load(directory)):
         raise UsageError(f"a cluster is already running in {directory}; run `quorumlog down` first")
     directory.mkdir(parents=True, exist_ok=True)
     infos = []
-    for node_id, path, address, metrics in write_configs(directory, nodes):
+    for node_id, path, address, metrics, roles in write_configs(directory, nodes):
         proc = start_node(path)
-        infos.append(NodeInfo(node_id, proc.pid, address, metrics, ["meta"], str(path),
+        infos.append(NodeInfo(node_id, proc.pid, address, metrics, roles, str(path),
                               str(path.parent / "node.log")))
     save(directory, infos)
     wait_healthy(infos, UP_TIMEOUT_S)
@@ -132,11 +172,8 @@ def add_node(directory: Path) -> NodeInfo:
     node_dir = directory / f"node-{node_id}"
     node_dir.mkdir(parents=True, exist_ok=True)
     path = node_dir / "node.toml"
-    path.write_text(
-        f"[node]\nid = {node_id}\ndata_dir = \"{node_dir / 'data'}\"\n"
-        f"listen = \"{address}\"\nmetrics_listen = \"{metrics}\"\nroles = [\"meta\"]\n\n"
-        f"[meta]\nmembers = [{', '.join(members)}]\nbootstrap = false\n"
-    )
+    path.write_text(node_toml(node_id, node_dir, address=address, metrics=metrics,
+                              roles=["meta"], members=", ".join(members), bootstrap=False))
     info = NodeInfo(node_id, start_node(path).pid, address, metrics, ["meta"], str(path),
                     str(node_dir / "node.log"))
     save(directory, [*infos, info])
@@ -206,19 +243,40 @@ def _alive(pid: int) -> bool:
     return True
 
 
+async def _meta_status(pool: rpc.Pool, info: NodeInfo, row: dict[str, Any]) -> None:
+    if "meta" not in info.roles:
+        row.update(meta_role="-")
+        return
+    try:
+        st = await pool.call(info.address, MetaStatusRequest(), timeout_s=STATUS_TIMEOUT_S)
+    except QuorumlogError as exc:
+        row.update(meta_role="unreachable", error=exc.message)
+        return
+    row.update(meta_role=st.role, term=st.term, leader=st.leader,
+               commit_index=st.commit_index, applied_index=st.applied_index,
+               revision=st.revision, voters=st.voters)
+
+
+async def _bookie_status(pool: rpc.Pool, info: NodeInfo, row: dict[str, Any]) -> None:
+    if "bookie" not in info.roles:
+        return
+    try:
+        st = await pool.call(info.address, BookieStatusRequest(), timeout_s=STATUS_TIMEOUT_S)
+    except QuorumlogError as exc:
+        row.update(bookie={"state": "unreachable", "error": exc.message})
+        return
+    state = "read-only" if st.read_only else ("writable" if st.registered else "unregistered")
+    row.update(bookie={"state": state, "registered": st.registered, "read_only": st.read_only,
+                       "labels": st.labels, "ledgers": st.ledgers,
+                       "disk_usage": round(st.disk_usage, 4)})
+
+
 async def _status_async(infos: list[NodeInfo]) -> list[dict[str, Any]]:
     pool = rpc.Pool()
     try:
         async def one(info: NodeInfo) -> dict[str, Any]:
             row: dict[str, Any] = {**asdict(info), "alive": _alive(info.pid)}
-            try:
-                st = await pool.call(info.address, MetaStatusRequest(), timeout_s=STATUS_TIMEOUT_S)
-            except QuorumlogError as exc:
-                row.update(meta_role="unreachable", error=exc.message)
-                return row
-            row.update(meta_role=st.role, term=st.term, leader=st.leader,
-                       commit_index=st.commit_index, applied_index=st.applied_index,
-                       revision=st.revision, voters=st.voters)
+            await asyncio.gather(_meta_status(pool, info, row), _bookie_status(pool, info, row))
             return row
 
         return list(await asyncio.gather(*(one(i) for i in infos)))
@@ -240,16 +298,25 @@ def wait_healthy(infos: list[NodeInfo], timeout_s: float) -> list[dict[str, Any]
             raise QuorumlogError(
                 f"node {dead[0]['id']} exited during start-up; see {dead[0]['log']}"
             )
-        leaders = {r.get("leader") for r in rows}
-        if all(r["meta_role"] != "unreachable" for r in rows) and len(leaders) == 1 and (
-            any(r["meta_role"] == "leader" for r in rows)
-        ):
+        if _healthy(rows):
             return rows
         time.sleep(POLL_INTERVAL_S)
     raise DeadlineExceededError(
         f"the cluster did not become healthy within {timeout_s:.0f} s: "
-        + "; ".join(f"node {r['id']}: {r.get('meta_role')}" for r in rows)
+        + "; ".join(f"node {r['id']}: meta {r.get('meta_role')}, "
+                    f"bookie {r.get('bookie', {}).get('state', '-')}" for r in rows)
     )
+
+
+def _healthy(rows: list[dict[str, Any]]) -> bool:
+    """One meta leader that every meta node knows, and every bookie writable."""
+    meta_rows = [r for r in rows if "meta" in r["roles"]]
+    leaders = {r.get("leader") for r in meta_rows}
+    meta_ok = (all(r["meta_role"] != "unreachable" for r in meta_rows) and len(leaders) == 1
+               and any(r["meta_role"] == "leader" for r in meta_rows))
+    bookies_ok = all(r.get("bookie", {}).get("state") == "writable"
+                     for r in rows if "bookie" in r["roles"])
+    return meta_ok and bookies_ok
 
 
 def meta_addresses(directory: Path) -> list[str]:

@@ -7,13 +7,30 @@ Example::
     data_dir = "/var/lib/quorumlog/node-1"
     listen = "127.0.0.1:7101"
     metrics_listen = "127.0.0.1:9101"    # "" disables the Prometheus endpoint
-    roles = ["meta"]
+    roles = ["meta", "bookie"]           # any of: meta, bookie
 
     [meta]
     members = ["1=127.0.0.1:7101", "2=127.0.0.1:7102", "3=127.0.0.1:7103"]
     bootstrap = true                     # a new group with these voters
     tick_interval_ms = 100
     snapshot_entries = 10000
+
+    [bookie]                             # see quorumlog.bookie.BookieConfig
+    journal_dir = "/disk1/quorumlog/journal"   # default <data_dir>/journal
+    ledger_dir = "/disk2/quorumlog/ledgers"    # default <data_dir>/ledgers
+    labels = { rack = "r1", zone = "z1" }
+    journal_max_wait_us = 500
+    journal_max_batch_bytes = 4194304
+    flush_interval_ms = 100
+    gc_interval_ms = 600000
+    gc_live_ratio_threshold = 0.5
+
+    [bookie.storage]                     # see quorumlog.bookie.LedgerStorageConfig
+    write_cache_max_bytes = 67108864
+    disk_usage_threshold_fraction = 0.95
+
+A node without the meta role still needs ``[meta] members``: it is the list
+of meta addresses its bookie registers with.
 
 Every field can be overridden from the environment, for example
 ``QUORUMLOG_NODE__LISTEN=127.0.0.1:7200``.
@@ -25,9 +42,10 @@ import os
 from pathlib import Path
 
 from quorumlog import config
+from quorumlog.bookie._bookie_config import BookieConfig
 from quorumlog.config import Config, require
 
-KNOWN_ROLES = frozenset({"meta"})
+KNOWN_ROLES = frozenset({"meta", "bookie"})
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -83,9 +101,16 @@ class MetaSection(Config, frozen=True):
 class NodeConfig(Config, frozen=True):
     node: NodeSection
     meta: MetaSection | None = None
+    bookie: BookieConfig | None = None
 
     def validate(self) -> None:
         self.node.validate()
+        if "bookie" in self.node.roles:
+            require(self.meta is not None and bool(self.meta.members),
+                    "role bookie needs [meta] members (the meta addresses it registers with)")
+            assert self.meta is not None
+            self.meta.validate()
+            self.bookie_config.validate()
         if "meta" in self.node.roles:
             require(self.meta is not None, "role meta needs a [meta] section")
             assert self.meta is not None
@@ -99,6 +124,19 @@ class NodeConfig(Config, frozen=True):
     @property
     def data_path(self) -> Path:
         return Path(self.node.data_dir)
+
+    @property
+    def bookie_config(self) -> BookieConfig:
+        """The [bookie] section (defaults when absent), directories filled in."""
+        section = self.bookie if self.bookie is not None else BookieConfig()
+        return section.with_directories(self.node.data_dir)
+
+    @property
+    def meta_addresses(self) -> list[str]:
+        """The meta members' addresses (for clients such as the bookie)."""
+        if self.meta is None:
+            return []
+        return [address for _, address in sorted(self.meta.member_map().items())]
 
 
 def load_node_config(path: str | os.PathLike[str]) -> NodeConfig:

@@ -1,19 +1,29 @@
 """One node process: an rpc server hosting the configured roles.
 
-Roles share the process's rpc server, Raft host (one ticker, one I/O thread,
-one connection pool) and Prometheus endpoint.
+Roles share the process's rpc server and Prometheus endpoint. The meta role
+brings a Raft host (one ticker, one I/O thread, one connection pool); the
+bookie role a ``BookieService`` that registers with the meta members listed
+in ``[meta] members`` (on this node or others).
+
+Start order: rpc server (requests to a role that is not started yet get a
+retriable error), Raft host and meta, then the bookie (journal replay, then
+registration). Stop order: the rpc server first (no new requests), then the
+bookie (final flush), then meta and the Raft host.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
+import sys
 from typing import Any
 
 from prometheus_client import Gauge, start_http_server
 
 from quorumlog import rpc
+from quorumlog.bookie._server import BookieService
 from quorumlog.log import configure, get_logger
 from quorumlog.meta._service import MetaService
 from quorumlog.node._config import NodeConfig, parse_address
@@ -29,29 +39,82 @@ RAFT_APPLIED = Gauge("quorumlog_raft_applied_index", "Raft applied index", ["gro
 RAFT_LEADER = Gauge("quorumlog_raft_is_leader", "1 when this node leads the group", ["group"],
                     registry=rpc.metrics_registry)
 METRICS_INTERVAL_S = 1.0
+EXIT_SOFTWARE = 70  # EX_SOFTWARE: the supervisor restarts us from disk
+# A bookie's flushes and compactions run Python code on maintenance threads.
+# With CPython's default 5 ms GIL switch interval, every event loop wake-up
+# during a flush may wait 5 ms for the GIL; 1 ms keeps add latency down at
+# the cost of a little more switching.
+BOOKIE_SWITCH_INTERVAL_S = 0.001
+# Every add allocates a few short-lived container objects (task, futures,
+# messages); with the default gen0 threshold (700) the collector runs
+# hundreds of times a second and a full collection (tens of ms with a large
+# write cache) about once a second. A higher gen0 threshold and freezing the
+# objects that exist after start-up cut that to a few short pauses.
+BOOKIE_GC_THRESHOLDS = (50_000, 20, 100)
+
+
+def tune_for_bookie() -> None:
+    """Interpreter settings for a process serving a bookie (see the constants)."""
+    sys.setswitchinterval(BOOKIE_SWITCH_INTERVAL_S)
+    gc.set_threshold(*BOOKIE_GC_THRESHOLDS)
+
+
+class _Roles:
+    """The roles of this node, built from its config."""
+
+    def __init__(self, cfg: NodeConfig) -> None:
+        self.host: RaftHost | None = None
+        self.meta: MetaService | None = None
+        self.bookie: BookieService | None = None
+        if "meta" in cfg.node.roles:
+            assert cfg.meta is not None  # NodeConfig.validate requires it
+            self.host = RaftHost(
+                cfg.node.id,
+                cfg.meta.member_map(),
+                cfg.data_path / "raft",
+                config=HostConfig(
+                    tick_interval_ms=cfg.meta.tick_interval_ms,
+                    election_timeout_ticks=cfg.meta.election_timeout_ticks,
+                    snapshot_entries=cfg.meta.snapshot_entries,
+                ),
+            )
+            self.meta = MetaService(self.host)
+        if "bookie" in cfg.node.roles:
+            self.bookie = BookieService(cfg.bookie_config, meta_addresses=cfg.meta_addresses)
+
+    def handlers(self) -> dict[type[rpc.Request[Any]], Any]:
+        handlers: dict[type[rpc.Request[Any]], Any] = {}
+        if self.host is not None and self.meta is not None:
+            handlers.update(self.host.handlers())
+            handlers.update(self.meta.handlers())
+        if self.bookie is not None:
+            handlers.update(self.bookie.handlers())
+        return handlers
+
+    def failures(self) -> list[asyncio.Future[Any]]:
+        out: list[asyncio.Future[Any]] = []
+        if self.host is not None:
+            out.append(self.host.failed)
+        if self.bookie is not None:
+            out.append(self.bookie.failed)
+        return out
 
 
 async def serve(cfg: NodeConfig) -> None:
-    """Run the node until SIGTERM/SIGINT."""
-    assert cfg.meta is not None
-    members = cfg.meta.member_map()
-    host = RaftHost(
-        cfg.node.id,
-        members,
-        cfg.data_path / "raft",
-        config=HostConfig(
-            tick_interval_ms=cfg.meta.tick_interval_ms,
-            election_timeout_ticks=cfg.meta.election_timeout_ticks,
-            snapshot_entries=cfg.meta.snapshot_entries,
-        ),
-    )
-    meta = MetaService(host)
-    handlers: dict[type[rpc.Request[Any]], Any] = {**host.handlers(), **meta.handlers()}
-    server = rpc.Server(handlers)
+    """Run the node until SIGTERM/SIGINT (or a role fails: exit code 70)."""
+    roles = _Roles(cfg)
+    if roles.bookie is not None:
+        tune_for_bookie()
+    server = rpc.Server(roles.handlers())
     listen_host, listen_port = parse_address(cfg.node.listen)
     await server.start(listen_host, listen_port)
-    await host.start()
-    meta.start(set(members) if cfg.meta.bootstrap else None)
+    if roles.host is not None and roles.meta is not None:
+        assert cfg.meta is not None
+        await roles.host.start()
+        roles.meta.start(set(cfg.meta.member_map()) if cfg.meta.bootstrap else None)
+    if roles.bookie is not None:
+        await roles.bookie.start(cfg.node.listen)
+        gc.freeze()  # start-up objects live for good: keep them out of collections
     if cfg.node.metrics_listen:
         m_host, m_port = parse_address(cfg.node.metrics_listen)
         start_http_server(m_port, addr=m_host, registry=rpc.metrics_registry)
@@ -60,20 +123,25 @@ async def serve(cfg: NodeConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    metrics = loop.create_task(_export_metrics(host))
+    metrics = loop.create_task(_export_metrics(roles.host)) if roles.host is not None else None
     stopping: asyncio.Future[Any] = loop.create_task(stop.wait())
-    failed: asyncio.Future[Any] = host.failed
-    await asyncio.wait([stopping, failed], return_when=asyncio.FIRST_COMPLETED)
-    if host.failed.done() and host.failed.exception() is not None:
-        _log.critical("node_failed", node=cfg.node.id, error=repr(host.failed.exception()))
-        raise SystemExit(70)  # EX_SOFTWARE: the supervisor restarts us from disk
+    await asyncio.wait([stopping, *roles.failures()], return_when=asyncio.FIRST_COMPLETED)
+    for failure in roles.failures():
+        if failure.done() and failure.exception() is not None:
+            _log.critical("node_failed", node=cfg.node.id, error=repr(failure.exception()))
+            raise SystemExit(EXIT_SOFTWARE)
     _log.info("node_stopping", node=cfg.node.id)
-    metrics.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await metrics
-    await meta.close()
+    if metrics is not None:
+        metrics.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await metrics
     await server.close()
-    await host.close()
+    if roles.bookie is not None:
+        await roles.bookie.close()
+    if roles.meta is not None:
+        await roles.meta.close()
+    if roles.host is not None:
+        await roles.host.close()
 
 
 async def _export_metrics(host: RaftHost) -> None:

@@ -1,0 +1,237 @@
+"""Bookies in a local cluster: `up --nodes 3`, the bookie CLI, GC against meta,
+and registration lost and regained when the bookie's meta session goes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+# The bookie tests' helpers (tests/bookie is not a package).
+sys.path.insert(0, str(Path(__file__).parent.parent / "bookie"))
+from server_helpers import KEY, add, check_entry, connect, read, small_bookie_config
+
+from quorumlog import node as cluster
+from quorumlog import rpc
+from quorumlog.bookie import NoSuchLedgerError, ReadOnlyError, run_bookie
+from quorumlog.bookie._protocol import (
+    BOOKIE_REGISTRY_PREFIX,
+    AddEntryRequest,
+    BookieRegistration,
+    GcRequest,
+    ledger_key,
+)
+from quorumlog.meta._client import MetaClient
+
+DEADLINE_S = 30.0
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "quorumlog", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def three_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    directory = tmp_path_factory.mktemp("bookies") / "cluster"
+    out = _cli("up", "--nodes", "3", "--dir", str(directory))
+    assert out.returncode == 0, out.stderr
+    try:
+        yield directory
+    finally:
+        cluster.down(directory)
+
+
+def test_up_three_nodes_lists_three_writable_bookies(three_nodes: Path) -> None:
+    out = _cli("bookie", "list", "--json", "--dir", str(three_nodes))
+    assert out.returncode == 0, out.stderr
+    bookies = json.loads(out.stdout)["bookies"]
+    addresses = sorted(n.address for n in cluster.load(three_nodes))
+    assert sorted(b["address"] for b in bookies) == addresses
+    for b in bookies:
+        assert b["id"] == b["address"] and b["read_only"] is False
+        assert b["labels"]["rack"].startswith("rack-") and b["labels"]["zone"] == "zone-1"
+    status = json.loads(_cli("status", "--json", "--dir", str(three_nodes)).stdout)["nodes"]
+    assert [n["roles"] for n in status] == [["meta", "bookie"]] * 3
+    assert all(n["bookie"]["state"] == "writable" for n in status)
+    assert sum(1 for n in status if n["meta_role"] == "leader") == 1
+
+
+def test_bookie_cli_info_ledger_gc_scrub(three_nodes: Path) -> None:
+    address = cluster.load(three_nodes)[0].address
+
+    async def write() -> None:
+        async with MetaClient(cluster.meta_addresses(three_nodes)) as meta:
+            await meta.put(ledger_key(424242), b"cli test ledger")
+        conn = await connect(address)
+        await asyncio.gather(*(add(conn, 424242, e) for e in range(20)))
+        await conn.close()
+
+    rpc.run(write())
+    info = _cli("bookie", "info", "--bookie", address, "--json")
+    assert info.returncode == 0, info.stderr
+    data = json.loads(info.stdout)
+    assert data["registered"] and not data["read_only"] and data["bookie_id"] == address
+    ledger = json.loads(_cli("bookie", "ledger", "424242", "--bookie", address, "--json").stdout)
+    assert ledger == {"ledger_id": 424242, "exists": True, "fenced": False, "lac": 18,
+                      "last_entry_id": 19}
+    assert _cli("bookie", "ledger", "1", "--bookie", address).returncode == 1
+    gc = _cli("bookie", "gc", "--bookie", address, "--json")
+    assert gc.returncode == 0, gc.stderr
+    assert json.loads(gc.stdout)["deleted_ledgers"] == 0  # its key is in meta
+    scrub = _cli("bookie", "scrub", "--bookie", address, "--json")
+    assert scrub.returncode == 0, scrub.stderr
+    assert json.loads(scrub.stdout)["ok"] is True
+    for command in ("list", "info", "ledger", "gc", "scrub"):
+        assert _cli("bookie", command, "--help").returncode == 0
+
+
+def _log_bytes(directory: Path) -> int:
+    return sum(p.stat().st_size for p in (directory / "ledgers").glob("*.log"))
+
+
+def test_gc_deletes_ledgers_gone_from_meta_and_disk_usage_drops(
+        three_nodes: Path, tmp_path: Path) -> None:
+    meta_addresses = cluster.meta_addresses(three_nodes)
+    config = small_bookie_config(tmp_path / "gc-bookie")
+    ledgers = [9001, 9002, 9003, 9004]
+    entries = 150
+
+    async def main() -> None:
+        async with MetaClient(meta_addresses) as meta, run_bookie(
+                config, meta_addresses) as bookie:
+            for lid in ledgers:
+                await meta.put(ledger_key(lid), b"gc test ledger")
+            conn = await connect(bookie.address)
+            for lid in ledgers:  # one ledger after the other: whole entry logs per ledger
+                await asyncio.gather(*(add(conn, lid, e) for e in range(entries)))
+                await bookie.service.flush()
+            before = _log_bytes(tmp_path / "gc-bookie")
+            # A GC now deletes nothing: every ledger has its key.
+            assert (await conn.call(GcRequest())).deleted_ledgers == 0
+            for lid in ledgers[:2]:
+                await meta.delete(ledger_key(lid))
+            result = await conn.call(GcRequest(), timeout_s=60)
+            assert result.deleted_ledgers == 2
+            assert result.compacted_logs >= 1 and result.reclaimed_bytes > 0
+            after = _log_bytes(tmp_path / "gc-bookie")
+            assert after < before * 0.75, (before, after)
+            for lid in ledgers[:2]:
+                with pytest.raises(NoSuchLedgerError):
+                    await read(conn, lid, 0)
+            for lid in ledgers[2:]:
+                datas = await asyncio.gather(*(read(conn, lid, e) for e in range(entries)))
+                for e, data in enumerate(datas):
+                    check_entry(data, lid, e)
+            assert bookie.service.counters.gc_reclaimed_bytes >= result.reclaimed_bytes
+            await conn.close()
+
+    rpc.run(main())
+
+
+@pytest.fixture
+def one_node(tmp_path: Path) -> Iterator[Path]:
+    directory = tmp_path / "single"
+    cluster.up(directory, 1)
+    try:
+        yield directory
+    finally:
+        node = cluster.load(directory)[0]
+        os.kill(node.pid, signal.SIGCONT)  # in case the test stopped it
+        cluster.down(directory)
+
+
+async def _wait(condition: Callable[[], bool], what: str,
+                state: Callable[[], str] = lambda: "") -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DEADLINE_S
+    while not condition():
+        assert loop.time() < deadline, f"timed out waiting for {what} {state()}"
+        await asyncio.sleep(0.02)
+
+
+def test_registration_lost_refuses_adds_until_registered_again(
+        one_node: Path, tmp_path: Path) -> None:
+    meta_addresses = cluster.meta_addresses(one_node)
+    meta_pid = cluster.load(one_node)[0].pid
+    config = small_bookie_config(tmp_path / "reg-bookie", labels={"rack": "r9"})
+
+    async def main() -> None:
+        async with MetaClient(meta_addresses) as meta, run_bookie(
+                config, meta_addresses) as bookie:
+            service = bookie.service
+
+            def state() -> str:
+                reg = service._registration
+                return (f"(registered={service.registered}, session={service.session_id}, "
+                        f"registrations={reg.registrations if reg else None})")
+
+            key = BOOKIE_REGISTRY_PREFIX + bookie.address
+            kv = await meta.get(key)
+            assert kv is not None and kv.session_id == service.session_id
+            reg = BookieRegistration.decode(kv.value)
+            assert reg.labels == {"rack": "r9"} and not reg.read_only
+            conn = await connect(bookie.address)
+            await add(conn, 77, 0)
+            # 1. The session is revoked in meta: the bookie notices and registers again.
+            first = service.session_id
+            await meta.revoke_session(first)
+            await _wait(lambda: service.registered and service.session_id != first,
+                        "a new registration after the session was revoked", state)
+            kv = await meta.get(key)
+            assert kv is not None and kv.session_id == service.session_id
+            await add(conn, 77, 1)
+            # 2. Meta unreachable (stopped) for more than a TTL: adds are refused.
+            second = service.session_id
+            os.kill(meta_pid, signal.SIGSTOP)
+            try:
+                await _wait(lambda: not service.registered, "the bookie to unregister", state)
+                with pytest.raises(ReadOnlyError, match="not registered") as refused:
+                    await add(conn, 77, 2)
+                assert refused.value.retriable
+                check_entry(await read(conn, 77, 1), 77, 1)  # reads are still served
+            finally:
+                os.kill(meta_pid, signal.SIGCONT)
+            await _wait(lambda: service.registered and service.session_id != second,
+                        "registration with a new session once meta is back", state)
+            await add(conn, 77, 2)
+            kv = await meta.get(key)
+            assert kv is not None and kv.session_id == service.session_id
+            await conn.close()
+        # Closing the bookie revokes its session: the key is gone at once.
+        async with MetaClient(meta_addresses) as meta:
+            assert await meta.get(key) is None
+
+    rpc.run(main())
+
+
+def test_unregistered_bookie_refuses_adds_before_meta_answers(tmp_path: Path) -> None:
+    """A bookie whose meta never answers never takes adds (retriable error)."""
+    config = small_bookie_config(tmp_path / "lonely")
+
+    async def main() -> None:
+        from quorumlog.bookie import BookieService
+
+        service = BookieService(config, meta_addresses=["127.0.0.1:1"])
+        server = rpc.Server(service.handlers())
+        await server.start("127.0.0.1", 0)
+        address = f"127.0.0.1:{server.port}"
+        await service.start(address)
+        try:
+            conn = await connect(address)
+            with pytest.raises(ReadOnlyError, match="not registered"):
+                await conn.call(AddEntryRequest(ledger_id=1, entry_id=0, master_key=KEY),
+                                payload=b"x", timeout_s=5)
+            await conn.close()
+        finally:
+            await server.close()
+            await service.close()
+
+    rpc.run(main())
