@@ -44,6 +44,7 @@ def _register() -> None:
     """Attach each component's sub-app (one line per component)."""
     app.add_typer(__import__("quorumlog.cli._wal", fromlist=["app"]).app, name="wal")
     app.add_typer(__import__("quorumlog.cli._sim", fromlist=["app"]).app, name="sim")
+    app.add_typer(__import__("quorumlog.cli._ledger", fromlist=["app"]).app, name="ledger")
     app.add_typer(__import__("quorumlog.cli._bookie", fromlist=["app"]).app, name="bookie")
     from quorumlog.cli import _cluster, _meta
 

@@ -2,8 +2,9 @@
 
 ``quorumlog sim raft --seeds N`` runs N seeds and prints a summary;
 ``quorumlog sim raft --seed S --trace`` replays one seed and prints its
-transcript. A failure prints the seed, the violated invariant and the command
-that replays it; the exit code is 1 when any seed failed.
+transcript. ``quorumlog sim ledger`` does the same for the ledger protocol.
+A failure prints the seed, the violated invariant and the command that
+replays it; the exit code is 1 when any seed failed.
 """
 
 from __future__ import annotations
@@ -142,3 +143,105 @@ def _print_failure(result: SimResult, nodes: int) -> None:
         f"--nodes {nodes} --trace",
         markup=False, highlight=False,
     )
+
+
+@app.command("ledger")
+def ledger(
+    seeds: int = typer.Option(0, "--seeds", min=0, help="Run this many seeds."),
+    start: int = typer.Option(0, "--start", min=0, help="First seed of --seeds."),
+    seed: int | None = typer.Option(None, "--seed", min=0, help="Run (replay) one seed."),
+    mix: str = typer.Option(
+        "all", "--mix",
+        help="Fault mix: calm, crashes, partitions, slow, lossy, everything; "
+        "'all' rotates through them by seed.",
+    ),
+    jobs: int = typer.Option(2, "--jobs", min=1, max=64, help="Worker processes for --seeds."),
+    trace: bool = typer.Option(False, "--trace", help="With --seed: print the transcript."),
+) -> None:
+    """Run the ledger protocol simulator: writer, tailing reader, recovering
+    clients and bookies with crashes, partitions, slow bookies and lost messages."""
+    from quorumlog.errors import UsageError
+    from quorumlog.sim import ledger_mix_for_seed
+
+    ledger_mix_for_seed(mix, 0)  # reject an unknown mix before doing anything
+    if (seed is None) == (seeds == 0):
+        raise UsageError("give exactly one of --seed S (replay one) or --seeds N (run many)")
+    if seed is not None:
+        ok = _ledger_one(seed, mix, trace=trace)
+    else:
+        if trace:
+            raise UsageError("--trace needs --seed S: transcripts are kept for one seed only")
+        ok = _ledger_many(start, seeds, mix, jobs)
+    if not ok:
+        raise typer.Exit(1)
+
+
+def _ledger_one(seed: int, mix: str, *, trace: bool) -> bool:
+    from quorumlog.sim import run_ledger_seed
+
+    result = run_ledger_seed(seed, mix, keep_trace=trace)
+    for line in result.trace:
+        _console.print(line, markup=False, highlight=False)
+    e, w, a = result.shape
+    _console.print(
+        f"seed {seed} mix={result.mix} shape=({e},{w},{a}) ending={result.ending}: "
+        + ("[green]passed[/]" if result.passed else f"[red]FAILED[/] {result.violation}"))
+    stats = " ".join(f"{k}={v}" for k, v in result.stats.items())
+    _console.print(f"  {stats}", markup=False, highlight=False)
+    if trace:
+        _console.print(f"  trace sha256 {result.trace_hash}", markup=False)
+    if not result.passed:
+        _console.print(f"  {result.detail}", markup=False, highlight=False)
+        _console.print(f"  replay: quorumlog sim ledger --seed {seed} --mix {mix} --trace",
+                       markup=False, highlight=False)
+    return result.passed
+
+
+def _ledger_many(start: int, count: int, mix: str, jobs: int) -> bool:
+    from collections import Counter
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from quorumlog.sim import LedgerSimResult, run_ledger_many
+
+    columns = (
+        "{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        "{task.fields[failed]} failed",
+    )
+    failed = 0
+    with Progress(*columns, console=_err, transient=True) as progress:
+        task = progress.add_task("ledger sim", total=count, failed=0)
+
+        def advance(result: LedgerSimResult) -> None:
+            nonlocal failed
+            failed += not result.passed
+            progress.update(task, advance=1, failed=failed)
+
+        results = run_ledger_many(range(start, start + count), mix, jobs=jobs,
+                                  on_result=advance)
+    table = Table(title=f"quorumlog sim ledger: seeds {start}..{start + count - 1}")
+    for column in ("mix", "seeds", "passed", "failed", "entries acked"):
+        table.add_column(column, justify="left" if column == "mix" else "right")
+    seeds_by_mix: Counter[str] = Counter()
+    passed_by_mix: Counter[str] = Counter()
+    acked_by_mix: Counter[str] = Counter()
+    for result in results:
+        seeds_by_mix[result.mix] += 1
+        passed_by_mix[result.mix] += result.passed
+        acked_by_mix[result.mix] += result.stats.get("entries_acked", 0)
+    for name in sorted(seeds_by_mix):
+        bad = seeds_by_mix[name] - passed_by_mix[name]
+        table.add_row(name, str(seeds_by_mix[name]), str(passed_by_mix[name]),
+                      f"[red]{bad}[/]" if bad else "0", str(acked_by_mix[name]))
+    _console.print(table)
+    failures = [r for r in results if not r.passed]
+    verdict = "[green]all passed[/]" if not failures else f"[red]{len(failures)} failed[/]"
+    _console.print(f"{len(results)} seeds: {verdict}")
+    for result in failures:
+        _console.print(f"[red]seed {result.seed}[/] mix={result.mix} violated "
+                       f"[bold]{result.violation}[/]: ", end="")
+        _console.print(result.detail.splitlines()[0] if result.detail else "", markup=False,
+                       highlight=False)
+        _console.print(f"  replay: quorumlog sim ledger --seed {result.seed} --mix {mix} "
+                       "--trace", markup=False, highlight=False)
+    return not failures

@@ -9,6 +9,11 @@
   seed of a :class:`FaultMix` and returns a :class:`SimResult` (which
   invariant, if any, was violated; whether the client history was
   linearizable); :func:`run_many` runs many seeds, in several processes.
+- A ledger protocol simulator: the real ``quorumlog.ledger`` client code on a
+  virtual-time event loop (:class:`VirtualTimeLoop`) against simulated
+  bookies and meta (:class:`LedgerWorld`); :func:`run_ledger_seed` /
+  :func:`run_ledger_many` check the ledger guarantees under crashes,
+  partitions, slow bookies and lost messages.
 
 See docs/sim.md for the invariants, the fault mixes and how to replay a seed.
 """
@@ -20,6 +25,17 @@ from quorumlog.sim._config import MIX_ROTATION, MIXES, FaultMix, SimConfig, mix_
 from quorumlog.sim._disk import CrashOutcome, SimDisk
 from quorumlog.sim._invariants import RaftInvariants, SimInvariantViolation
 from quorumlog.sim._kv import KvCommand, KvOp, KvStateMachine
+from quorumlog.sim._ledger_loop import SimDeadlockError, VirtualTimeLoop, run_virtual
+from quorumlog.sim._ledger_runner import (
+    LEDGER_MIXES,
+    LedgerFaultMix,
+    LedgerSimResult,
+    LedgerSimulation,
+    ledger_mix_for_seed,
+    run_ledger_many,
+    run_ledger_seed,
+)
+from quorumlog.sim._ledger_world import LedgerViolation, LedgerWorld, SimBookie
 from quorumlog.sim._linearizability import (
     KeyResult,
     LinearizabilityResult,
@@ -34,6 +50,7 @@ from quorumlog.sim._runner import RaftSimulation, SimResult, run_seed
 from quorumlog.sim._trace import Tracer
 
 __all__ = [
+    "LEDGER_MIXES",
     "MIXES",
     "MIX_ROTATION",
     "BatchSummary",
@@ -46,6 +63,11 @@ __all__ = [
     "KvCommand",
     "KvOp",
     "KvStateMachine",
+    "LedgerFaultMix",
+    "LedgerSimResult",
+    "LedgerSimulation",
+    "LedgerViolation",
+    "LedgerWorld",
     "LinearizabilityResult",
     "MixSummary",
     "NetworkStats",
@@ -54,8 +76,10 @@ __all__ = [
     "RaftInvariants",
     "RaftSimulation",
     "SeedSpec",
+    "SimBookie",
     "SimClient",
     "SimConfig",
+    "SimDeadlockError",
     "SimDisk",
     "SimInvariantViolation",
     "SimNetwork",
@@ -64,10 +88,15 @@ __all__ = [
     "Tracer",
     "Verdict",
     "VirtualClock",
+    "VirtualTimeLoop",
     "check_history",
+    "ledger_mix_for_seed",
     "mix_for_seed",
     "partition_by_key",
+    "run_ledger_many",
+    "run_ledger_seed",
     "run_many",
     "run_seed",
     "run_spec",
+    "run_virtual",
 ]

@@ -1,0 +1,245 @@
+"""``quorumlog ledger``: ledgers for operators and scripts.
+
+``create`` prints the new ledger's id; ``append ID`` appends one entry per
+line of standard input (the ledger stays open: a later ``append`` continues
+it, ``recover`` closes it); ``read ID`` prints one entry per line up to the
+LAC; ``recover ID`` opens with recovery (fences, recovers, closes) and prints
+the last entry id; ``info``, ``list`` and ``delete`` manage metadata. The meta
+service comes from ``--meta`` or the local cluster directory.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from quorumlog.ledger import BlockingLedgerClient, LedgerMetadata
+
+app = typer.Typer(help="Create, write, read, recover and delete ledgers.",
+                  no_args_is_help=True)
+console = Console()
+
+MetaOption = typer.Option(
+    None, "--meta", help="Comma-separated meta addresses (default: the local cluster).")
+DirOption = typer.Option(None, "--dir", help="Local cluster directory (default: "
+                         ".quorumlog/cluster or $QUORUMLOG_CLUSTER_DIR).")
+PasswordOption = typer.Option(
+    "", "--password", envvar="QUORUMLOG_LEDGER_PASSWORD",
+    help="The ledger password (or $QUORUMLOG_LEDGER_PASSWORD).")
+JsonOption = typer.Option(False, "--json", help="Print JSON instead of a table.")
+
+APPEND_IN_FLIGHT_MAX = 1000
+"""Entries ``append`` keeps in flight while reading standard input."""
+
+
+def _client(meta: str | None, directory: Path | None) -> BlockingLedgerClient:
+    from quorumlog.ledger import BlockingLedgerClient
+
+    if meta:
+        addresses = [m.strip() for m in meta.split(",") if m.strip()]
+    else:
+        from quorumlog.node import DEFAULT_DIR, meta_addresses
+
+        addresses = meta_addresses(directory or DEFAULT_DIR)
+    return BlockingLedgerClient(addresses)
+
+
+def _custom(pairs: list[str]) -> dict[str, bytes]:
+    from quorumlog.errors import UsageError
+
+    custom = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--metadata takes KEY=VALUE, got {pair!r}")
+        custom[key] = value.encode()
+    return custom
+
+
+@app.command()
+def create(
+    ensemble: int = typer.Option(3, "--ensemble", "-e", help="Ensemble size E."),
+    write_quorum: int = typer.Option(2, "--write-quorum", "-w", help="Write quorum Qw."),
+    ack_quorum: int = typer.Option(2, "--ack-quorum", "-a", help="Ack quorum Qa."),
+    password: str = PasswordOption,
+    digest: str = typer.Option("crc32c", help="crc32c or hmac-sha256."),
+    placement: str = typer.Option("random", help="random, rack_aware or zone_aware."),
+    metadata: list[str] = typer.Option([], "--metadata", "-m",
+                                       help="Custom metadata KEY=VALUE (repeatable)."),
+    meta: str | None = MetaOption,
+    directory: Path | None = DirOption,
+) -> None:
+    """Create a ledger (E >= Qw >= Qa) and print its id."""
+    with _client(meta, directory) as client:
+        handle = client.create_ledger(ensemble, write_quorum, ack_quorum, digest=digest,
+                                      password=password.encode(), placement=placement,
+                                      metadata=_custom(metadata))
+        handle.detach()
+    typer.echo(handle.id)
+
+
+@app.command()
+def append(
+    ledger_id: int = typer.Argument(..., help="The ledger to append to."),
+    password: str = PasswordOption,
+    meta: str | None = MetaOption,
+    directory: Path | None = DirOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Append one entry per line of standard input (without the newline).
+
+    The ledger stays open for more appends. Only one writer at a time: do not
+    run two appends to one ledger at once.
+    """
+    import concurrent.futures
+
+    with _client(meta, directory) as client:
+        handle = client.open_for_append(ledger_id, password=password.encode())
+        in_flight: list[concurrent.futures.Future[int]] = []
+        first = last = None
+        count = 0
+        for line in sys.stdin.buffer:
+            in_flight.append(handle.append_async(line.rstrip(b"\n")))
+            if len(in_flight) >= APPEND_IN_FLIGHT_MAX:
+                last = in_flight.pop(0).result()
+            count += 1
+        for future in in_flight:
+            last = future.result()
+        if count:
+            first = (last or 0) - count + 1
+        handle.detach()
+    if as_json:
+        typer.echo(json.dumps({"ledger": ledger_id, "count": count, "first": first,
+                               "last": last}))
+    else:
+        typer.echo(f"appended {count} entries to ledger {ledger_id}"
+                   + (f" (entries {first}..{last})" if count else ""))
+
+
+@app.command()
+def read(
+    ledger_id: int = typer.Argument(..., help="The ledger to read."),
+    password: str = PasswordOption,
+    first: int = typer.Option(0, "--from", help="First entry id."),
+    last: int = typer.Option(-1, "--to", help="Last entry id (default: the LAC)."),
+    ids: bool = typer.Option(False, "--ids", help="Prefix each line with the entry id and a tab."),
+    meta: str | None = MetaOption,
+    directory: Path | None = DirOption,
+) -> None:
+    """Print one entry per line, up to the LAC (an open ledger stays open)."""
+    out = sys.stdout.buffer
+    with _client(meta, directory) as client:
+        handle = client.open_ledger(ledger_id, password=password.encode(), recovery=False)
+        end = handle.last_add_confirmed if last < 0 else last
+        if end < first:
+            return
+        for entry in handle.read(first, end):
+            if ids:
+                out.write(f"{entry.entry_id}\t".encode())
+            out.write(entry.payload + b"\n")
+    out.flush()
+
+
+@app.command()
+def recover(
+    ledger_id: int = typer.Argument(..., help="The ledger to recover."),
+    password: str = PasswordOption,
+    meta: str | None = MetaOption,
+    directory: Path | None = DirOption,
+) -> None:
+    """Recover and close a ledger; print its last entry id (-1: empty)."""
+    with _client(meta, directory) as client:
+        handle = client.open_ledger(ledger_id, password=password.encode(), recovery=True)
+    typer.echo(handle.last_add_confirmed)
+
+
+def _info_row(metadata: LedgerMetadata) -> dict[str, Any]:
+    return {
+        "id": metadata.ledger_id,
+        "state": metadata.state.value,
+        "ensemble": metadata.ensemble_size,
+        "write_quorum": metadata.write_quorum,
+        "ack_quorum": metadata.ack_quorum,
+        "digest": metadata.digest.value,
+        "last_entry_id": metadata.last_entry_id,
+        "length_bytes": metadata.length_bytes,
+        "created_ms": metadata.created_ms,
+        "fragments": [{"first_entry_id": f.first_entry_id, "bookies": list(f.bookies)}
+                      for f in metadata.ensembles],
+        "custom": {k: v.decode(errors="replace") for k, v in metadata.custom.items()},
+    }
+
+
+@app.command()
+def info(
+    ledger_id: int = typer.Argument(..., help="The ledger to describe."),
+    meta: str | None = MetaOption,
+    directory: Path | None = DirOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Show a ledger's metadata (state, quorums, fragments, custom metadata)."""
+    with _client(meta, directory) as client:
+        row = _info_row(client.ledger_metadata(ledger_id))
+    if as_json:
+        typer.echo(json.dumps(row))
+        return
+    table = Table(title=f"ledger {ledger_id}", show_header=False)
+    table.add_column("field")
+    table.add_column("value")
+    for key, value in row.items():
+        text = str(value)
+        if key == "fragments":
+            text = "\n".join(f"{f['first_entry_id']}: {', '.join(f['bookies'])}"
+                             for f in value)
+        table.add_row(key, text)
+    console.print(table)
+
+
+@app.command("list")
+def list_(
+    limit: int = typer.Option(1000, help="At most this many ledgers."),
+    meta: str | None = MetaOption,
+    directory: Path | None = DirOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """List ledgers with their state, quorums and last entry."""
+    from quorumlog.bookie import NoSuchLedgerError
+
+    with _client(meta, directory) as client:
+        rows = []
+        for ledger_id in client.list_ledgers(limit=limit):
+            try:
+                rows.append(_info_row(client.ledger_metadata(ledger_id)))
+            except NoSuchLedgerError:
+                continue  # deleted between the list and the get
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    table = Table(title=f"{len(rows)} ledgers")
+    for column in ("id", "state", "E/Qw/Qa", "digest", "last entry", "bytes", "fragments"):
+        table.add_column(column, justify="left" if column in ("state", "digest") else "right")
+    for row in rows:
+        table.add_row(str(row["id"]), row["state"],
+                      f"{row['ensemble']}/{row['write_quorum']}/{row['ack_quorum']}",
+                      row["digest"], str(row["last_entry_id"]), str(row["length_bytes"]),
+                      str(len(row["fragments"])))
+    console.print(table)
+
+
+@app.command()
+def delete(
+    ledger_id: int = typer.Argument(..., help="The ledger to delete."),
+    meta: str | None = MetaOption,
+    directory: Path | None = DirOption,
+) -> None:
+    """Delete a ledger's metadata; bookies garbage-collect its entries."""
+    with _client(meta, directory) as client:
+        client.delete_ledger(ledger_id)
+    typer.echo(f"deleted ledger {ledger_id}")

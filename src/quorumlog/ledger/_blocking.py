@@ -1,0 +1,208 @@
+"""The blocking ledger client: the asyncio client on its own loop thread."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+from quorumlog import rpc
+from quorumlog.errors import UsageError
+from quorumlog.ledger._client import LedgerClient, _connect
+from quorumlog.ledger._config import LedgerClientConfig
+from quorumlog.ledger._metadata import DigestType, LedgerMetadata
+from quorumlog.ledger._read import LedgerEntry, ReadHandle
+from quorumlog.ledger._write import WriteHandle
+
+T = TypeVar("T")
+
+READ_CHUNK_ENTRIES = 1000
+"""Entries a blocking ``read`` fetches per round trip to the loop thread."""
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
+
+
+class _Loop:
+    def __init__(self) -> None:
+        self.loop = _new_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True,
+                                       name="quorumlog-ledger-client")
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if threading.current_thread() is self.thread:
+            coro.close()
+            raise UsageError("blocking ledger calls cannot be made from the client's loop")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
+
+
+class BlockingLedgerClient:
+    """``LedgerClient`` with blocking calls (its own event loop thread)."""
+
+    def __init__(
+        self, addresses: Sequence[str], *, config: LedgerClientConfig | None = None,
+        security: rpc.RpcSecurityConfig | None = None,
+    ) -> None:
+        self._loop = _Loop()
+        try:
+            self._client: LedgerClient = self._loop.run(_connect(addresses, config, security))
+        except BaseException:
+            self._loop.stop()
+            raise
+
+    @property
+    def client(self) -> LedgerClient:
+        """The asyncio client underneath (use it only on its loop)."""
+        return self._client
+
+    @property
+    def meta(self) -> Any:
+        return self._client.meta
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine on the client's loop and wait for it."""
+        return self._loop.run(coro)
+
+    def __enter__(self) -> BlockingLedgerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._loop.thread.is_alive():
+            try:
+                self._loop.run(self._client.close())
+            finally:
+                self._loop.stop()
+
+    def create_ledger(
+        self, ensemble: int = 3, write_quorum: int = 2, ack_quorum: int = 2, *,
+        digest: str | DigestType = "crc32c", password: bytes = b"",
+        placement: str = "random", metadata: Mapping[str, bytes] | None = None,
+    ) -> BlockingWriteHandle:
+        handle = self._loop.run(self._client.create_ledger(
+            ensemble, write_quorum, ack_quorum, digest=digest, password=password,
+            placement=placement, metadata=metadata))
+        return BlockingWriteHandle(self._loop, handle)
+
+    def open_ledger(self, ledger_id: int, *, password: bytes = b"",
+                    recovery: bool = True) -> BlockingReadHandle:
+        handle = self._loop.run(self._client.open_ledger(
+            ledger_id, password=password, recovery=recovery))
+        return BlockingReadHandle(self._loop, handle)
+
+    def open_for_append(self, ledger_id: int, *, password: bytes = b"") -> BlockingWriteHandle:
+        handle = self._loop.run(self._client.open_for_append(ledger_id, password=password))
+        return BlockingWriteHandle(self._loop, handle)
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        self._loop.run(self._client.delete_ledger(ledger_id))
+
+    def list_ledgers(self, *, limit: int = 10_000) -> list[int]:
+        return self._loop.run(self._client.list_ledgers(limit=limit))
+
+    def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
+        return self._loop.run(self._client.ledger_metadata(ledger_id))
+
+
+class BlockingWriteHandle:
+    def __init__(self, loop: _Loop, handle: WriteHandle) -> None:
+        self._loop = loop
+        self._handle = handle
+
+    @property
+    def handle(self) -> WriteHandle:
+        return self._handle
+
+    @property
+    def id(self) -> int:
+        return self._handle.id
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._handle.last_add_confirmed
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._handle.metadata
+
+    @property
+    def is_closed(self) -> bool:
+        return self._handle.is_closed
+
+    def append(self, payload: bytes) -> int:
+        return self._loop.run(self._handle.append(payload))
+
+    def append_async(self, payload: bytes) -> concurrent.futures.Future[int]:
+        """Queue an append (in call order); waits for room on the loop, not here."""
+        return self._loop.submit(self._handle.append(payload))
+
+    def close(self) -> None:
+        self._loop.run(self._handle.close())
+
+    def detach(self) -> None:
+        self._loop.run(self._handle.detach())
+
+
+class BlockingReadHandle:
+    def __init__(self, loop: _Loop, handle: ReadHandle) -> None:
+        self._loop = loop
+        self._handle = handle
+
+    @property
+    def handle(self) -> ReadHandle:
+        return self._handle
+
+    @property
+    def id(self) -> int:
+        return self._handle.id
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._handle.last_add_confirmed
+
+    @property
+    def is_closed(self) -> bool:
+        return self._handle.is_closed
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._handle.metadata
+
+    def read(self, first: int, last: int) -> Iterator[LedgerEntry]:
+        """Entries ``first..last`` in order, fetched in chunks."""
+        start = first
+        while start <= last:
+            end = min(last, start + READ_CHUNK_ENTRIES - 1)
+            yield from self._loop.run(self._handle.read_batch(start, end))
+            start = end + 1
+
+    def read_batch(self, first: int, last: int) -> list[LedgerEntry]:
+        return self._loop.run(self._handle.read_batch(first, last))
+
+    def read_last_add_confirmed(self) -> int:
+        return self._loop.run(self._handle.read_last_add_confirmed())
+
+    def wait_for_entry(self, after: int, timeout_ms: int = 1000) -> LedgerEntry | None:
+        return self._loop.run(self._handle.wait_for_entry(after, timeout_ms))
+
+    def close(self) -> None:
+        self._loop.run(self._handle.close())

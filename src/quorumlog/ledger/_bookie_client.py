@@ -1,0 +1,273 @@
+"""Talking to bookies: the small interface the ledger protocol drives, and its
+implementation over ``quorumlog.rpc``.
+
+The protocol code (write handle, recovery, reads) only sees
+:class:`BookieTransport`; the simulator plugs in simulated bookies behind the
+same interface, so one body of protocol code runs against both.
+
+Every answer is one of five outcomes (:func:`outcome_of`):
+
+- ``OK``;
+- ``NO_SUCH_ENTRY``: the bookie said it does not hold the entry (or the
+  ledger) - an explicit, trustworthy "no";
+- ``FENCED``: the ledger is fenced on that bookie (a recovering client took
+  over);
+- ``UNAUTHORIZED``: the master key does not match (wrong password);
+- ``UNKNOWN``: anything else - a timeout, a closed connection, a bookie that
+  is read-only or overloaded, a bad reply. It proves nothing: recovery never
+  counts it as "no such entry".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import quorumlog.bookie._protocol as wire
+from quorumlog import rpc
+from quorumlog.bookie._errors import (
+    LedgerFencedError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    UnauthorizedError,
+)
+from quorumlog.errors import UsageError
+
+ADD_FLAGS_NONE = 0
+
+T = TypeVar("T")
+
+
+class BookieOutcome(enum.Enum):
+    OK = "ok"
+    NO_SUCH_ENTRY = "no_such_entry"
+    FENCED = "fenced"
+    UNAUTHORIZED = "unauthorized"
+    UNKNOWN = "unknown"
+
+
+def outcome_of(error: BaseException | None) -> BookieOutcome:
+    """Map a bookie call's error (None: success) to its outcome."""
+    if error is None:
+        return BookieOutcome.OK
+    if isinstance(error, NoSuchEntryError | NoSuchLedgerError):
+        return BookieOutcome.NO_SUCH_ENTRY
+    if isinstance(error, LedgerFencedError):
+        return BookieOutcome.FENCED
+    if isinstance(error, UnauthorizedError):
+        return BookieOutcome.UNAUTHORIZED
+    return BookieOutcome.UNKNOWN
+
+
+@dataclass(frozen=True, slots=True)
+class EntryReply:
+    """One entry read from one bookie: its envelope and the bookie's LAC."""
+
+    envelope: bytes | memoryview
+    lac: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchReply:
+    """Consecutive envelopes from ``first_entry_id`` on (maybe fewer than asked)."""
+
+    envelopes: list[bytes | memoryview]
+    lac: int
+
+
+@dataclass(frozen=True, slots=True)
+class LacReply:
+    """A bookie's view of a ledger: LAC, last entry held, fenced flag, and (for a
+    long poll with ``with_entry``) the envelope of entry ``previous_lac + 1``."""
+
+    lac: int
+    last_entry_id: int
+    fenced: bool
+    envelope: bytes | memoryview | None = None
+
+
+class BookieTransport(Protocol):
+    """Per-bookie calls. Each raises the bookie's error class on an error
+    answer, and something mapping to ``UNKNOWN`` on timeouts and lost
+    connections (see :func:`outcome_of`)."""
+
+    def add_entry(
+        self, bookie: str, ledger_id: int, entry_id: int, master_key: bytes,
+        envelope: bytes, *, flags: int, timeout_s: float,
+    ) -> asyncio.Future[Any]:
+        """Send one add now (no coroutine per add); the future fails on error."""
+        ...
+
+    async def read_entry(
+        self, bookie: str, ledger_id: int, entry_id: int, *, timeout_s: float,
+        fence: bool = False, master_key: bytes = b"",
+    ) -> EntryReply: ...
+
+    async def read_batch(
+        self, bookie: str, ledger_id: int, first_entry_id: int, *, max_entries: int,
+        max_bytes: int, timeout_s: float,
+    ) -> BatchReply: ...
+
+    async def read_lac(
+        self, bookie: str, ledger_id: int, *, timeout_s: float, previous_lac: int = -1,
+        long_poll_ms: int = 0, with_entry: bool = False,
+    ) -> LacReply: ...
+
+    async def fence(
+        self, bookie: str, ledger_id: int, master_key: bytes, *, timeout_s: float
+    ) -> LacReply: ...
+
+    async def write_lac(
+        self, bookie: str, ledger_id: int, master_key: bytes, lac: int, *, timeout_s: float
+    ) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class RpcBookieTransport:
+    """:class:`BookieTransport` over an ``rpc.Pool`` (bookie id = its address).
+
+    Adds take a fast path: ``send_nowait`` on the open connection, returning
+    the rpc layer's own future (no task per add). When there is no open
+    connection yet, or the connection's in-flight window or write buffer is
+    full, the add goes through a task that waits for capacity instead.
+    """
+
+    def __init__(self, pool: rpc.Pool, *, own_pool: bool = False) -> None:
+        self._pool = pool
+        self._own_pool = own_pool
+        self._connections: dict[str, rpc.Connection] = {}
+
+    @property
+    def pool(self) -> rpc.Pool:
+        return self._pool
+
+    def add_entry(
+        self, bookie: str, ledger_id: int, entry_id: int, master_key: bytes,
+        envelope: bytes, *, flags: int, timeout_s: float,
+    ) -> asyncio.Future[Any]:
+        request = wire.AddEntryRequest(
+            ledger_id=ledger_id, entry_id=entry_id, master_key=master_key, flags=flags
+        )
+        connection = self._connections.get(bookie)
+        if connection is not None and not connection.closed:
+            try:
+                return connection.send_nowait(request, payload=envelope, timeout_s=timeout_s)
+            except rpc.BackpressureError:
+                pass
+        return asyncio.get_running_loop().create_task(
+            self._call(bookie, request, envelope, timeout_s)
+        )
+
+    async def _connection(self, bookie: str) -> rpc.Connection:
+        connection = self._connections.get(bookie)
+        if connection is None or connection.closed:
+            connection = await self._pool.get(bookie)
+            self._connections[bookie] = connection
+        return connection
+
+    async def _call(
+        self, bookie: str, request: rpc.Request[Any], payload: bytes | None, timeout_s: float
+    ) -> tuple[Any, memoryview]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        try:
+            async with asyncio.timeout_at(deadline):
+                connection = await self._connection(bookie)
+        except TimeoutError:
+            raise rpc.ConnectFailedError(
+                f"no connection to bookie {bookie} within {timeout_s:.3f}s"
+            ) from None
+        remaining = max(deadline - loop.time(), 0.001)
+        return await connection.call_with_payload(request, payload=payload, timeout_s=remaining)
+
+    async def read_entry(
+        self, bookie: str, ledger_id: int, entry_id: int, *, timeout_s: float,
+        fence: bool = False, master_key: bytes = b"",
+    ) -> EntryReply:
+        request = wire.ReadEntryRequest(
+            ledger_id=ledger_id, entry_id=entry_id,
+            flags=wire.FLAG_FENCE if fence else 0, master_key=master_key if fence else b"",
+        )
+        response, payload = await self._call(bookie, request, None, timeout_s)
+        return EntryReply(payload, response.lac)
+
+    async def read_batch(
+        self, bookie: str, ledger_id: int, first_entry_id: int, *, max_entries: int,
+        max_bytes: int, timeout_s: float,
+    ) -> BatchReply:
+        request = wire.ReadBatchRequest(
+            ledger_id=ledger_id, first_entry_id=first_entry_id, max_entries=max_entries,
+            max_bytes=max_bytes,
+        )
+        response, payload = await self._call(bookie, request, None, timeout_s)
+        envelopes: list[bytes | memoryview] = []
+        offset = 0
+        for size in response.sizes:
+            if size < 0 or offset + size > len(payload):
+                raise rpc.ConnectionClosedError(
+                    f"bookie {bookie} sent a batch whose sizes do not match its payload"
+                )
+            envelopes.append(payload[offset:offset + size])
+            offset += size
+        return BatchReply(envelopes, response.lac)
+
+    async def read_lac(
+        self, bookie: str, ledger_id: int, *, timeout_s: float, previous_lac: int = -1,
+        long_poll_ms: int = 0, with_entry: bool = False,
+    ) -> LacReply:
+        if long_poll_ms < 0:
+            raise UsageError(f"long_poll_ms must be >= 0, got {long_poll_ms}")
+        request = wire.ReadLacRequest(
+            ledger_id=ledger_id, previous_lac=previous_lac, timeout_ms=long_poll_ms,
+            with_entry=with_entry,
+        )
+        response, payload = await self._call(
+            bookie, request, None, timeout_s + long_poll_ms / 1000
+        )
+        return LacReply(response.lac, response.last_entry_id, response.fenced,
+                        payload if len(payload) else None)
+
+    async def fence(
+        self, bookie: str, ledger_id: int, master_key: bytes, *, timeout_s: float
+    ) -> LacReply:
+        request = wire.FenceRequest(ledger_id=ledger_id, master_key=master_key)
+        response, _ = await self._call(bookie, request, None, timeout_s)
+        return LacReply(response.lac, response.last_entry_id, response.fenced)
+
+    async def write_lac(
+        self, bookie: str, ledger_id: int, master_key: bytes, lac: int, *, timeout_s: float
+    ) -> None:
+        request = wire.WriteLacRequest(ledger_id=ledger_id, master_key=master_key, lac=lac)
+        await self._call(bookie, request, None, timeout_s)
+
+    async def close(self) -> None:
+        self._connections.clear()
+        if self._own_pool:
+            await self._pool.close()
+
+
+def in_order(done: set[T], started: Iterable[T]) -> list[T]:
+    """The finished ones of ``started``, in the order they were started (a set's
+    order depends on object addresses; the simulator needs runs to repeat)."""
+    return [task for task in started if task in done]
+
+
+def cancel_quietly(tasks: Iterable[asyncio.Future[Any]]) -> None:
+    """Cancel futures nobody will await, consuming their outcomes (no
+    "exception was never retrieved" noise)."""
+    for task in tasks:
+        if task.done():
+            if not task.cancelled():
+                task.exception()
+        else:
+            task.cancel()
+            task.add_done_callback(_consume)
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()

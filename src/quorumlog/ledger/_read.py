@@ -1,0 +1,419 @@
+"""Reading ledgers: entries from replicas, speculative and batch reads, LAC
+reads, long-poll tailing, and the read handle.
+
+- An entry is read from the first bookie of its write set; an error moves to
+  the next replica at once, and a replica that has not answered within
+  ``speculative_read_delay_ms`` gets company from the next one; the first
+  valid copy wins. Every copy's digest is checked; a mismatch names the
+  bookie.
+- When E == Qw (no striping) every bookie of a fragment holds every entry of
+  it, so ranges are read in batches (``ReadBatchRequest``).
+- Reads never go past the LAC: the metadata's last entry for closed ledgers,
+  the LAC learned from bookies for open ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncGenerator
+
+import msgspec
+
+from quorumlog.bookie._errors import NoSuchEntryError, UnauthorizedError
+from quorumlog.errors import QuorumlogError, UsageError
+from quorumlog.ledger._bookie_client import (
+    BookieOutcome,
+    LacReply,
+    cancel_quietly,
+    in_order,
+    outcome_of,
+)
+from quorumlog.ledger._context import LedgerContext
+from quorumlog.ledger._digest import DigestMismatchError, decode_entry, mac_key
+from quorumlog.ledger._errors import EntryUnavailableError, ReadPastLacError
+from quorumlog.ledger._metadata import DigestType, LedgerMetadata
+
+
+class LedgerEntry(msgspec.Struct, frozen=True):
+    """One entry read back: its ids and payload."""
+
+    ledger_id: int
+    entry_id: int
+    payload: bytes
+
+
+class EntryReader:
+    """Reads entries of one ledger from its bookies (no LAC checks here)."""
+
+    def __init__(self, ctx: LedgerContext, ledger_id: int, digest: DigestType,
+                 password: bytes) -> None:
+        self._ctx = ctx
+        self._ledger_id = ledger_id
+        self._digest = digest
+        self._key = mac_key(password) if digest is DigestType.HMAC_SHA256 else b""
+        self._timeout_s = ctx.config.read_timeout_ms / 1000
+        self._speculative_s = ctx.config.speculative_read_delay_ms / 1000
+
+    def decode(self, envelope: bytes | memoryview, entry_id: int, bookie: str) -> LedgerEntry:
+        """Verify one envelope (ids, digest type, digest) read from ``bookie``."""
+        parsed = decode_entry(envelope, ledger_id=self._ledger_id, entry_id=entry_id,
+                              digest=self._digest, key=self._key, source=bookie)
+        return LedgerEntry(self._ledger_id, entry_id, bytes(parsed.payload))
+
+    async def _read_one(self, bookie: str, entry_id: int) -> LedgerEntry:
+        reply = await self._ctx.bookies.read_entry(
+            bookie, self._ledger_id, entry_id, timeout_s=self._timeout_s)
+        return self.decode(reply.envelope, entry_id, bookie)
+
+    async def read_entry(self, metadata: LedgerMetadata, entry_id: int) -> LedgerEntry:
+        """One entry from its replicas: next replica on error, speculative after a delay."""
+        replicas = metadata.write_set_bookies(entry_id)
+        errors: dict[str, BaseException] = {}
+        tasks: dict[asyncio.Task[LedgerEntry], str] = {}
+        tried = 0
+
+        def launch() -> None:
+            nonlocal tried
+            bookie = replicas[tried]
+            tried += 1
+            tasks[asyncio.ensure_future(self._read_one(bookie, entry_id))] = bookie
+
+        launch()
+        try:
+            while tasks:
+                timeout = self._speculative_s if tried < len(replicas) else None
+                done, _ = await asyncio.wait(tasks, timeout=timeout,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    launch()  # the slow replica gets company
+                    continue
+                for task in in_order(done, tasks):
+                    bookie = tasks.pop(task)
+                    error = task.exception()
+                    if error is None:
+                        return task.result()
+                    if isinstance(error, UnauthorizedError):
+                        raise error
+                    if isinstance(error, DigestMismatchError):
+                        self._ctx.log.warning("ledger_entry_digest_mismatch", bookie=bookie,
+                                              ledger=self._ledger_id, entry=entry_id,
+                                              error=str(error))
+                    errors[bookie] = error
+                    if tried < len(replicas):
+                        launch()
+        finally:
+            cancel_quietly(tasks)
+        raise _read_failure(self._ledger_id, entry_id, errors)
+
+    async def read_range(self, metadata: LedgerMetadata, first: int,
+                         last: int) -> AsyncGenerator[LedgerEntry, None]:
+        """Entries ``first..last`` in order (pipelined; batched when E == Qw)."""
+        if metadata.ensemble_size == metadata.write_quorum:
+            async for entry in self._read_batches(metadata, first, last):
+                yield entry
+            return
+        window = self._ctx.config.read_entries_in_flight_max
+        in_flight: deque[asyncio.Task[LedgerEntry]] = deque()
+        next_id = first
+        try:
+            while next_id <= last or in_flight:
+                while next_id <= last and len(in_flight) < window:
+                    in_flight.append(asyncio.ensure_future(self.read_entry(metadata, next_id)))
+                    next_id += 1
+                yield await in_flight.popleft()
+        finally:
+            cancel_quietly(in_flight)
+
+    async def _read_batches(self, metadata: LedgerMetadata, first: int,
+                            last: int) -> AsyncGenerator[LedgerEntry, None]:
+        config = self._ctx.config
+        entry_id = first
+        rotation = 0
+        while entry_id <= last:
+            index = metadata.fragment_index(entry_id)
+            fragment = metadata.ensembles[index]
+            fragment_last = (metadata.ensembles[index + 1].first_entry_id - 1
+                             if index + 1 < len(metadata.ensembles) else last)
+            segment_last = min(last, fragment_last)
+            bookies = fragment.bookies
+            got: list[LedgerEntry] = []
+            for attempt in range(len(bookies)):
+                bookie = bookies[(rotation + attempt) % len(bookies)]
+                try:
+                    reply = await self._ctx.bookies.read_batch(
+                        bookie, self._ledger_id, entry_id,
+                        max_entries=min(config.batch_read_entries_max,
+                                        segment_last - entry_id + 1),
+                        max_bytes=config.batch_read_bytes_max, timeout_s=self._timeout_s)
+                    got = [self.decode(envelope, entry_id + k, bookie)
+                           for k, envelope in enumerate(reply.envelopes[
+                               : segment_last - entry_id + 1])]
+                except QuorumlogError as exc:
+                    if isinstance(exc, UnauthorizedError):
+                        raise
+                    self._ctx.log.debug("ledger_batch_read_failed", bookie=bookie,
+                                        ledger=self._ledger_id, entry=entry_id,
+                                        error=str(exc))
+                    got = []
+                if got:
+                    rotation = (rotation + attempt) % len(bookies)
+                    break
+            if not got:
+                got = [await self.read_entry(metadata, entry_id)]  # the precise error
+            for entry in got:
+                yield entry
+            entry_id += len(got)
+
+    async def read_lac(self, metadata: LedgerMetadata) -> int:
+        """The highest LAC the last fragment's bookies report (at least the
+        fragment's first entry - 1, which the writer had confirmed)."""
+        fragment = metadata.ensembles[-1]
+        coverage = metadata.schedule.coverage_set()
+        lac = fragment.first_entry_id - 1
+        tasks = {
+            asyncio.ensure_future(self._ctx.bookies.read_lac(
+                bookie, self._ledger_id, timeout_s=self._timeout_s)): index
+            for index, bookie in enumerate(fragment.bookies)
+        }
+        answered = False
+        errors: dict[str, BaseException] = {}
+        try:
+            while tasks:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                for task in in_order(done, tasks):
+                    index = tasks.pop(task)
+                    error = task.exception()
+                    if error is None:
+                        answered = True
+                        lac = max(lac, task.result().lac)
+                        if coverage.add(index):
+                            return lac
+                    elif outcome_of(error) is BookieOutcome.NO_SUCH_ENTRY:
+                        answered = True  # the bookie has nothing of this ledger yet
+                        if coverage.add(index):
+                            return lac
+                    else:
+                        errors[fragment.bookies[index]] = error
+        finally:
+            cancel_quietly(tasks)
+        if not answered:
+            raise EntryUnavailableError(
+                f"ledger {self._ledger_id}: no bookie answered a LAC read: "
+                + _describe(errors))
+        return lac
+
+    async def long_poll(self, metadata: LedgerMetadata, after: int,
+                        timeout_ms: int) -> tuple[int, LedgerEntry | None]:
+        """Wait until some bookie of entry ``after + 1``'s write set has a LAC
+        past ``after``; return (that LAC, the entry if it came along)."""
+        bookies = metadata.write_set_bookies(after + 1)
+        tasks = {
+            asyncio.ensure_future(self._ctx.bookies.read_lac(
+                bookie, self._ledger_id, timeout_s=self._timeout_s, previous_lac=after,
+                long_poll_ms=timeout_ms, with_entry=True)): bookie
+            for bookie in bookies
+        }
+        best = after
+        errors: dict[str, BaseException] = {}
+        try:
+            while tasks:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                for task in in_order(done, tasks):
+                    bookie = tasks.pop(task)
+                    error = task.exception()
+                    if error is not None:
+                        if outcome_of(error) is not BookieOutcome.NO_SUCH_ENTRY:
+                            errors[bookie] = error  # (no such ledger yet: nothing new)
+                        continue
+                    reply: LacReply = task.result()
+                    if reply.lac <= after:
+                        continue
+                    best = max(best, reply.lac)
+                    if reply.envelope is not None:
+                        try:
+                            return best, self.decode(reply.envelope, after + 1, bookie)
+                        except DigestMismatchError as exc:
+                            self._ctx.log.warning("ledger_entry_digest_mismatch",
+                                                  bookie=bookie, error=str(exc))
+                    return best, None
+        finally:
+            cancel_quietly(tasks)
+        if len(errors) == len(bookies):
+            raise EntryUnavailableError(
+                f"ledger {self._ledger_id}: no bookie of entry {after + 1}'s write set "
+                f"answered a long poll: {_describe(errors)}")
+        return best, None
+
+
+def _describe(errors: dict[str, BaseException]) -> str:
+    return "; ".join(f"{bookie}: {error}" for bookie, error in errors.items()) or "no replicas"
+
+
+def _read_failure(ledger_id: int, entry_id: int, errors: dict[str, BaseException]) -> Exception:
+    mismatches = {b: e for b, e in errors.items() if isinstance(e, DigestMismatchError)}
+    if mismatches:
+        return DigestMismatchError(
+            f"entry {ledger_id}:{entry_id}: no valid copy; digest mismatch on bookie(s) "
+            f"{', '.join(sorted(mismatches))}: {_describe(errors)}")
+    if errors and all(outcome_of(e) is BookieOutcome.NO_SUCH_ENTRY for e in errors.values()):
+        return NoSuchEntryError(
+            f"entry {ledger_id}:{entry_id} is on none of its replicas "
+            f"({', '.join(errors)}): the ledger was deleted or its data lost")
+    return EntryUnavailableError(
+        f"entry {ledger_id}:{entry_id}: no replica answered with it: {_describe(errors)}")
+
+
+class ReadHandle:
+    """A ledger opened for reading (with or without recovery).
+
+    For a closed ledger the LAC is the metadata's last entry; for an open one
+    it is what the bookies reported (``read_last_add_confirmed``,
+    ``wait_for_entry``), and it only moves forward.
+    """
+
+    def __init__(self, ctx: LedgerContext, metadata: LedgerMetadata, version: int,
+                 password: bytes, *, lac: int = -1) -> None:
+        self._ctx = ctx
+        self._metadata = metadata
+        self._version = version
+        self._reader = EntryReader(ctx, metadata.ledger_id, metadata.digest, password)
+        self._lac = metadata.last_entry_id if metadata.is_closed else max(
+            lac, metadata.ensembles[-1].first_entry_id - 1)
+        self._ahead: dict[int, LedgerEntry] = {}  # read-ahead of wait_for_entry
+
+    @property
+    def id(self) -> int:
+        return self._metadata.ledger_id
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._metadata
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._lac
+
+    @property
+    def is_closed(self) -> bool:
+        return self._metadata.is_closed
+
+    def __repr__(self) -> str:
+        return f"ReadHandle(id={self.id}, lac={self._lac}, state={self._metadata.state.value})"
+
+    async def refresh(self) -> LedgerMetadata:
+        """Re-read the metadata (ensemble changes, close by the writer)."""
+        metadata, version = await self._ctx.load_metadata(self.id)
+        if version >= self._version:
+            self._metadata, self._version = metadata, version
+            if metadata.is_closed:
+                self._lac = metadata.last_entry_id
+        return self._metadata
+
+    async def _check_range(self, first: int, last: int) -> None:
+        if first < 0 or last < first:
+            raise UsageError(f"bad entry range {first}..{last}: need 0 <= first <= last")
+        if last > self._lac and not self.is_closed:
+            await self.read_last_add_confirmed()
+        if last > self._lac:
+            raise ReadPastLacError(
+                f"ledger {self.id}: entry {last} is past the last add confirmed "
+                f"({self._lac}){' of the closed ledger' if self.is_closed else ''}; "
+                "entries past the LAC may never exist")
+
+    async def read(self, first: int, last: int) -> AsyncGenerator[LedgerEntry, None]:
+        """Entries ``first..last`` (inclusive) in order; never past the LAC."""
+        await self._check_range(first, last)
+        next_id = first
+        refreshed = False
+        while next_id <= last:
+            try:
+                async for entry in self._reader.read_range(self._metadata, next_id, last):
+                    next_id = entry.entry_id + 1
+                    yield entry
+            except (EntryUnavailableError, NoSuchEntryError):
+                if self.is_closed or refreshed:
+                    raise
+                refreshed = True
+                await self.refresh()  # an ensemble change may have moved entries
+
+    async def read_batch(self, first: int, last: int) -> list[LedgerEntry]:
+        return [entry async for entry in self.read(first, last)]
+
+    async def read_entry(self, entry_id: int) -> LedgerEntry:
+        await self._check_range(entry_id, entry_id)
+        try:
+            return await self._reader.read_entry(self._metadata, entry_id)
+        except (EntryUnavailableError, NoSuchEntryError):
+            if self.is_closed:
+                raise
+            await self.refresh()  # an ensemble change may have moved it
+            return await self._reader.read_entry(self._metadata, entry_id)
+
+    async def read_last_add_confirmed(self) -> int:
+        """Ask the bookies (open ledgers); the metadata's last entry once closed."""
+        if self.is_closed:
+            return self._lac
+        try:
+            lac = await self._reader.read_lac(self._metadata)
+        except EntryUnavailableError:
+            if (await self.refresh()).is_closed:
+                return self._lac
+            raise
+        self._lac = max(self._lac, lac)
+        return self._lac
+
+    async def wait_for_entry(self, after: int, timeout_ms: int = 1000) -> LedgerEntry | None:
+        """Entry ``after + 1`` once it is confirmed; None if it is not within
+        ``timeout_ms`` (long poll on the bookies), or never will be (closed).
+
+        A reader that is behind (``after + 1`` is already below the LAC) gets
+        entries from a read-ahead of up to ``tail_read_ahead_entries``, so
+        calling this in a loop reads in batches, not one round trip per entry.
+        """
+        if after < -1 or timeout_ms < 0:
+            raise UsageError(f"need after >= -1 and timeout_ms >= 0, got {after}, {timeout_ms}")
+        if after < self._lac:
+            return await self._next(after + 1)
+        if self.is_closed:
+            return None
+        lac, entry = await self._reader.long_poll(self._metadata, after, timeout_ms)
+        self._lac = max(self._lac, lac)
+        if entry is not None:
+            return entry
+        if after < self._lac:
+            return await self._next(after + 1)
+        with contextlib.suppress(QuorumlogError):
+            await self.refresh()  # closed meanwhile? moved to new bookies?
+        if after < self._lac:
+            return await self._next(after + 1)
+        return None
+
+    async def _next(self, entry_id: int) -> LedgerEntry:
+        """Entry ``entry_id`` (<= LAC), reading ahead while the reader is behind."""
+        ahead = self._ahead
+        entry = ahead.pop(entry_id, None)
+        if entry is not None:
+            return entry
+        ahead.clear()  # the reader jumped: drop what it skipped
+        config = self._ctx.config
+        last = min(self._lac, entry_id + config.tail_read_ahead_entries - 1)
+        if last == entry_id:
+            return await self.read_entry(entry_id)
+        first: LedgerEntry | None = None
+        size = 0
+        async with contextlib.aclosing(self.read(entry_id, last)) as entries:
+            async for entry in entries:
+                if first is None:
+                    first = entry
+                else:
+                    ahead[entry.entry_id] = entry
+                size += len(entry.payload)
+                if size >= config.batch_read_bytes_max:
+                    break  # bounded in bytes too
+        return first if first is not None else await self.read_entry(entry_id)
+
+    async def close(self) -> None:
+        """Nothing to release; for symmetry with the write handle."""
+

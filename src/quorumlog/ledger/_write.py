@@ -1,0 +1,666 @@
+"""The write handle: pipelined appends, ack quorums, in-order LAC, ensemble
+changes and close. Recovery reuses it to rewrite recovered entries.
+
+One :class:`_PendingAdd` per entry in flight (BookKeeper's ``PendingAddOp``).
+Entry ``i`` goes to the Qw bookies starting at ensemble index ``i mod E``; it
+is durable once Qa of them acked (``AckSet``); the LAC moves over every
+leading durable entry, in order, and each append's future completes with its
+entry id as the LAC passes it.
+
+Ensemble change: a bookie error or timeout before the entry has Qa acks
+replaces that bookie: a new fragment starting at LAC + 1 is written to meta by
+compare-and-swap on the version this handle holds, then the unconfirmed
+entries are resent to the replaced indexes. While a change runs, nothing is
+sent and no entry completes (BookKeeper's ``blockAddCompletions``), so every
+entry past the new fragment's first one ends up on the new ensemble. An error
+after Qa acks is remembered and replaces the bookie before the next append.
+
+A handle whose ledger was fenced (a bookie answers ``LedgerFencedError``, or
+the metadata left the OPEN state under us) fails every pending append with
+``LedgerFencedError`` and refuses new ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import functools
+from collections import deque
+from typing import Any
+
+import quorumlog.bookie._protocol as wire
+from quorumlog import rpc
+from quorumlog.bookie._errors import LedgerFencedError, NoSuchLedgerError, UnauthorizedError
+from quorumlog.errors import QuorumlogError, UsageError, invariant
+from quorumlog.ledger._bookie_client import BookieOutcome, outcome_of
+from quorumlog.ledger._context import LedgerContext
+from quorumlog.ledger._digest import encode_entry, mac_key
+from quorumlog.ledger._errors import (
+    LedgerClosedError,
+    LedgerRecoveryError,
+    LedgerWriteError,
+    MetadataConflictError,
+)
+from quorumlog.ledger._metadata import (
+    DigestType,
+    LedgerMetadata,
+    LedgerState,
+    master_key,
+)
+from quorumlog.ledger._placement import NotEnoughBookiesError, choose_replacement
+from quorumlog.ledger._quorum import AckSet
+
+RACK_LABELS = {"random": None, "rack_aware": "rack", "zone_aware": "zone"}
+"""Placement policy name -> the bookie label that names its failure domain."""
+
+
+class HandleState(enum.Enum):
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+    DETACHED = "detached"  # stopped writing, ledger left OPEN (open_for_append resumes)
+    FAILED = "failed"
+
+
+class ClosedByOtherError(QuorumlogError):
+    """Recovery only: another client closed the ledger first (carries its metadata)."""
+
+    def __init__(self, message: str, *, metadata: LedgerMetadata, version: int) -> None:
+        super().__init__(message)
+        self.metadata = metadata
+        self.version = version
+
+
+class _PendingAdd:
+    """One entry on its way to its write set."""
+
+    __slots__ = ("acks", "done", "entry_id", "envelope", "future", "sent_to", "size")
+
+    def __init__(
+        self, entry_id: int, envelope: bytes, size: int, *, ack_quorum: int,
+        ensemble_size: int, future: asyncio.Future[int],
+    ) -> None:
+        self.entry_id = entry_id
+        self.envelope = envelope
+        self.size = size
+        self.acks = AckSet(ack_quorum)
+        self.sent_to: list[str | None] = [None] * ensemble_size  # by ensemble index
+        self.future = future
+        self.done = False
+
+
+class WriteHandle:
+    """An open ledger this client writes (see the module docstring).
+
+    ``append`` waits for room when too many adds are outstanding;
+    ``append_async`` returns a future at once (raising ``BackpressureError``
+    when there is no room). ``close`` waits for outstanding adds, then writes
+    LAC and length into the metadata (state CLOSED).
+    """
+
+    def __init__(
+        self, ctx: LedgerContext, metadata: LedgerMetadata, version: int, password: bytes,
+        *, placement: str = "random", recovery: bool = False, lac: int = -1,
+        length_known: bool = True,
+    ) -> None:
+        invariant(placement in RACK_LABELS, f"unknown placement {placement!r}")
+        self._ctx = ctx
+        self._config = ctx.config
+        self._loop = asyncio.get_running_loop()
+        self._metadata = metadata
+        self._version = version
+        self._ensemble = metadata.current_ensemble
+        self._schedule = metadata.schedule
+        self._write_sets = [self._schedule.write_set(i) for i in range(metadata.ensemble_size)]
+        self._rack_label = RACK_LABELS[placement]
+        self._master_key = master_key(password)
+        self._digest = metadata.digest
+        self._mac_key = mac_key(password) if metadata.digest is DigestType.HMAC_SHA256 else b""
+        self._recovery = recovery
+        self._flags = wire.FLAG_RECOVERY if recovery else 0
+        self._expected_state = LedgerState.IN_RECOVERY if recovery else LedgerState.OPEN
+        self._add_timeout_s = self._config.add_timeout_ms / 1000
+        self._state = HandleState.OPEN
+        self._error: QuorumlogError | None = None
+        self._lac = lac
+        self._next_entry_id = lac + 1
+        self._length_bytes = max(metadata.length_bytes, 0)
+        self._length_known = length_known and not recovery
+        self._pending: deque[_PendingAdd] = deque()
+        self._outstanding_bytes = 0
+        self._room_waiters: deque[asyncio.Future[None]] = deque()
+        self._idle_waiters: list[asyncio.Future[None]] = []
+        # Ensemble changes.
+        self._changing = False
+        self._failed: dict[int, str] = {}  # index -> bookie that failed before Qa
+        self._delayed_failures: dict[int, str] = {}  # failed after Qa: next append
+        self._bad_bookies: set[str] = set()
+        self._changes = 0
+        self._background: set[asyncio.Task[Any]] = set()
+        # Explicit LAC for tailing readers.
+        self._lac_piggybacked = lac  # highest LAC carried by an envelope sent
+        self._adds_since_tick = 0
+        self._lac_timer: asyncio.TimerHandle | None = None
+
+    # ----- properties ---------------------------------------------------------
+
+    @property
+    def id(self) -> int:
+        return self._metadata.ledger_id
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._metadata
+
+    @property
+    def metadata_version(self) -> int:
+        return self._version
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._lac
+
+    @property
+    def length_bytes(self) -> int:
+        """Payload bytes of the confirmed entries (-1: unknown, for a handle that
+        resumed or recovered a ledger)."""
+        return self._length_bytes if self._length_known else -1
+
+    @property
+    def is_closed(self) -> bool:
+        return self._state is HandleState.CLOSED
+
+    @property
+    def outstanding_adds(self) -> int:
+        return len(self._pending)
+
+    @property
+    def ensemble_changes(self) -> int:
+        return self._changes
+
+    @property
+    def failure(self) -> QuorumlogError | None:
+        """Why the handle failed (None while it works)."""
+        return self._error
+
+    def __repr__(self) -> str:
+        return (f"WriteHandle(id={self.id}, lac={self._lac}, state={self._state.value}, "
+                f"ensemble={list(self._ensemble)})")
+
+    # ----- appends ------------------------------------------------------------
+
+    def append_async(self, payload: bytes | bytearray | memoryview) -> asyncio.Future[int]:
+        """Append now; the future completes with the entry id once confirmed.
+
+        Raises BackpressureError (retriable) when ``outstanding_adds_max`` or
+        ``outstanding_bytes_max`` would be passed; ``append`` waits instead.
+        """
+        self._check_writable()
+        size = self._check_size(payload)
+        if not self._has_room(size):
+            raise rpc.BackpressureError(
+                f"ledger {self.id}: {len(self._pending)} adds / {self._outstanding_bytes} bytes "
+                "outstanding; await append() or the earlier futures first"
+            )
+        return self._append(payload, size)
+
+    async def append(self, payload: bytes | bytearray | memoryview) -> int:
+        """Append one entry and return its id once it is confirmed (Qa acks,
+        every earlier entry confirmed). Waits (FIFO) while the handle has too
+        many adds outstanding."""
+        self._check_writable()
+        size = self._check_size(payload)
+        while self._room_waiters or not self._has_room(size):
+            waiter = self._loop.create_future()
+            self._room_waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                with contextlib.suppress(ValueError):
+                    self._room_waiters.remove(waiter)
+            self._check_writable()
+            if self._has_room(size):
+                break
+        return await self._append(payload, size)
+
+    def _check_writable(self) -> None:
+        if self._state is HandleState.OPEN:
+            return
+        if self._state is HandleState.FAILED and self._error is not None:
+            raise self._error
+        raise LedgerClosedError(f"ledger {self.id} is {self._state.value}: no more appends")
+
+    def _check_size(self, payload: bytes | bytearray | memoryview) -> int:
+        size = payload.nbytes if isinstance(payload, memoryview) else len(payload)
+        if size > self._config.entry_max_bytes:
+            raise UsageError(
+                f"entry of {size} bytes exceeds entry_max_bytes {self._config.entry_max_bytes}"
+            )
+        return size
+
+    def _has_room(self, size: int) -> bool:
+        if not self._pending:
+            return True
+        return (len(self._pending) < self._config.outstanding_adds_max
+                and self._outstanding_bytes + size <= self._config.outstanding_bytes_max)
+
+    def _append(self, payload: bytes | bytearray | memoryview, size: int) -> asyncio.Future[int]:
+        if isinstance(payload, bytearray):
+            payload = memoryview(payload)
+        elif isinstance(payload, memoryview) and payload.itemsize != 1:
+            payload = payload.cast("B")
+        entry_id = self._next_entry_id
+        envelope = encode_entry(
+            self.id, entry_id, self._lac, payload, digest=self._digest, key=self._mac_key
+        )
+        return self._add(entry_id, envelope, size, self._lac)
+
+    def add_recovered(self, entry_id: int, envelope: bytes, size: int) -> asyncio.Future[int]:
+        """Recovery: rewrite an entry found on some bookie to its whole write set."""
+        invariant(self._recovery, "add_recovered is for recovery handles only")
+        self._check_writable()
+        return self._add(entry_id, envelope, size, -1)
+
+    def _add(self, entry_id: int, envelope: bytes, size: int, lac: int) -> asyncio.Future[int]:
+        invariant(entry_id == self._next_entry_id,
+                  f"entry {entry_id} added out of order (next is {self._next_entry_id})")
+        self._next_entry_id += 1
+        future: asyncio.Future[int] = self._loop.create_future()
+        pending = _PendingAdd(entry_id, envelope, size, ack_quorum=self._schedule.ack_quorum,
+                              ensemble_size=self._schedule.ensemble_size, future=future)
+        self._pending.append(pending)
+        self._outstanding_bytes += size
+        self._adds_since_tick += 1
+        self._lac_piggybacked = max(self._lac_piggybacked, lac)
+        if self._delayed_failures and not self._changing:
+            self._start_change()
+        if not self._changing:
+            self._send(pending, self._write_sets[entry_id % self._schedule.ensemble_size])
+        return future
+
+    def _send(self, pending: _PendingAdd, indexes: tuple[int, ...] | list[int]) -> None:
+        ensemble = self._ensemble
+        add_entry = self._ctx.bookies.add_entry
+        for index in indexes:
+            bookie = ensemble[index]
+            pending.sent_to[index] = bookie
+            future = add_entry(bookie, self.id, pending.entry_id, self._master_key,
+                               pending.envelope, flags=self._flags,
+                               timeout_s=self._add_timeout_s)
+            future.add_done_callback(functools.partial(self._on_add_done, pending, index, bookie))
+
+    def _on_add_done(
+        self, pending: _PendingAdd, index: int, bookie: str, future: asyncio.Future[Any]
+    ) -> None:
+        if future.cancelled():
+            error: BaseException | None = rpc.ConnectionClosedError(
+                f"add to bookie {bookie} was cancelled")
+        else:
+            error = future.exception()
+        if pending.sent_to[index] != bookie or self._state is HandleState.FAILED:
+            return  # an answer from a replaced bookie, or nobody is waiting
+        if error is None:
+            if not pending.done and pending.acks.complete_and_check(index) and (
+                    self._pending and self._pending[0] is pending):
+                self._drain()
+            return
+        outcome = outcome_of(error)
+        if outcome is BookieOutcome.FENCED:
+            self._fail(LedgerFencedError(
+                f"ledger {self.id} is fenced (bookie {bookie} refused entry "
+                f"{pending.entry_id}): another client opened it with recovery; "
+                "this writer can no longer add to it"))
+            return
+        if outcome is BookieOutcome.UNAUTHORIZED:
+            self._fail(UnauthorizedError(
+                f"bookie {bookie} refused ledger {self.id}'s master key: {error}"))
+            return
+        self._ctx.log.debug("ledger_add_failed", ledger=self.id, entry=pending.entry_id,
+                           bookie=bookie, error=str(error), acked=len(pending.acks.acked))
+        if pending.done or pending.acks.complete:
+            if self._ensemble[index] == bookie:
+                self._delayed_failures[index] = bookie
+            return
+        pending.acks.fail_and_check(index)
+        if self._ensemble[index] == bookie:
+            self._failed[index] = bookie
+            self._bad_bookies.add(bookie)
+            self._start_change()
+
+    def _drain(self) -> None:
+        """Complete every leading durable entry, in order; the LAC follows."""
+        if self._changing or self._state is HandleState.FAILED:
+            return
+        pending = self._pending
+        advanced = False
+        while pending and pending[0].acks.complete:
+            add = pending.popleft()
+            add.done = True
+            add.envelope = b""
+            self._lac = add.entry_id
+            self._length_bytes += add.size
+            self._outstanding_bytes -= add.size
+            if not add.future.done():
+                add.future.set_result(add.entry_id)
+            advanced = True
+        if not advanced:
+            return
+        if self._room_waiters:
+            waiters, self._room_waiters = self._room_waiters, deque()
+            for waiter in waiters:  # woken in FIFO order; each re-checks for room
+                if not waiter.done():
+                    waiter.set_result(None)
+        if not pending:
+            self._wake_idle()
+        if self._config.explicit_lac_interval_ms and self._lac_timer is None:
+            self._lac_timer = self._loop.call_later(
+                self._config.explicit_lac_interval_ms / 1000, self._explicit_lac_tick)
+
+    def _wake_idle(self) -> None:
+        waiters, self._idle_waiters = self._idle_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _wait_idle(self) -> None:
+        """Until nothing is outstanding (or the handle failed)."""
+        while (self._pending or self._changing) and self._state is not HandleState.FAILED:
+            waiter = self._loop.create_future()
+            self._idle_waiters.append(waiter)
+            await waiter
+
+    # ----- explicit LAC -------------------------------------------------------
+
+    def _explicit_lac_tick(self) -> None:
+        self._lac_timer = None
+        if self._state is not HandleState.OPEN or self._recovery:
+            return
+        if self._lac <= self._lac_piggybacked:
+            return
+        interval_s = self._config.explicit_lac_interval_ms / 1000
+        if self._adds_since_tick:
+            # Adds are flowing and carry the LAC; look again later.
+            self._adds_since_tick = 0
+            self._lac_timer = self._loop.call_later(interval_s, self._explicit_lac_tick)
+            return
+        self._send_explicit_lac()
+
+    def _send_explicit_lac(self) -> None:
+        lac = self._lac
+        self._lac_piggybacked = lac
+        for bookie in self._ensemble:
+            self._spawn(self._write_lac(bookie, lac))
+
+    async def _write_lac(self, bookie: str, lac: int) -> None:
+        try:
+            await self._ctx.bookies.write_lac(
+                bookie, self.id, self._master_key, lac,
+                timeout_s=self._config.read_timeout_ms / 1000)
+        except QuorumlogError as exc:
+            self._ctx.log.debug("ledger_write_lac_failed", ledger=self.id, bookie=bookie,
+                                error=str(exc))
+
+    def _spawn(self, coro: Any) -> None:
+        task = self._loop.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # ----- ensemble change ----------------------------------------------------
+
+    def _start_change(self) -> None:
+        if self._changing or self._state in (HandleState.FAILED, HandleState.CLOSED,
+                                             HandleState.DETACHED):
+            return
+        self._changing = True
+        self._spawn(self._run_changes())
+
+    async def _run_changes(self) -> None:
+        replaced: set[int] = set()
+        try:
+            while True:
+                failed = {i: b for i, b in sorted({**self._delayed_failures,
+                                                   **self._failed}.items())
+                          if self._ensemble[i] == b}
+                self._failed.clear()
+                self._delayed_failures.clear()
+                if not failed:
+                    break
+                self._changes += 1
+                if self._changes > self._config.ensemble_changes_max:
+                    raise LedgerWriteError(
+                        f"ledger {self.id}: more than {self._config.ensemble_changes_max} "
+                        f"ensemble changes; last failed bookies {sorted(failed.values())}")
+                replaced.update(await self._change_ensemble(failed))
+        except QuorumlogError as exc:
+            self._changing = False
+            self._fail(exc)
+            return
+        except asyncio.CancelledError:
+            self._changing = False
+            raise
+        self._changing = False
+        if self._state is HandleState.FAILED:
+            return
+        self._resend(replaced)
+        if self._pending and self._pending[0].acks.complete:
+            self._drain()
+        elif not self._pending:
+            self._wake_idle()
+
+    def _resend(self, replaced: set[int]) -> None:
+        for pending in self._pending:
+            write_set = self._write_sets[pending.entry_id % self._schedule.ensemble_size]
+            if all(pending.sent_to[i] is None for i in write_set):
+                self._send(pending, write_set)  # appended during the change
+                continue
+            indexes = [i for i in write_set if i in replaced]
+            for index in indexes:
+                pending.acks.remove(index)
+            if indexes:
+                self._send(pending, indexes)
+
+    async def _change_ensemble(self, failed: dict[int, str]) -> set[int]:
+        """Replace ``failed`` bookies in a new fragment from LAC + 1; return the
+        indexes whose bookie changed."""
+        replacements = await self._choose_replacements(failed)
+        new = self._metadata.with_replaced_bookies(replacements, self._lac)
+        await self._write_metadata(new)
+        self._ctx.log.info(
+            "ledger_ensemble_changed", ledger=self.id, first_entry=self._lac + 1,
+            replaced={failed[i]: b for i, b in sorted(replacements.items())},
+            changes=self._changes)
+        self._ensemble = self._metadata.current_ensemble
+        return set(replacements)
+
+    async def _choose_replacements(self, failed: dict[int, str]) -> dict[int, str]:
+        config = self._config
+        error: NotEnoughBookiesError | None = None
+        for attempt in range(config.replacement_attempts_max):
+            candidates = await self._ctx.candidates(self._rack_label)
+            healthy = [c for c in candidates if c.address not in self._bad_bookies]
+            ensemble = list(self._ensemble)
+            replacements: dict[int, str] = {}
+            try:
+                for index in sorted(failed):
+                    pool = healthy if _enough(healthy, ensemble) else candidates
+                    choice = choose_replacement(
+                        pool, ensemble, index, self._ctx.rng,
+                        write_quorum=self._schedule.write_quorum,
+                        min_racks=config.placement_min_racks if self._rack_label else 1)
+                    ensemble[index] = choice
+                    replacements[index] = choice
+                return replacements
+            except NotEnoughBookiesError as exc:
+                error = exc
+                self._bad_bookies.clear()  # give bookies that failed earlier another chance
+            backoff_ms = min(config.replacement_backoff_ms * 2 ** attempt, 2_000)
+            await asyncio.sleep(backoff_ms / 1000)
+        raise LedgerWriteError(
+            f"ledger {self.id}: cannot replace failed bookies {sorted(failed.values())}: "
+            f"{error.message if error else 'no candidates'}")
+
+    async def _write_metadata(self, new: LedgerMetadata) -> None:
+        """CAS ``new`` over the version we hold; re-read and judge on conflict."""
+        key = wire.ledger_key(self.id)
+        value = new.encode()
+        for _ in range(self._config.metadata_cas_attempts_max):
+            try:
+                applied: bool | None = await self._ctx.meta.cas(key, self._version, value)
+            except QuorumlogError as exc:
+                if not exc.retriable:
+                    raise
+                applied = None  # unknown outcome: look
+            if applied:
+                self._metadata, self._version = new, self._version + 1
+                return
+            kv = await self._ctx.meta.get(key)
+            if kv is None:
+                raise NoSuchLedgerError(f"ledger {self.id} was deleted while being written")
+            if kv.value == value:  # our write landed (an unknown outcome)
+                self._metadata, self._version = new, int(kv.version)
+                return
+            current = LedgerMetadata.decode(kv.value)
+            if applied is None and int(kv.version) == self._version:
+                continue  # it did not land: try again
+            self._on_metadata_conflict(current, int(kv.version))
+        raise MetadataConflictError(
+            f"ledger {self.id}: metadata kept changing; gave up after "
+            f"{self._config.metadata_cas_attempts_max} compare-and-swap attempts")
+
+    def _on_metadata_conflict(self, current: LedgerMetadata, version: int) -> None:
+        """Someone else changed the metadata: decide what it means for us."""
+        if self._recovery:
+            if current.is_closed:
+                raise ClosedByOtherError(
+                    f"ledger {self.id} was closed by another client at entry "
+                    f"{current.last_entry_id}", metadata=current, version=version)
+            raise LedgerRecoveryError(
+                f"ledger {self.id}: another client changed the metadata during recovery "
+                f"(state {current.state}); open it with recovery again")
+        if current.state is not LedgerState.OPEN:
+            raise LedgerFencedError(
+                f"ledger {self.id} is {current.state.value}: another client opened it with "
+                "recovery; this writer can no longer add to it")
+        raise LedgerWriteError(
+            f"ledger {self.id}: another client changed its metadata while this client "
+            "was writing it; only one writer may hold a ledger")
+
+    # ----- close and failure ----------------------------------------------------
+
+    async def close(self) -> None:
+        """Wait for outstanding adds, then record LAC and length: state CLOSED.
+
+        A conflict where another client closed the ledger with the same last
+        entry is fine; with a different last entry it is LedgerFencedError.
+        """
+        if self._state is HandleState.CLOSED:
+            return
+        if self._state is HandleState.OPEN:
+            self._state = HandleState.CLOSING
+        try:
+            await self._wait_idle()
+            if self._recovery and isinstance(self._error, ClosedByOtherError):
+                raise self._error  # another recoverer finished first: its result stands
+            if self._recovery and self._error is not None:
+                # Closing now would cut off recovered entries that did not reach
+                # Qa again: they may have been acknowledged to the old writer.
+                raise LedgerRecoveryError(
+                    f"ledger {self.id}: rewriting recovered entries failed "
+                    f"({self._error.message}); open it with recovery again") from self._error
+            if not self._recovery and self._lac > self._lac_piggybacked:
+                await self._announce_lac()
+            await self._write_close()
+        finally:
+            self._stop_background()
+        self._state = HandleState.CLOSED
+        self._ctx.log.debug("ledger_closed", ledger=self.id, last_entry=self._lac)
+
+    async def detach(self) -> None:
+        """Stop writing but leave the ledger OPEN: wait for outstanding adds and
+        record the LAC on every bookie of the ensemble, so that another
+        process can continue with ``LedgerClient.open_for_append``."""
+        if self._state is HandleState.FAILED and self._error is not None:
+            raise self._error
+        self._check_writable()
+        self._state = HandleState.CLOSING
+        try:
+            await self._wait_idle()
+            if self._error is not None:
+                raise self._error
+            lac = self._lac
+            self._lac_piggybacked = lac
+            results = await asyncio.gather(*(
+                self._ctx.bookies.write_lac(bookie, self.id, self._master_key, lac,
+                                            timeout_s=self._config.read_timeout_ms / 1000)
+                for bookie in self._ensemble), return_exceptions=True)
+            if lac >= 0 and all(isinstance(r, BaseException) for r in results):
+                raise LedgerWriteError(
+                    f"ledger {self.id}: could not record LAC {lac} on any bookie "
+                    f"({results[0]}); recover the ledger instead of resuming it")
+        finally:
+            self._stop_background()
+        self._state = HandleState.DETACHED
+
+    async def _announce_lac(self) -> None:
+        """Best effort: tell the ensemble the final LAC so tailing readers see it."""
+        lac = self._lac
+        self._lac_piggybacked = lac
+        await asyncio.gather(*(self._write_lac(b, lac) for b in self._ensemble))
+
+    async def _write_close(self) -> None:
+        new = self._metadata.closed(self._lac, self.length_bytes)
+        try:
+            await self._write_metadata(new)
+        except ClosedByOtherError:
+            raise
+        except LedgerFencedError:
+            current, version = await self._ctx.load_metadata(self.id)
+            if current.is_closed and current.last_entry_id == self._lac:
+                self._metadata, self._version = current, version
+                return
+            if current.is_closed:
+                raise LedgerFencedError(
+                    f"ledger {self.id} was closed by another client at entry "
+                    f"{current.last_entry_id}, but this writer had confirmed up to "
+                    f"{self._lac}") from None
+            raise
+
+    def _fail(self, error: QuorumlogError, *, quiet: bool = False) -> None:
+        if self._state in (HandleState.FAILED, HandleState.CLOSED, HandleState.DETACHED):
+            return
+        self._state = HandleState.FAILED
+        self._error = error
+        log = self._ctx.log.debug if quiet else self._ctx.log.warning
+        log("ledger_handle_failed", ledger=self.id, lac=self._lac,
+            pending=len(self._pending), error=error.message)
+        pending, self._pending = self._pending, deque()
+        for add in pending:
+            add.done = True
+            if not add.future.done():
+                add.future.set_exception(error)
+                add.future.exception()  # retrieved here; callers still get it when they await
+        self._outstanding_bytes = 0
+        waiters, self._room_waiters = self._room_waiters, deque()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)  # the appender re-checks and raises
+        self._wake_idle()
+
+    def _stop_background(self) -> None:
+        if self._lac_timer is not None:
+            self._lac_timer.cancel()
+            self._lac_timer = None
+        for task in list(self._background):
+            task.cancel()
+
+    async def abort(self) -> None:
+        """Stop without closing the metadata (as a crashed writer would)."""
+        self._fail(LedgerClosedError(f"ledger {self.id}: the write handle was aborted"),
+                   quiet=True)
+        self._stop_background()
+
+
+def _enough(candidates: list[Any], ensemble: list[str]) -> bool:
+    members = set(ensemble)
+    return any(c.writable and c.address not in members for c in candidates)

@@ -1,0 +1,682 @@
+"""The simulated world of a ledger run: bookies, meta and the network.
+
+- :class:`SimBookie` keeps what a real bookie keeps per ledger (the master
+  key, the fenced flag, entries as envelopes, piggybacked and explicit LACs)
+  with the same rules (``quorumlog.bookie._protocol``): the first add or
+  fence records the master key and another key is refused; a fenced ledger
+  refuses adds without ``FLAG_RECOVERY``; a fencing read or a fence makes the
+  ledger fenced, durably, before answering; adds are answered after the
+  journal "fsync" (a group commit a little later); a crash loses what was not
+  synced, except a prefix that may have reached the disk; long polls wait for
+  the LAC to pass a value.
+- :class:`SimBookieNetwork` is a :class:`quorumlog.ledger.BookieTransport`
+  for one client: requests and responses are delayed, dropped, refused by
+  crashed bookies, cut by partitions; a bookie that restarted forgets the
+  requests it had (their responses never come). Timeouts are the caller's,
+  as with rpc.
+- :class:`SimMetaStore`: an atomic compare-and-swap key-value store with
+  latency, plus bookie registration (a bookie is registered while it is up).
+  It checks the ledger-metadata invariants on every write.
+
+Everything random comes from ``random.Random`` streams handed in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import quorumlog.bookie._protocol as wire
+from quorumlog import rpc
+from quorumlog.bookie._errors import (
+    LedgerFencedError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    UnauthorizedError,
+)
+from quorumlog.errors import DeadlineExceededError, QuorumlogError, invariant
+from quorumlog.ledger import BatchReply, EntryReply, LacReply, LedgerMetadata, LedgerState
+from quorumlog.ledger._digest import BadEnvelopeError, parse_envelope
+from quorumlog.meta._commands import KeyValue
+from quorumlog.sim._trace import Tracer
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerViolation:
+    """A ledger guarantee that did not hold in a simulated run."""
+
+    invariant_name: str
+    detail: str
+
+
+@dataclass(slots=True)
+class _Ledger:
+    master_key: bytes = b""
+    fenced: bool = False
+    entries: dict[int, bytes] = field(default_factory=dict)
+    piggybacked_lac: int = -1
+    explicit_lac: int = -1
+
+    @property
+    def lac(self) -> int:
+        return max(self.piggybacked_lac, self.explicit_lac)
+
+    @property
+    def last_entry_id(self) -> int:
+        return max(self.entries, default=-1)
+
+    def copy(self) -> _Ledger:
+        return _Ledger(self.master_key, self.fenced, dict(self.entries),
+                       self.piggybacked_lac, self.explicit_lac)
+
+
+Record = tuple[str, int, Any]  # ("key"|"add"|"fence"|"lac", ledger, data)
+
+
+class SimBookie:
+    """One bookie's state and request handling (see the module docstring)."""
+
+    def __init__(self, bookie_id: str, rng: random.Random, tracer: Tracer,
+                 loop: asyncio.AbstractEventLoop, sync_ms: tuple[int, int]) -> None:
+        self.id = bookie_id
+        self.rng = rng
+        self.tracer = tracer
+        self.loop = loop
+        self.sync_ms = sync_ms
+        self.up = True
+        self.lost = False  # disk gone for good: never comes back
+        self.incarnation = 0
+        self.slow_ms = 0
+        self.refuses_connections = True  # while down: refuse (else: silence)
+        self._memory: dict[int, _Ledger] = {}
+        self._durable: dict[int, _Ledger] = {}
+        self._journal: list[tuple[Record, asyncio.Future[None] | None]] = []
+        self._sync_scheduled = False
+        self._waiters: dict[int, list[asyncio.Future[None]]] = {}
+
+    # ----- durability -----------------------------------------------------------
+
+    def _log(self, record: Record, *, wait: bool) -> asyncio.Future[None] | None:
+        _apply(self._memory, record)
+        future = self.loop.create_future() if wait else None
+        self._journal.append((record, future))
+        if not self._sync_scheduled:
+            self._sync_scheduled = True
+            delay = self.rng.randint(*self.sync_ms) + self.slow_ms
+            incarnation = self.incarnation
+            self.loop.call_later(delay / 1000, self._sync, incarnation)
+        return future
+
+    def _sync(self, incarnation: int) -> None:
+        if incarnation != self.incarnation:
+            return
+        self._sync_scheduled = False
+        journal, self._journal = self._journal, []
+        for record, future in journal:
+            _apply(self._durable, record)
+            if future is not None and not future.done():
+                future.set_result(None)
+
+    def crash(self, *, lose_disk: bool = False) -> str:
+        """Stop; keep what was synced (and maybe a prefix of the rest)."""
+        self.up = False
+        self.incarnation += 1
+        self._sync_scheduled = False
+        kept = self.rng.randint(0, len(self._journal)) if self.rng.random() < 0.3 else 0
+        for record, _ in self._journal[:kept]:
+            _apply(self._durable, record)
+        lost = len(self._journal) - kept
+        self._journal = []
+        self._memory = {k: v.copy() for k, v in self._durable.items()}
+        for waiters in self._waiters.values():
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.cancel()
+        self._waiters.clear()
+        if lose_disk:
+            self.lost = True
+            self._memory.clear()
+            self._durable.clear()
+        return f"unsynced records lost={lost} kept={kept}" + (" DISK LOST" if lose_disk else "")
+
+    def restart(self) -> None:
+        invariant(not self.lost, f"bookie {self.id} lost its disk and cannot restart")
+        self.up = True
+
+    # ----- requests ----------------------------------------------------------------
+
+    def _ledger(self, ledger_id: int) -> _Ledger:
+        ledger = self._memory.get(ledger_id)
+        if ledger is None:
+            raise NoSuchLedgerError(f"bookie {self.id}: no ledger {ledger_id}")
+        return ledger
+
+    def _check_key(self, ledger_id: int, key: bytes) -> bool:
+        """True if the ledger is new (the key must be recorded)."""
+        ledger = self._memory.get(ledger_id)
+        if ledger is None or not ledger.master_key:
+            return True
+        if ledger.master_key != key:
+            raise UnauthorizedError(f"bookie {self.id}: wrong master key for ledger {ledger_id}")
+        return False
+
+    def add(self, ledger_id: int, entry_id: int, key: bytes, envelope: bytes,
+            flags: int) -> asyncio.Future[None] | None:
+        new = self._check_key(ledger_id, key)
+        parsed = parse_envelope(envelope)
+        if (parsed.ledger_id, parsed.entry_id) != (ledger_id, entry_id):
+            raise BadEnvelopeError(f"envelope ids {parsed.ledger_id}:{parsed.entry_id} do not "
+                                   f"match the request {ledger_id}:{entry_id}")
+        ledger = self._memory.get(ledger_id)
+        if ledger is not None and ledger.fenced and not flags & wire.FLAG_RECOVERY:
+            raise LedgerFencedError(f"bookie {self.id}: ledger {ledger_id} is fenced")
+        if new:
+            self._log(("key", ledger_id, key), wait=False)
+        future = self._log(("add", ledger_id, (entry_id, bytes(envelope), parsed.lac)),
+                           wait=True)
+        self._wake(ledger_id)
+        return future
+
+    def fence(self, ledger_id: int, key: bytes) -> asyncio.Future[None] | None:
+        if self._check_key(ledger_id, key):
+            self._log(("key", ledger_id, key), wait=False)
+        future = self._log(("fence", ledger_id, None), wait=True)
+        self._wake(ledger_id)
+        return future
+
+    def read_entry(self, ledger_id: int, entry_id: int) -> EntryReply:
+        ledger = self._ledger(ledger_id)
+        envelope = ledger.entries.get(entry_id)
+        if envelope is None:
+            raise NoSuchEntryError(f"bookie {self.id}: no entry {ledger_id}:{entry_id}")
+        return EntryReply(envelope, ledger.lac)
+
+    def read_batch(self, ledger_id: int, first: int, max_entries: int,
+                   max_bytes: int) -> BatchReply:
+        ledger = self._ledger(ledger_id)
+        out: list[bytes | memoryview] = []
+        size = 0
+        entry_id = first
+        while len(out) < max_entries and entry_id in ledger.entries:
+            envelope = ledger.entries[entry_id]
+            if out and size + len(envelope) > max_bytes:
+                break
+            out.append(envelope)
+            size += len(envelope)
+            entry_id += 1
+        if not out:
+            raise NoSuchEntryError(f"bookie {self.id}: no entry {ledger_id}:{first}")
+        return BatchReply(out, ledger.lac)
+
+    def lac_reply(self, ledger_id: int, previous_lac: int, with_entry: bool) -> LacReply:
+        ledger = self._ledger(ledger_id)
+        envelope = ledger.entries.get(previous_lac + 1) if with_entry else None
+        if ledger.lac <= previous_lac:
+            envelope = None
+        return LacReply(ledger.lac, ledger.last_entry_id, ledger.fenced, envelope)
+
+    def write_lac(self, ledger_id: int, key: bytes, lac: int) -> None:
+        if self._check_key(ledger_id, key):
+            self._log(("key", ledger_id, key), wait=False)
+        self._log(("lac", ledger_id, lac), wait=False)
+        self._wake(ledger_id)
+
+    def wait_lac(self, ledger_id: int) -> asyncio.Future[None]:
+        waiter = self.loop.create_future()
+        self._waiters.setdefault(ledger_id, []).append(waiter)
+        return waiter
+
+    def _wake(self, ledger_id: int) -> None:
+        for waiter in self._waiters.pop(ledger_id, []):
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def durable_entries(self, ledger_id: int) -> dict[int, bytes]:
+        ledger = self._durable.get(ledger_id)
+        return dict(ledger.entries) if ledger else {}
+
+
+def _apply(state: dict[int, _Ledger], record: Record) -> None:
+    kind, ledger_id, data = record
+    ledger = state.setdefault(ledger_id, _Ledger())
+    if kind == "key":
+        if not ledger.master_key:
+            ledger.master_key = data
+    elif kind == "add":
+        entry_id, envelope, lac = data
+        ledger.entries.setdefault(entry_id, envelope)  # idempotent: the first copy stays
+        ledger.piggybacked_lac = max(ledger.piggybacked_lac, lac)
+    elif kind == "fence":
+        ledger.fenced = True
+    elif kind == "lac":
+        ledger.explicit_lac = max(ledger.explicit_lac, data)
+
+
+@dataclass(slots=True)
+class NetworkFaults:
+    delay_ms_min: int = 0
+    delay_ms_max: int = 2
+    drop_probability: float = 0.0
+    refused_delay_ms: int = 1
+
+
+class SimNetworkState:
+    """Links between clients and bookies: partitions, faults, the bookies."""
+
+    def __init__(self, rng: random.Random, tracer: Tracer,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.rng = rng
+        self.tracer = tracer
+        self.loop = loop
+        self.faults = NetworkFaults()
+        self.bookies: dict[str, SimBookie] = {}
+        self.blocked: set[tuple[str, str]] = set()  # (client, bookie), both ways
+        self.cut_clients: dict[str, float] = {}  # crashed clients -> when they died
+        self.requests = 0
+        self.request_counts: dict[str, int] = {}  # by request kind
+
+    def delay_s(self) -> float:
+        return self.rng.randint(self.faults.delay_ms_min, self.faults.delay_ms_max) / 1000
+
+    def link_up(self, client: str, bookie: str) -> bool:
+        return client not in self.cut_clients and (client, bookie) not in self.blocked
+
+    def crash_client(self, client: str) -> None:
+        """The client dies: nothing more in or out; each request it had sent is
+        still delivered or not at random (what was in the kernel's buffers)."""
+        self.cut_clients[client] = self.loop.time()
+
+    def delivers(self, client: str, bookie: str, sent_s: float) -> bool:
+        """Whether a request sent at ``sent_s`` reaches the bookie now."""
+        if (client, bookie) in self.blocked:
+            return False
+        died = self.cut_clients.get(client)
+        return died is None or (sent_s < died and self.rng.random() < 0.5)
+
+    def lost(self) -> bool:
+        return self.faults.drop_probability > 0 and self.rng.random() < self.faults.drop_probability
+
+
+Handler = Callable[[SimBookie], Any]
+
+
+class SimBookieNetwork:
+    """A :class:`quorumlog.ledger.BookieTransport` for one simulated client."""
+
+    def __init__(self, client: str, state: SimNetworkState) -> None:
+        self.client = client
+        self.state = state
+
+    def _request(self, bookie_id: str, what: str, handler: Handler,
+                 timeout_s: float) -> asyncio.Future[Any]:
+        state = self.state
+        loop = state.loop
+        state.requests += 1
+        state.request_counts[what] = state.request_counts.get(what, 0) + 1
+        future: asyncio.Future[Any] = loop.create_future()
+        timer = loop.call_later(timeout_s, _expire, future,
+                                f"{what} to bookie {bookie_id} got no response within "
+                                f"{timeout_s:.3f}s")
+        future.add_done_callback(lambda _: timer.cancel())
+        bookie = state.bookies.get(bookie_id)
+        if bookie is None:
+            loop.call_soon(_fail, future, rpc.ConnectFailedError(f"unknown bookie {bookie_id}"))
+            return future
+        if not state.link_up(self.client, bookie_id) or state.lost():
+            return future  # lost: the caller times out
+        if not bookie.up:
+            if bookie.refuses_connections:
+                loop.call_later(state.faults.refused_delay_ms / 1000, _fail, future,
+                                rpc.ConnectFailedError(f"cannot connect to {bookie_id}"))
+            return future
+        loop.call_later(state.delay_s() + bookie.slow_ms / 1000, self._deliver, bookie,
+                        bookie.incarnation, handler, future, loop.time())
+        return future
+
+    def _deliver(self, bookie: SimBookie, incarnation: int, handler: Handler,
+                 future: asyncio.Future[Any], sent_s: float) -> None:
+        if not bookie.up or bookie.incarnation != incarnation:
+            return
+        if not self.state.delivers(self.client, bookie.id, sent_s):
+            return
+        try:
+            result = handler(bookie)
+        except QuorumlogError as exc:
+            self._respond(bookie, incarnation, future, None, exc)
+            return
+        if isinstance(result, asyncio.Future):
+            result.add_done_callback(
+                lambda f: self._respond(bookie, incarnation, future, *_outcome(f)))
+        else:
+            self._respond(bookie, incarnation, future, result, None)
+
+    def _respond(self, bookie: SimBookie, incarnation: int, future: asyncio.Future[Any],
+                 result: Any, error: BaseException | None) -> None:
+        if isinstance(error, _CancelledError) or bookie.incarnation != incarnation:
+            return  # the bookie crashed before answering
+        state = self.state
+        if not state.link_up(self.client, bookie.id) or state.lost():
+            return
+        if error is not None:
+            state.loop.call_later(state.delay_s(), _fail, future, error)
+        else:
+            state.loop.call_later(state.delay_s(), _succeed, future, result)
+
+    # ----- BookieTransport --------------------------------------------------------
+
+    def add_entry(self, bookie: str, ledger_id: int, entry_id: int, master_key: bytes,
+                  envelope: bytes, *, flags: int, timeout_s: float) -> asyncio.Future[Any]:
+        return self._request(
+            bookie, "AddEntryRequest",
+            lambda b: b.add(ledger_id, entry_id, master_key, envelope, flags), timeout_s)
+
+    async def read_entry(self, bookie: str, ledger_id: int, entry_id: int, *,
+                         timeout_s: float, fence: bool = False,
+                         master_key: bytes = b"") -> EntryReply:
+        if not fence:
+            result: EntryReply = await self._request(
+                bookie, "ReadEntryRequest", lambda b: b.read_entry(ledger_id, entry_id),
+                timeout_s)
+            return result
+
+        def fenced_read(b: SimBookie) -> asyncio.Future[EntryReply]:
+            synced = b.fence(ledger_id, master_key)
+            out: asyncio.Future[EntryReply] = b.loop.create_future()
+
+            def answer(_: Any) -> None:
+                if out.done():
+                    return
+                try:
+                    out.set_result(b.read_entry(ledger_id, entry_id))
+                except QuorumlogError as exc:
+                    out.set_exception(exc)
+
+            if synced is None:
+                answer(None)
+            else:
+                synced.add_done_callback(
+                    lambda f: out.cancel() if f.cancelled() else answer(None))
+            return out
+
+        result = await self._request(bookie, "ReadEntryRequest(fence)", fenced_read,
+                                     timeout_s)
+        return result
+
+    async def read_batch(self, bookie: str, ledger_id: int, first_entry_id: int, *,
+                         max_entries: int, max_bytes: int, timeout_s: float) -> BatchReply:
+        result: BatchReply = await self._request(
+            bookie, "ReadBatchRequest",
+            lambda b: b.read_batch(ledger_id, first_entry_id, max_entries, max_bytes),
+            timeout_s)
+        return result
+
+    async def read_lac(self, bookie: str, ledger_id: int, *, timeout_s: float,
+                       previous_lac: int = -1, long_poll_ms: int = 0,
+                       with_entry: bool = False) -> LacReply:
+        def handle(b: SimBookie) -> LacReply | asyncio.Future[LacReply]:
+            # Like the real bookie, a long poll on a ledger it does not know
+            # (yet) waits too, and answers NoSuchLedgerError if it still does not.
+            now = _lac_or_error(b, ledger_id, previous_lac, with_entry)
+            if long_poll_ms <= 0 or (isinstance(now, LacReply) and now.lac > previous_lac):
+                return _reply_or_raise(now)
+            out: asyncio.Future[LacReply] = b.loop.create_future()
+            deadline = b.loop.time() + long_poll_ms / 1000
+
+            def check(_: Any = None) -> None:
+                if out.done():
+                    return
+                current = _lac_or_error(b, ledger_id, previous_lac, with_entry)
+                if (isinstance(current, LacReply) and current.lac > previous_lac) or (
+                        b.loop.time() >= deadline - 1e-9):
+                    if isinstance(current, LacReply):
+                        out.set_result(current)
+                    else:
+                        out.set_exception(current)
+                    return
+                b.wait_lac(ledger_id).add_done_callback(
+                    lambda f: out.cancel() if f.cancelled() else check())
+
+            b.loop.call_later(long_poll_ms / 1000, check)
+            check()
+            return out
+
+        result: LacReply = await self._request(
+            bookie, "ReadLacRequest", handle, timeout_s + long_poll_ms / 1000)
+        return result
+
+    async def fence(self, bookie: str, ledger_id: int, master_key: bytes, *,
+                    timeout_s: float) -> LacReply:
+        def handle(b: SimBookie) -> asyncio.Future[LacReply]:
+            synced = b.fence(ledger_id, master_key)
+            out: asyncio.Future[LacReply] = b.loop.create_future()
+
+            def answer() -> None:
+                if not out.done():
+                    out.set_result(b.lac_reply(ledger_id, -1, False))
+
+            if synced is None:
+                answer()
+            else:
+                synced.add_done_callback(lambda f: out.cancel() if f.cancelled() else answer())
+            return out
+
+        result: LacReply = await self._request(bookie, "FenceRequest", handle, timeout_s)
+        return result
+
+    async def write_lac(self, bookie: str, ledger_id: int, master_key: bytes, lac: int, *,
+                        timeout_s: float) -> None:
+        await self._request(bookie, "WriteLacRequest",
+                            lambda b: b.write_lac(ledger_id, master_key, lac), timeout_s)
+
+    async def close(self) -> None:
+        return None
+
+
+def _lac_or_error(bookie: SimBookie, ledger_id: int, previous_lac: int,
+                  with_entry: bool) -> LacReply | QuorumlogError:
+    try:
+        return bookie.lac_reply(ledger_id, previous_lac, with_entry)
+    except QuorumlogError as exc:
+        return exc
+
+
+def _reply_or_raise(reply: LacReply | QuorumlogError) -> LacReply:
+    if isinstance(reply, QuorumlogError):
+        raise reply
+    return reply
+
+
+class _CancelledError(Exception):
+    pass
+
+
+def _outcome(future: asyncio.Future[Any]) -> tuple[Any, BaseException | None]:
+    if future.cancelled():
+        return None, _CancelledError()
+    error = future.exception()
+    return (None, error) if error is not None else (future.result(), None)
+
+
+def _expire(future: asyncio.Future[Any], message: str) -> None:
+    if not future.done():
+        future.set_exception(DeadlineExceededError(message))
+
+
+def _fail(future: asyncio.Future[Any], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)
+
+
+def _succeed(future: asyncio.Future[Any], result: Any) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+class SimMetaStore:
+    """Meta for the simulation: atomic CAS with latency, bookie registrations,
+    and the metadata invariants checked on every write."""
+
+    def __init__(self, rng: random.Random, tracer: Tracer, network: SimNetworkState,
+                 delay_ms: tuple[int, int] = (1, 3)) -> None:
+        self.rng = rng
+        self.tracer = tracer
+        self.network = network
+        self.delay_ms = delay_ms
+        self._data: dict[str, tuple[bytes, int, int, int]] = {}  # value, version, create, mod
+        self._revision = 0
+        self._ids: dict[str, int] = {}
+        self.violations: list[LedgerViolation] = []
+        self.closed_seen: dict[int, int] = {}  # ledger -> last entry when first closed
+
+    async def _latency(self) -> None:
+        await asyncio.sleep(self.rng.randint(*self.delay_ms) / 1000)
+
+    def _kv(self, key: str) -> KeyValue | None:
+        item = self._data.get(key)
+        if item is None:
+            return None
+        value, version, create, mod = item
+        return KeyValue(key=key, value=value, create_revision=create, mod_revision=mod,
+                        version=version)
+
+    async def get(self, key: str) -> KeyValue | None:
+        await self._latency()
+        kv = self._kv(key)
+        await self._latency()
+        return kv
+
+    async def cas(self, key: str, expected_version: int, value: bytes) -> bool:
+        await self._latency()
+        current = self._data.get(key)
+        version = current[1] if current else 0
+        ok = version == expected_version
+        if ok:
+            self._write(key, value, current)
+        await self._latency()
+        return ok
+
+    def _write(self, key: str, value: bytes, current: tuple[bytes, int, int, int] | None) -> None:
+        self._revision += 1
+        self._check_ledger_write(key, current[0] if current else None, value)
+        create = current[2] if current else self._revision
+        self._data[key] = (value, (current[1] if current else 0) + 1, create, self._revision)
+
+    def _check_ledger_write(self, key: str, old: bytes | None, new: bytes) -> None:
+        ledger_id = wire.ledger_id_of_key(key)
+        if ledger_id is None:
+            return
+        metadata = LedgerMetadata.decode(new)
+        state = f"{metadata.state.value}" + (
+            f" last={metadata.last_entry_id}" if metadata.is_closed else "")
+        fragments = " ".join(f"{f.first_entry_id}:{','.join(f.bookies)}"
+                             for f in metadata.ensembles)
+        self.tracer.event(_ms(self.network),
+                          f"META ledger {ledger_id} -> {state} ensembles=[{fragments}]")
+        if old is not None:
+            before = LedgerMetadata.decode(old)
+            if before.is_closed and (not metadata.is_closed
+                                     or metadata.last_entry_id != before.last_entry_id):
+                self.violations.append(LedgerViolation(
+                    "closed-ledger-changed",
+                    f"ledger {ledger_id} was CLOSED at entry {before.last_entry_id} and was "
+                    f"rewritten as {metadata.state.value} last={metadata.last_entry_id}"))
+            if before.state is LedgerState.IN_RECOVERY and metadata.state is LedgerState.OPEN:
+                self.violations.append(LedgerViolation(
+                    "recovery-undone", f"ledger {ledger_id} went from IN_RECOVERY back to OPEN"))
+        if metadata.is_closed:
+            first = self.closed_seen.setdefault(ledger_id, metadata.last_entry_id)
+            if first != metadata.last_entry_id:
+                self.violations.append(LedgerViolation(
+                    "closed-ledger-changed",
+                    f"ledger {ledger_id} closed at {first}, later at {metadata.last_entry_id}"))
+
+    async def next_id(self, name: str, count: int = 1) -> int:
+        await self._latency()
+        first = self._ids.get(name, 0) + 1
+        self._ids[name] = first + count - 1
+        await self._latency()
+        return first
+
+    async def list_keys(self, prefix: str, *, limit: int = 0) -> list[KeyValue]:
+        await self._latency()
+        if prefix == wire.BOOKIE_REGISTRY_PREFIX:
+            out = [
+                KeyValue(key=prefix + b.id, value=wire.BookieRegistration(
+                    id=b.id, address=b.id, labels={"rack": f"rack-{i % 3}"}).encode(),
+                    create_revision=1, mod_revision=1, version=1)
+                for i, b in enumerate(self.network.bookies.values()) if b.up
+            ]
+        else:
+            out = [kv for key in sorted(self._data) if key.startswith(prefix)
+                   if (kv := self._kv(key)) is not None]
+        await self._latency()
+        return out[:limit] if limit else out
+
+    async def delete(self, key: str, *, prefix: bool = False) -> int:
+        await self._latency()
+        keys = [k for k in sorted(self._data) if k.startswith(key)] if prefix else (
+            [key] if key in self._data else [])
+        for k in keys:
+            del self._data[k]
+        await self._latency()
+        return len(keys)
+
+    def peek(self, ledger_id: int) -> LedgerMetadata | None:
+        """The metadata as stored now (no latency; for the checker)."""
+        item = self._data.get(wire.ledger_key(ledger_id))
+        return LedgerMetadata.decode(item[0]) if item else None
+
+
+def _ms(network: SimNetworkState) -> int:
+    return int(network.loop.time() * 1000 + 1e-9)
+
+
+class LedgerWorld:
+    """Bookies, meta and network on the running (virtual-time) loop, and
+    clients plugged into them: the setting of simulator runs and of the
+    ledger client's deterministic unit tests."""
+
+    def __init__(self, *, bookies: int, seed: int = 0, tracer: Tracer | None = None,
+                 delay_ms_max: int = 2, sync_ms: tuple[int, int] = (0, 2)) -> None:
+        self.loop = asyncio.get_running_loop()
+        root = random.Random(seed)
+        self.tracer = tracer or Tracer()
+        self.network = SimNetworkState(random.Random(root.getrandbits(64)), self.tracer,
+                                       self.loop)
+        self.network.faults.delay_ms_max = delay_ms_max
+        for i in range(bookies):
+            self.add_bookie(f"b{i}", random.Random(root.getrandbits(64)), sync_ms)
+        self.meta = SimMetaStore(random.Random(root.getrandbits(64)), self.tracer,
+                                 self.network)
+        self._client_rng = random.Random(root.getrandbits(64))
+
+    def add_bookie(self, bookie_id: str, rng: random.Random,
+                   sync_ms: tuple[int, int] = (0, 2)) -> SimBookie:
+        bookie = SimBookie(bookie_id, rng, self.tracer, self.loop, sync_ms)
+        self.network.bookies[bookie_id] = bookie
+        return bookie
+
+    @property
+    def bookies(self) -> dict[str, SimBookie]:
+        return self.network.bookies
+
+    def now_ms(self) -> int:
+        return _ms(self.network)
+
+    def client(self, name: str, config: Any = None, *, log: Any = None) -> Any:
+        """A ``LedgerClient`` whose bookie traffic goes through this world as ``name``."""
+        from quorumlog.ledger import LedgerClient
+
+        return LedgerClient(self.meta, SimBookieNetwork(name, self.network), config=config,
+                            rng=random.Random(self._client_rng.getrandbits(64)),
+                            now_ms=self.now_ms, log=log or _QuietLog())
+
+
+class _QuietLog:
+    def _event(self, event: str, **kw: Any) -> None:
+        return None
+
+    debug = info = warning = error = _event
