@@ -1,5 +1,5 @@
 # Developer shortcuts. Every target installs from the lock file first.
-.PHONY: setup test test-slow sim lint bench clean demo
+.PHONY: setup test test-slow sim sim-ledger lint bench clean main demo demo-meta
 
 setup:
 	./scripts/setup.sh
@@ -16,6 +16,10 @@ sim: setup
 	./scripts/uv run --frozen quorumlog sim raft --seeds 75000 --nodes 3 --jobs 2
 	./scripts/uv run --frozen quorumlog sim raft --seeds 25000 --nodes 5 --jobs 2
 
+# 20,000 seeds of the ledger protocol simulator (writer, reader, recovery, bookies).
+sim-ledger: setup
+	./scripts/uv run --frozen quorumlog sim ledger --seeds 20000 --jobs 2
+
 lint: setup
 	./scripts/uv run --frozen ruff check .
 	./scripts/uv run --frozen mypy
@@ -26,5 +30,12 @@ bench: setup
 clean:
 	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache
 
-demo:
+# The main job: local cluster -> stream -> Spark -> stream + Parquet.
+main:
+	./scripts/main_job.sh
+
+demo: main
+
+# Meta failover demo (SIGKILL of the Raft leader) and the quick WAL benchmark.
+demo-meta:
 	./scripts/demo.sh

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The main job today, on a fresh machine: install from the lock file, start a
-# local 3-node cluster on 127.0.0.1, write and read metadata through it, kill
-# the leader with SIGKILL, show that every acknowledged write is still there
-# and the cluster keeps serving, restart the node, stop the cluster; then run
-# the WAL benchmark (quick) against the raw disk.
-# (Streams, bookies and the Spark pipeline are not built yet.)
+# The metadata failover demo (`make demo-meta`): install from the lock file,
+# start a local 3-node cluster on 127.0.0.1, write and read metadata through
+# it, kill the meta leader with SIGKILL, show that every acknowledged write is
+# still there and the cluster keeps serving, restart the node, stop the
+# cluster; then run the WAL benchmark (quick) against the raw disk.
+# The main job (cluster -> stream -> Spark) is scripts/main_job.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh

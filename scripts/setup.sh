@@ -1,9 +1,20 @@
 #!/usr/bin/env bash
 # Installs everything quorumlog needs on a fresh machine, from the project's own
 # files: a pinned uv (in .tools/), then the locked dependencies (uv.lock) into
-# .venv with the dev extras. Idempotent; fast when already done.
+# .venv with the dev and spark extras. Idempotent; fast when already done.
+#
+# QUORUMLOG_SPARK=0 leaves out the spark extra (pyspark + pyarrow, ~450 MB);
+# the Spark tests then skip with a reason. Spark also needs Java 17+: this
+# script checks for it and says so when it is missing (the Spark tests skip
+# without it; nothing else needs Java).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras=(--extra dev)
-if [ "${QUORUMLOG_SPARK:-0}" = "1" ]; then extras+=(--extra spark); fi
+if [ "${QUORUMLOG_SPARK:-1}" != "0" ]; then
+  extras+=(--extra spark)
+  if ! command -v java >/dev/null 2>&1; then
+    echo "setup: no 'java' on PATH: Spark (quorumlog.spark, the example pipeline) needs" \
+         "Java 17+ (Debian: apt-get install openjdk-17-jre-headless)" >&2
+  fi
+fi
 ./scripts/uv sync --frozen "${extras[@]}"

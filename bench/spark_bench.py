@@ -1,0 +1,182 @@
+"""Streams and the Spark data source on a local cluster: a benchmark, not a test.
+
+Measured in one run, on a fresh local cluster (3 node processes on 127.0.0.1):
+
+1. producer throughput: messages of 100 B sent pipelined, one entry per
+   message (``--batching`` packs them), until durable;
+2. end-to-end latency at half the peak rate: a producer paced at peak/2 and a
+   tailing reader; send -> durable (ack) and send -> received, p50 / p99;
+3. Spark batch read of every entry of the stream (``local[2]``, Arrow batches
+   straight from the bookies) against reading the same rows from Parquet files
+   in the same run (target: >= 50% of the Parquet rate). Both are forced
+   through Spark's ``noop`` sink, so every column is materialized.
+
+    ./scripts/uv run --frozen python bench/spark_bench.py            # 1M entries
+    ./scripts/uv run --frozen python bench/spark_bench.py --quick    # 100k, short
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from quorumlog import node as cluster
+from quorumlog import rpc
+from quorumlog.log import configure
+from quorumlog.stream import ProducerConfig, RolloverPolicy, StreamClient, StreamConfig
+
+VALUE_BYTES = 100
+SEND_WINDOW = 5000  # pipelined sends in flight while filling
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+async def fill(meta: list[str], stream: str, count: int, batching: bool) -> float:
+    """Send ``count`` messages of 100 B; returns messages/s until all durable."""
+    async with await StreamClient.connect(meta) as client:
+        await client.create_stream(stream, StreamConfig(
+            partitions=2, rollover=RolloverPolicy(max_entries=100_000, min_time_ms=0)))
+        producer = await client.producer(stream, config=ProducerConfig(
+            batching=batching, pending_messages_max=SEND_WINDOW))
+        value = b"x" * VALUE_BYTES
+        started = time.perf_counter()
+        futures = []
+        for i in range(count):
+            futures.append(await producer.send_async(value, key=b"%d" % (i % 1024)))
+            if len(futures) >= SEND_WINDOW:
+                await asyncio.gather(*futures)
+                futures.clear()
+        await asyncio.gather(*futures)
+        elapsed = time.perf_counter() - started
+        await producer.close()
+        return count / elapsed
+
+
+async def latency(meta: list[str], rate_per_s: float, seconds: float
+                  ) -> tuple[list[float], list[float]]:
+    """(send->ack ms, send->receive ms) for a producer paced at ``rate_per_s``."""
+    async with await StreamClient.connect(meta) as client:
+        await client.create_stream("latency", StreamConfig(partitions=1))
+        producer = await client.producer("latency")
+        reader = await client.reader("latency", "latest")
+        sent: dict[bytes, float] = {}
+        acks: list[float] = []
+        e2e: list[float] = []
+        total = max(1, int(rate_per_s * seconds))
+
+        async def receive() -> None:
+            while len(e2e) < total:
+                batch = await reader.read_batch(5000)
+                if not batch:
+                    return
+                now = time.perf_counter()
+                e2e.extend((now - sent[m.value[:16]]) * 1000 for m in batch)
+
+        async def on_ack(start: float, future: asyncio.Future[object]) -> None:
+            await future
+            acks.append((time.perf_counter() - start) * 1000)
+
+        receiver = asyncio.create_task(receive())
+        await asyncio.sleep(0.2)
+        interval = 1.0 / rate_per_s
+        started = time.perf_counter()
+        pending = []
+        for i in range(total):
+            target = started + i * interval
+            delay = target - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tag = b"%016d" % i
+            now = time.perf_counter()
+            sent[tag] = now
+            future = await producer.send_async(tag + b"x" * (VALUE_BYTES - 16))
+            pending.append(asyncio.create_task(on_ack(now, future)))
+        await asyncio.gather(*pending)
+        await asyncio.wait_for(receiver, 30)
+        await reader.close()
+        await producer.close()
+        return acks, e2e
+
+
+def spark_read(meta: list[str], stream: str, rows: int, workdir: Path) -> dict[str, float]:
+    from quorumlog.spark import local_session
+
+    spark = local_session("local[2]", "quorumlog-bench",
+                          **{"spark.ui.showConsoleProgress": "false"})
+    try:
+        frame = (spark.read.format("quorumlog").option("meta", ",".join(meta))
+                 .option("stream", stream).option("maxRowsPerPartition", "100000").load())
+        parquet = str(workdir / "same-rows.parquet")
+        frame.write.mode("overwrite").parquet(parquet)
+
+        def timed(make: object) -> float:
+            best = float("inf")
+            for _ in range(2):
+                started = time.perf_counter()
+                make().write.format("noop").mode("overwrite").save()  # type: ignore[operator]
+                best = min(best, time.perf_counter() - started)
+            return best
+
+        counted = frame.count()
+        assert counted == rows, f"Spark read {counted} rows, expected {rows}"
+        stream_s = timed(lambda: spark.read.format("quorumlog").option("meta", ",".join(meta))
+                         .option("stream", stream).option("maxRowsPerPartition", "100000")
+                         .load())
+        parquet_s = timed(lambda: spark.read.parquet(parquet))
+        return {"stream_s": stream_s, "parquet_s": parquet_s}
+    finally:
+        spark.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="100k entries, short latency run")
+    parser.add_argument("--entries", type=int, default=0, help="entries to read with Spark")
+    parser.add_argument("--batching", action="store_true",
+                        help="let the producer pack messages into entries")
+    args = parser.parse_args()
+    configure("WARNING")
+    entries = args.entries or (100_000 if args.quick else 1_000_000)
+    latency_s = 3.0 if args.quick else 10.0
+    workdir = Path(tempfile.mkdtemp(prefix="quorumlog-spark-bench-"))
+    directory = workdir / "cluster"
+    print(f"starting a local cluster of 3 nodes in {directory} ...")
+    cluster.up(directory, 3)
+    meta = cluster.meta_addresses(directory)
+    try:
+        rate = rpc.run(fill(meta, "bench", entries, args.batching))
+        print(f"producer: {entries} messages of {VALUE_BYTES} B, "
+              f"{'batched' if args.batching else 'one entry each'}: {rate:,.0f} msg/s")
+        half = rate / 2
+        acks, e2e = rpc.run(latency(meta, half, latency_s))
+        print(f"latency at {half:,.0f} msg/s (half of peak), {len(e2e)} messages: "
+              f"send->ack p50 {statistics.median(acks):.2f} ms p99 {percentile(acks, 0.99):.2f}"
+              f" ms; send->receive p50 {statistics.median(e2e):.2f} ms "
+              f"p99 {percentile(e2e, 0.99):.2f} ms (target p99 <= 10 ms)")
+        if shutil.which("java") is None:
+            print("no java: skipping the Spark read part")
+            return 0
+        result = spark_read(meta, "bench", entries, workdir)
+        stream_rate = entries / result["stream_s"]
+        parquet_rate = entries / result["parquet_s"]
+        print(f"spark read of {entries} rows: stream {result['stream_s']:.2f} s "
+              f"({stream_rate:,.0f} rows/s), parquet {result['parquet_s']:.2f} s "
+              f"({parquet_rate:,.0f} rows/s): stream/parquet = "
+              f"{stream_rate / parquet_rate:.2f} (target >= 0.50)")
+        return 0
+    finally:
+        cluster.down(directory)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,281 @@
+"""``quorumlog stream``: create, inspect, write, read and trim streams."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help="Streams made of ledgers (Pulsar-style topics).", no_args_is_help=True)
+console = Console()
+
+T = TypeVar("T")
+
+MembersOption = typer.Option(
+    None, "--members", help="Comma-separated meta addresses (default: the local cluster)."
+)
+DirOption = typer.Option(None, "--dir", help="Local cluster directory.")
+
+
+def _members(members: str | None, directory: Path | None) -> list[str]:
+    if members:
+        return [m.strip() for m in members.split(",") if m.strip()]
+    from quorumlog.node import DEFAULT_DIR, meta_addresses
+
+    return meta_addresses(directory or DEFAULT_DIR)
+
+
+def _run(members: str | None, directory: Path | None,
+         body: Callable[[Any], Awaitable[T]]) -> T:
+    from quorumlog import rpc
+    from quorumlog.stream import StreamClient
+
+    addresses = _members(members, directory)
+
+    async def main() -> T:
+        async with await StreamClient.connect(addresses) as client:
+            return await body(client)
+
+    return rpc.run(main())
+
+
+@app.command()
+def create(
+    name: str,
+    partitions: int = typer.Option(1, help="Number of partitions."),
+    ensemble: int = typer.Option(2, help="Ledger ensemble size E."),
+    write_quorum: int = typer.Option(2, help="Ledger write quorum Qw."),
+    ack_quorum: int = typer.Option(2, help="Ledger ack quorum Qa."),
+    rollover_entries: int = typer.Option(50_000, help="Roll over after this many entries."),
+    rollover_bytes: int = typer.Option(2048 * 1024 * 1024, help="... or this many bytes."),
+    rollover_min_ms: int = typer.Option(600_000, help="Never roll a ledger younger than this."),
+    rollover_max_ms: int = typer.Option(14_400_000, help="Roll a ledger older than this."),
+    retention_time_ms: int = typer.Option(7 * 86_400_000, help="Keep consumed ledgers this "
+                                          "long (-1: no limit)."),
+    retention_size_bytes: int = typer.Option(-1, help="Keep at most this many bytes of "
+                                             "consumed ledgers (-1: no limit)."),
+    ttl_ms: int = typer.Option(0, help="Acknowledge messages older than this (0: off)."),
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+) -> None:
+    """Create a stream."""
+    from quorumlog.ledger import DigestType
+    from quorumlog.stream import RetentionPolicy, RolloverPolicy, StreamConfig
+
+    config = StreamConfig(
+        partitions=partitions, ensemble_size=ensemble, write_quorum=write_quorum,
+        ack_quorum=ack_quorum, digest=DigestType.CRC32C,
+        rollover=RolloverPolicy(max_entries=rollover_entries, max_bytes=rollover_bytes,
+                                min_time_ms=rollover_min_ms, max_time_ms=rollover_max_ms),
+        retention=RetentionPolicy(time_ms=retention_time_ms, size_bytes=retention_size_bytes,
+                                  message_ttl_ms=ttl_ms),
+    )
+    config.validate()
+    _run(members, directory, lambda c: c.create_stream(name, config))
+    console.print(f"created stream {name!r} with {partitions} partition(s)")
+
+
+@app.command("list")
+def list_(
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """List the streams."""
+    names: list[str] = _run(members, directory, lambda c: c.list_streams())
+    if as_json:
+        typer.echo(json.dumps(names))
+        return
+    for name in names:
+        typer.echo(name)
+
+
+@app.command()
+def info(
+    name: str,
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Show a stream's config, ledgers per partition and subscriptions."""
+    data: dict[str, Any] = _run(members, directory, lambda c: c.stream_info(name))
+    if as_json:
+        typer.echo(json.dumps(data, default=str))
+        return
+    config = data["config"]
+    console.print(f"[bold]{name}[/]: {config['partitions']} partition(s), ledgers "
+                  f"E/Qw/Qa={config['ensemble_size']}/{config['write_quorum']}/"
+                  f"{config['ack_quorum']}, rollover {config['rollover']}, "
+                  f"retention {config['retention']}")
+    table = Table(title="ledgers")
+    for col in ("partition", "seq", "ledger", "status", "entries", "bytes", "first publish",
+                "last publish"):
+        table.add_column(col)
+    for part in data["partitions"]:
+        for ledger in part["ledgers"]:
+            table.add_row(str(part["partition"]), str(ledger["seq"]), str(ledger["ledger_id"]),
+                          ledger.get("status", "open"), str(ledger.get("entries", 0)),
+                          str(ledger.get("size_bytes", 0)),
+                          str(ledger.get("first_publish_ms", "")),
+                          str(ledger.get("last_publish_ms", "")))
+    console.print(table)
+    for sub, per in data["subscriptions"].items():
+        console.print(f"subscription {sub!r}: " + ", ".join(
+            f"p{p} mark-delete={state.get('mark_delete')}" for p, state in per.items()))
+
+
+@app.command()
+def produce(
+    name: str,
+    value: list[str] = typer.Argument(None, help="Values to send (default: lines of stdin)."),
+    key: str | None = typer.Option(None, help="Message key (routes to a partition)."),
+    prop: list[str] = typer.Option([], "--property", help="Property NAME=VALUE (repeatable)."),
+    steal: bool = typer.Option(False, help="Take the writer lease from a live writer."),
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+) -> None:
+    """Send messages (arguments, or one per line of stdin); prints their ids."""
+    properties = {}
+    for item in prop:
+        pname, sep, pvalue = item.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"--property {item!r}: expected NAME=VALUE")
+        properties[pname] = pvalue
+    values = value or [line.rstrip("\n") for line in sys.stdin]
+
+    async def body(client: Any) -> list[Any]:
+        producer = await client.producer(name, steal=steal)
+        try:
+            futures = [await producer.send_async(v.encode(), key=key,
+                                                 properties=properties or None) for v in values]
+            import asyncio
+
+            return list(await asyncio.gather(*futures))
+        finally:
+            await producer.close()
+
+    for message_id in _run(members, directory, body):
+        typer.echo(json.dumps(message_id.to_json()))
+
+
+def _message_json(message: Any) -> str:
+    return json.dumps({
+        "partition": message.partition, **message.position.to_json(),
+        "publish_time_ms": message.publish_time_ms,
+        "key": None if message.key is None else message.key.decode(errors="replace"),
+        "properties": dict(message.properties),
+        "value": message.value.decode(errors="replace"),
+    })
+
+
+@app.command()
+def consume(
+    name: str,
+    subscription: str = typer.Option(..., "--subscription", "-s", help="Subscription name."),
+    count: int = typer.Option(0, help="Stop after this many messages (0: until Ctrl-C)."),
+    initial: str = typer.Option("latest", help="Where a new subscription starts: "
+                                "earliest|latest."),
+    wait_ms: int = typer.Option(0, help="Stop when nothing arrives for this long (0: wait)."),
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+) -> None:
+    """Receive and acknowledge messages of a subscription; prints JSON lines."""
+    from quorumlog.stream import ConsumerConfig
+
+    async def body(client: Any) -> None:
+        consumer = await client.subscribe(name, subscription,
+                                          config=ConsumerConfig(initial_position=initial))
+        try:
+            seen = 0
+            while not count or seen < count:
+                message = await consumer.receive(wait_ms or None)
+                if message is None:
+                    return
+                typer.echo(_message_json(message))
+                await consumer.ack(message)
+                seen += 1
+        finally:
+            await consumer.close()
+
+    _run(members, directory, body)
+
+
+@app.command()
+def tail(
+    name: str,
+    start: str = typer.Option("latest", "--from", help="earliest | latest | publish time in "
+                              "ms | JSON positions per partition."),
+    count: int = typer.Option(0, help="Stop after this many messages (0: until Ctrl-C)."),
+    wait_ms: int = typer.Option(0, help="Stop when nothing arrives for this long (0: wait)."),
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+) -> None:
+    """Print messages from a position on, following new ones (no subscription)."""
+    from quorumlog.stream import parse_positions
+
+    async def body(client: Any) -> None:
+        record = await client.get_stream(name)
+        spec: Any = int(start) if start.isdigit() else parse_positions(
+            start, record.config.partitions)
+        reader = await client.reader(name, spec)
+        try:
+            seen = 0
+            while not count or seen < count:
+                message = await reader.read_next(wait_ms or 1000)
+                if message is None:
+                    if wait_ms:
+                        return
+                    continue
+                typer.echo(_message_json(message))
+                seen += 1
+        finally:
+            await reader.close()
+
+    _run(members, directory, body)
+
+
+@app.command()
+def trim(
+    name: str,
+    retention_time_ms: int | None = typer.Option(None, help="Override the retention time."),
+    retention_size_bytes: int | None = typer.Option(None, help="Override the retention size."),
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+) -> None:
+    """Apply TTL and retention now: delete ledgers every cursor has passed."""
+    import msgspec
+
+    async def body(client: Any) -> Any:
+        record = await client.get_stream(name)
+        policy = record.config.retention
+        if retention_time_ms is not None:
+            policy = msgspec.structs.replace(policy, time_ms=retention_time_ms)
+        if retention_size_bytes is not None:
+            policy = msgspec.structs.replace(policy, size_bytes=retention_size_bytes)
+        policy.validate()
+        return await client.trim(name, retention=policy)
+
+    report = _run(members, directory, body)
+    console.print(f"deleted ledgers: {report.deleted_ledgers or 'none'}; cursors expired by "
+                  f"TTL: {report.expired_cursors}; orphan ledgers deleted: "
+                  f"{report.orphans_deleted or 'none'}")
+
+
+@app.command()
+def delete(
+    name: str,
+    yes: bool = typer.Option(False, "--yes", help="Do not ask for confirmation."),
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+) -> None:
+    """Delete a stream and every ledger of it."""
+    if not yes:
+        typer.confirm(f"delete stream {name!r} and all its data?", abort=True)
+    deleted = _run(members, directory, lambda c: c.delete_stream(name))
+    console.print(f"deleted stream {name!r} ({len(deleted)} ledgers)")

@@ -1,0 +1,78 @@
+"""The asyncio side of Spark's synchronous data source calls.
+
+Spark calls the data source from plain Python functions (``read`` is a
+generator, ``write``/``commit`` are functions), in driver and executor worker
+processes that Spark reuses across tasks. Each process keeps one event loop
+on a daemon thread and one :class:`LedgerClient` per meta address list, so a
+task does not reconnect and ``read`` can run one bounded read per yielded
+batch (the loop thread keeps the connections serviced in between).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+from quorumlog.ledger import LedgerClient
+from quorumlog.stream._layout import StreamRecord
+from quorumlog.stream._meta import load_record
+
+T = TypeVar("T")
+
+CALL_TIMEOUT_S = 600.0  # one bounded call (a batch of reads, a commit)
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {}
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    with _lock:
+        loop = _state.get("loop")
+        if loop is None or _state.get("pid") != os.getpid():
+            _configure_logging()
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, daemon=True,
+                                      name="quorumlog-spark-io")
+            thread.start()
+            _state.clear()
+            _state.update(loop=loop, pid=os.getpid(), clients={})
+        return loop
+
+
+def _configure_logging() -> None:
+    """Spark's Python workers never configure logging: default to warnings on
+    stderr (QUORUMLOG_LOG_LEVEL overrides), unless the process did it already."""
+    import structlog
+
+    if not structlog.is_configured():
+        from quorumlog.log import configure
+
+        configure(os.environ.get("QUORUMLOG_LOG_LEVEL", "WARNING"))
+
+
+def run(coro: Coroutine[Any, Any, T], timeout_s: float = CALL_TIMEOUT_S) -> T:
+    """Run ``coro`` on this process's quorumlog loop and wait for it."""
+    return asyncio.run_coroutine_threadsafe(coro, _loop()).result(timeout_s)
+
+
+async def _client(addresses: tuple[str, ...]) -> LedgerClient:
+    clients: dict[tuple[str, ...], LedgerClient] = _state["clients"]
+    client = clients.get(addresses)
+    if client is None:
+        client = await LedgerClient.connect(list(addresses))
+        clients[addresses] = client
+    return client
+
+
+def ledger_client(addresses: Sequence[str]) -> LedgerClient:
+    """This process's client for the cluster at ``addresses`` (kept open)."""
+    _loop()
+    return run(_client(tuple(addresses)))
+
+
+def stream_record(addresses: Sequence[str], stream: str) -> StreamRecord:
+    client = ledger_client(addresses)
+    return run(load_record(client.meta, stream))

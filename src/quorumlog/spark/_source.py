@@ -1,0 +1,566 @@
+"""The ``quorumlog`` PySpark data source: batch and streaming read and write."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    LessThan,
+    LessThanOrEqual,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from quorumlog.errors import UsageError
+from quorumlog.ledger import LedgerClient
+from quorumlog.log import get_logger
+from quorumlog.spark import _io
+from quorumlog.spark._arrow import (
+    SCHEMA_DDL,
+    check_write_schema,
+    messages_of,
+    record_batch,
+)
+from quorumlog.spark._options import SourceOptions, parse
+from quorumlog.spark._plan import (
+    Pruning,
+    ReadTask,
+    advance,
+    check_start,
+    entries_between,
+    offset_json,
+    parse_offset,
+    plan_partition,
+    split_limit,
+)
+from quorumlog.stream._entry import ColumnSink, decode_entry_columns
+from quorumlog.stream._layout import LedgerStats, PartitionLedgers, StreamRecord
+from quorumlog.stream._link import (
+    JobLedgerWriter,
+    abort_job_ledgers,
+    link_job_ledgers,
+    new_job_id,
+)
+from quorumlog.stream._meta import load_partition, now_ms
+from quorumlog.stream._position import EARLIEST, LATEST, Position, SeqPosition, parse_positions
+from quorumlog.stream._reader import LedgerHandles, StartSpec, end_position, resolve_start
+from quorumlog.stream._retention import RoundRobin, partition_for_key
+
+log = get_logger(__name__)
+
+READ_CHUNK_BYTES = 8 * 1024 * 1024  # entries fetched per bookie round of a task
+READ_CHUNK_ENTRIES_MAX = 8192
+BATCH_ID_PROPERTY = "streaming.sql.batchId"  # Spark's local property in micro-batch tasks
+
+
+class QuorumlogDataSource(DataSource):
+    """``spark.read.format("quorumlog")`` / ``readStream`` / ``write`` / ``writeStream``.
+
+    Register with ``quorumlog.spark.register(spark)``. Options: see docs/spark.md.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "quorumlog"
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self._parsed: SourceOptions = parse(options)
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def _record(self) -> StreamRecord:
+        return _io.stream_record(self._parsed.meta, self._parsed.stream)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return QuorumlogReader(self._parsed, self._record())
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
+        return QuorumlogStreamReader(self._parsed, self._record())
+
+    def writer(self, schema: StructType, overwrite: bool) -> QuorumlogWriter:
+        _check_write(schema, overwrite)
+        return QuorumlogWriter(self._parsed, self._record())
+
+    def streamWriter(self, schema: StructType,  # noqa: N802
+                     overwrite: bool) -> QuorumlogStreamWriter:
+        _check_write(schema, overwrite)
+        if self._parsed.writer_id is None:
+            raise UsageError("a streaming write needs option checkpointLocation (or writerId): "
+                             "it names the query so a restarted query never commits a "
+                             "micro-batch twice")
+        return QuorumlogStreamWriter(self._parsed, self._record(), self._parsed.writer_id)
+
+
+def _check_write(schema: StructType, overwrite: bool) -> None:
+    if overwrite:
+        raise UsageError("a quorumlog stream is append-only: use mode('append')")
+    check_write_schema({f.name: f.dataType.simpleString() for f in schema.fields})
+
+
+# ----- reading ---------------------------------------------------------------------------
+
+
+class QuorumlogInputPartition(InputPartition):
+    """One task's read: a ReadTask plus what the executor needs to do it."""
+
+    def __init__(self, task: ReadTask, meta: tuple[str, ...], password: bytes,
+                 batch_rows: int) -> None:
+        super().__init__(task)
+        self.task = task
+        self.meta = meta
+        self.password = password
+        self.batch_rows = batch_rows
+
+
+def read_partition(partition: QuorumlogInputPartition) -> Iterator[pa.RecordBatch]:
+    """Read one task's entries straight from the bookies (never past the LAC)."""
+    task = partition.task
+    client = _io.ledger_client(partition.meta)
+    handle = _io.run(client.open_ledger(task.ledger_id, password=partition.password,
+                                        recovery=False))
+    entry = task.first_entry
+    chunk = 256
+    while entry <= task.last_entry:
+        last = min(task.last_entry, entry + chunk - 1)
+        entries = _io.run(handle.read_batch(entry, last))
+        sink = ColumnSink()
+        size = 0
+        for item in entries:
+            entry_id = int(item.entry_id)
+            payload = bytes(item.payload)
+            size += len(payload)
+            first_batch = task.first_batch if entry_id == task.first_entry else 0
+            last_batch = (task.end_batch - 1 if task.end_batch > 0
+                          and entry_id == task.last_entry else -1)
+            decode_entry_columns(payload, sink, entry_id, first_batch, last_batch)
+        batch = record_batch(task.stream, task.partition, task.ledger_id, sink,
+                             publish_min_ms=task.publish_min_ms,
+                             publish_max_ms=task.publish_max_ms)
+        for offset in range(0, batch.num_rows, partition.batch_rows):
+            yield batch.slice(offset, partition.batch_rows)
+        entry = last + 1
+        average = max(1, size // max(1, len(entries)))
+        chunk = max(1, min(READ_CHUNK_ENTRIES_MAX, READ_CHUNK_BYTES // average))
+
+
+def _wrap(tasks: list[ReadTask], options: SourceOptions, record: StreamRecord
+          ) -> list[QuorumlogInputPartition]:
+    return [QuorumlogInputPartition(t, options.meta, record.password, options.arrow_batch_rows)
+            for t in tasks]
+
+
+@dataclass
+class _PartitionView:
+    listing: PartitionLedgers
+    open_lac: int | None
+    end: SeqPosition  # after the last readable message
+
+
+async def _view(client: LedgerClient, record: StreamRecord, partition: int,
+                handles: LedgerHandles) -> _PartitionView:
+    listing, _ = await load_partition(client.meta, record.name, partition)
+    end = await end_position(handles, listing)
+    current = listing.open_ledger
+    lac = end.entry_id - 1 if current is not None else None
+    return _PartitionView(listing, lac, end)
+
+
+def _position_specs(raw: str | None, partitions: int, default: str) -> dict[int, StartSpec]:
+    specs: dict[int, StartSpec] = dict.fromkeys(range(partitions), default)
+    if raw is not None:
+        specs.update(parse_positions(raw, partitions))
+    return specs
+
+
+async def _start_of(client: LedgerClient, record: StreamRecord, options: SourceOptions, *,
+                    partition: int, view: _PartitionView, handles: LedgerHandles,
+                    default: str) -> tuple[SeqPosition, int | None]:
+    spec: StartSpec
+    if options.starting_time_ms is not None:
+        spec = options.starting_time_ms
+    else:
+        spec = _position_specs(options.starting_positions, record.config.partitions,
+                               default)[partition]
+    start, skip_ms = await resolve_start(client, handles, record, partition, spec,
+                                         listing=view.listing)
+    return start, skip_ms or None
+
+
+def _end_of(record: StreamRecord, options: SourceOptions, partition: int,
+            view: _PartitionView) -> SeqPosition:
+    spec = _position_specs(options.ending_positions, record.config.partitions,
+                           LATEST)[partition]
+    if spec == LATEST:
+        return view.end
+    if spec == EARLIEST:
+        return SeqPosition(view.listing.first_seq, 0, 0, 0)
+    assert isinstance(spec, Position)
+    key = view.listing.key_of(spec)
+    if key is None:
+        raise UsageError(f"endingPositions: stream {record.name!r} partition {partition} has "
+                         f"no ledger {spec.ledger_id}")
+    return min(key, view.end)
+
+
+class QuorumlogReader(DataSourceReader):
+    def __init__(self, options: SourceOptions, record: StreamRecord) -> None:
+        self.options = options
+        self.record = record
+        self.pruning = Pruning()
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:  # noqa: N802
+        """Use filters on partition, ledger_id, entry_id and publish_time to skip
+        ledgers and entries; every filter is still returned, so Spark re-checks
+        each row (the pruning only needs to be conservative)."""
+        for item in filters:
+            _prune(self.pruning, item)
+            yield item
+
+    def partitions(self) -> Sequence[InputPartition]:
+        options, record = self.options, self.record
+        pruning = self.pruning
+        pruning.narrow_publish(None, None if options.ending_time_ms is None
+                               else options.ending_time_ms - 1)
+
+        async def plan() -> list[ReadTask]:
+            client = await _io._client(options.meta)
+            tasks: list[ReadTask] = []
+            for partition in range(record.config.partitions):
+                if pruning.partitions is not None and partition not in pruning.partitions:
+                    continue
+                handles = LedgerHandles(client, record.password)
+                view = await _view(client, record, partition, handles)
+                start, skip_ms = await _start_of(client, record, options, partition=partition,
+                                                 view=view, handles=handles, default=EARLIEST)
+                start, _ = check_start(record.name, partition, view.listing, start,
+                                       fail_on_data_loss=True)
+                end = _end_of(record, options, partition, view)
+                part_tasks = plan_partition(record.name, partition, view.listing, start, end,
+                                            open_lac=view.open_lac,
+                                            max_entries=options.max_rows_per_partition,
+                                            pruning=pruning)
+                tasks += [_with_start_time(t, start.seq, skip_ms) for t in part_tasks]
+            return tasks
+
+        _io.ledger_client(options.meta)
+        tasks = _io.run(plan())
+        log.info("spark_read_planned", stream=record.name, tasks=len(tasks))
+        return _wrap(tasks, options, record)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, QuorumlogInputPartition)
+        return read_partition(partition)
+
+
+def _with_start_time(task: ReadTask, start_seq: int, skip_ms: int | None) -> ReadTask:
+    """A start found by publish time skips earlier messages of the start ledger
+    (publish times do not decrease inside a ledger)."""
+    if skip_ms is None or task.seq != start_seq:
+        return task
+    low = skip_ms if task.publish_min_ms is None else max(task.publish_min_ms, skip_ms)
+    return dataclasses.replace(task, publish_min_ms=low)
+
+
+def _prune(pruning: Pruning, item: Filter) -> None:
+    attribute: tuple[str, ...] = getattr(item, "attribute", ())
+    column = attribute[0] if len(attribute) == 1 else ""
+    value: Any = getattr(item, "value", None)
+    if column == "publish_time":
+        ms = _epoch_ms(value)
+        if ms is None:
+            return
+        if isinstance(item, GreaterThan | GreaterThanOrEqual):
+            pruning.narrow_publish(ms, None)
+        elif isinstance(item, LessThan | LessThanOrEqual):
+            pruning.narrow_publish(None, ms)
+        elif isinstance(item, EqualTo):
+            pruning.narrow_publish(ms, ms)
+    elif column in ("partition", "ledger_id"):
+        values: set[int] | None = None
+        if isinstance(item, EqualTo) and isinstance(value, int):
+            values = {value}
+        elif isinstance(item, In) and all(isinstance(v, int) for v in value):
+            values = set(value)
+        if values is None:
+            return
+        if column == "partition":
+            pruning.partitions = values if pruning.partitions is None else (
+                pruning.partitions & values)
+        else:
+            pruning.ledgers = values if pruning.ledgers is None else pruning.ledgers & values
+    elif column == "entry_id" and isinstance(value, int):
+        if isinstance(item, GreaterThan | GreaterThanOrEqual | EqualTo):
+            pruning.entry_min = max(pruning.entry_min or 0, value)
+        if isinstance(item, LessThan | LessThanOrEqual | EqualTo):
+            pruning.entry_max = value if pruning.entry_max is None else min(
+                pruning.entry_max, value)
+
+
+def _epoch_ms(value: Any) -> int | None:
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.UTC)
+        return int(value.timestamp() * 1000)
+    return None
+
+
+# ----- streaming read --------------------------------------------------------------------
+
+
+class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets are per-partition positions; see ``_plan`` for the JSON."""
+
+    def __init__(self, options: SourceOptions, record: StreamRecord) -> None:
+        self.options = options
+        self.record = record
+        self._target: dict[int, SeqPosition] | None = None
+
+    def _views(self) -> dict[int, _PartitionView]:
+        async def go() -> dict[int, _PartitionView]:
+            client = await _io._client(self.options.meta)
+            handles = LedgerHandles(client, self.record.password)
+            return {p: await _view(client, self.record, p, handles)
+                    for p in range(self.record.config.partitions)}
+
+        return _io.run(go())
+
+    def initialOffset(self) -> dict[str, Any]:  # noqa: N802
+        options, record = self.options, self.record
+
+        async def go() -> dict[int, SeqPosition]:
+            client = await _io._client(options.meta)
+            handles = LedgerHandles(client, record.password)
+            out = {}
+            for partition in range(record.config.partitions):
+                view = await _view(client, record, partition, handles)
+                start, _ = await _start_of(client, record, options, partition=partition,
+                                           view=view, handles=handles, default=LATEST)
+                out[partition] = start
+            return out
+
+        _io.ledger_client(options.meta)
+        return offset_json(_io.run(go()))
+
+    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
+        limit = self.options.max_entries_per_trigger
+        return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
+        _io.ledger_client(self.options.meta)
+        self._target = {p: view.end for p, view in self._views().items()}
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:  # noqa: N802
+        _io.ledger_client(self.options.meta)
+        return offset_json({p: view.end for p, view in self._views().items()})
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802
+        partitions = self.record.config.partitions
+        starts = parse_offset(start, partitions)
+        _io.ledger_client(self.options.meta)
+        views = self._views()
+        ends: dict[int, SeqPosition] = {}
+        begins: dict[int, SeqPosition] = {}
+        for partition, view in views.items():
+            begin = starts.get(partition, SeqPosition(view.listing.first_seq, 0, 0, 0))
+            begin, _ = check_start(self.record.name, partition, view.listing, begin,
+                                   fail_on_data_loss=self.options.fail_on_data_loss)
+            end = view.end
+            if self._target is not None and partition in self._target:
+                end = min(end, self._target[partition])
+            begins[partition], ends[partition] = begin, max(end, begin)
+        if isinstance(limit, ReadMaxRows):
+            lags = {p: entries_between(views[p].listing, begins[p], ends[p], views[p].open_lac)
+                    for p in views}
+            shares = split_limit(lags, limit.max_rows)
+            ends = {p: advance(views[p].listing, begins[p], ends[p], views[p].open_lac,
+                               shares[p]) for p in views}
+        return offset_json(ends)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]
+                   ) -> Sequence[InputPartition]:
+        partitions = self.record.config.partitions
+        starts, ends = parse_offset(start, partitions), parse_offset(end, partitions)
+        options, record = self.options, self.record
+        _io.ledger_client(options.meta)
+        views = self._views()
+        tasks: list[ReadTask] = []
+        for partition, stop in ends.items():
+            view = views[partition]
+            begin = starts.get(partition, SeqPosition(view.listing.first_seq, 0, 0, 0))
+            begin, warning = check_start(record.name, partition, view.listing, begin,
+                                         fail_on_data_loss=options.fail_on_data_loss)
+            if warning:
+                log.warning("spark_stream_data_loss_skipped", message=warning)
+            lac = view.open_lac
+            current = view.listing.open_ledger
+            if current is not None and current.seq == stop.seq:
+                lac = max(lac or -1, stop.entry_id - 1)
+            tasks += plan_partition(record.name, partition, view.listing, begin, stop,
+                                    open_lac=lac, max_entries=options.max_rows_per_partition)
+        return _wrap(tasks, options, record)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, QuorumlogInputPartition)
+        return read_partition(partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to release: positions are the state, kept by Spark's checkpoint."""
+
+    def stop(self) -> None:
+        """The process's client stays for reuse; nothing per query to close."""
+
+
+# ----- writing ---------------------------------------------------------------------------
+
+
+@dataclass
+class QuorumlogCommitMessage(WriterCommitMessage):
+    """What one write task produced: its closed ledgers per stream partition."""
+
+    ledgers: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    task: int = 0
+
+    def stats(self) -> dict[int, list[LedgerStats]]:
+        return {p: [msgspec.convert(s, LedgerStats) for s in items]
+                for p, items in self.ledgers.items()}
+
+
+def write_task(options: SourceOptions, record: StreamRecord, job: str,
+               batches: Iterator[pa.RecordBatch]) -> QuorumlogCommitMessage:
+    """Write this task's rows into one new ledger per stream partition (not linked)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    task_id = context.partitionId() if context is not None else 0
+    client = _io.ledger_client(options.meta)
+    writers: dict[int, JobLedgerWriter] = {}
+    round_robin = RoundRobin(task_id)
+    partitions = record.config.partitions
+    last_ms = 0
+
+    async def add(rows: list[tuple[int | None, Any]]) -> None:
+        for chosen, message in rows:
+            partition = (partition_for_key(message.key, partitions, round_robin.next())
+                         if chosen is None else chosen)
+            if not 0 <= partition < partitions:
+                raise UsageError(f"row names partition {partition}; stream {record.name!r} "
+                                 f"has {partitions}")
+            writer = writers.get(partition)
+            if writer is None:
+                writer = JobLedgerWriter(client, record, partition, job)
+                writers[partition] = writer
+                await writer.open()
+            await writer.add(message)
+
+    async def close_all() -> dict[int, list[dict[str, Any]]]:
+        return {p: [msgspec.to_builtins(await w.close())] for p, w in sorted(writers.items())}
+
+    async def discard_all() -> None:
+        for writer in writers.values():
+            await writer.discard()
+
+    try:
+        for batch in batches:
+            last_ms = max(now_ms(), last_ms)
+            _io.run(add(list(messages_of(batch, last_ms))))
+        return QuorumlogCommitMessage(ledgers=_io.run(close_all()), task=task_id)
+    except BaseException:
+        _io.run(discard_all())
+        raise
+
+
+def _merge(messages: Sequence[WriterCommitMessage | None]) -> dict[int, list[LedgerStats]]:
+    merged: dict[int, list[LedgerStats]] = {}
+    ordered = sorted((m for m in messages if isinstance(m, QuorumlogCommitMessage)),
+                     key=lambda m: m.task)
+    for message in ordered:
+        for partition, stats in message.stats().items():
+            merged.setdefault(partition, []).extend(stats)
+    return merged
+
+
+class QuorumlogWriter(DataSourceArrowWriter):
+    """All-or-nothing batch write: tasks write ledgers, commit links them in one
+    meta transaction, abort deletes them."""
+
+    def __init__(self, options: SourceOptions, record: StreamRecord) -> None:
+        self.options = options
+        self.record = record
+        self.job = new_job_id("spark")
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> QuorumlogCommitMessage:
+        return write_task(self.options, self.record, self.job, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        client = _io.ledger_client(self.options.meta)
+        _io.run(link_job_ledgers(client, self.record, self.job, _merge(messages)))
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        client = _io.ledger_client(self.options.meta)
+        deleted = _io.run(abort_job_ledgers(client, self.record, self.job, _merge(messages)))
+        log.info("spark_write_aborted", stream=self.record.name, job=self.job,
+                 ledgers=len(deleted))
+
+
+class QuorumlogStreamWriter(DataSourceStreamArrowWriter):
+    """Per-micro-batch atomic streaming write: a batch is linked in one meta
+    transaction that also records its id for this query (``writerId``, by
+    default derived from the checkpoint location); a batch committed before is
+    never linked again, so a restarted query does not duplicate it."""
+
+    def __init__(self, options: SourceOptions, record: StreamRecord, writer_id: str) -> None:
+        self.options = options
+        self.record = record
+        self.writer_id = writer_id
+        # One job per micro-batch (a job ends once), under this run's prefix.
+        self.job_prefix = new_job_id("stream")
+
+    def job(self, batch_id: int) -> str:
+        return f"{self.job_prefix}-b{batch_id:012d}"
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> QuorumlogCommitMessage:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        batch = context.getLocalProperty(BATCH_ID_PROPERTY) if context is not None else None
+        if batch is None or not batch.isdigit():
+            raise UsageError("the quorumlog streaming sink runs only inside a micro-batch "
+                             f"(Spark set no {BATCH_ID_PROPERTY!r} for this task)")
+        return write_task(self.options, self.record, self.job(int(batch)), iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        client = _io.ledger_client(self.options.meta)
+        linked = _io.run(link_job_ledgers(client, self.record, self.job(batchId),
+                                          _merge(messages), sink=(self.writer_id, batchId)))
+        if not linked:
+            log.info("spark_stream_batch_already_committed", writer=self.writer_id,
+                     batch=batchId)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        client = _io.ledger_client(self.options.meta)
+        _io.run(abort_job_ledgers(client, self.record, self.job(batchId), _merge(messages)))

@@ -1,0 +1,87 @@
+"""Streams made of ledgers, after Pulsar's managed ledger. See docs/stream.md.
+
+A stream has P partitions; each partition is an ordered list of ledgers kept
+in meta (only the last one open), written by one writer at a time that holds
+a meta lease and fences the previous writer's ledger when it takes over.
+Entries carry a small header (key, publish time, properties) and may pack a
+batch of messages. Named cursors (subscriptions) persist acknowledgements;
+retention and TTL trim ledgers every cursor has passed.
+
+Entry points::
+
+    from quorumlog.stream import StreamClient, BlockingStreamClient, StreamConfig
+    client = StreamClient(ledger_client)            # or await StreamClient.connect(meta)
+    await client.create_stream("events", StreamConfig(partitions=2))
+    producer = await client.producer("events")      # Producer.send / send_async / flush
+    consumer = await client.subscribe("events", "my-sub")   # receive / ack / async for
+    reader = await client.reader("events", "earliest")      # Position / "latest" / time ms
+"""
+
+from quorumlog.stream._admin import TrimReport
+from quorumlog.stream._client import (
+    BlockingConsumer,
+    BlockingProducer,
+    BlockingReader,
+    BlockingStreamClient,
+    StreamClient,
+)
+from quorumlog.stream._config import RetentionPolicy, RolloverPolicy, StreamConfig
+from quorumlog.stream._consumer import Consumer, ConsumerConfig
+from quorumlog.stream._entry import DecodedMessage, OutgoingMessage, decode_entry, encode_entry
+from quorumlog.stream._errors import (
+    BadPositionError,
+    DataLossError,
+    JobEndedError,
+    MessageFormatError,
+    ProducerFencedError,
+    StreamError,
+    StreamExistsError,
+    StreamNotFoundError,
+    SubscriptionBusyError,
+    WriterBusyError,
+)
+from quorumlog.stream._layout import LedgerInfo, PartitionLedgers, StreamRecord
+from quorumlog.stream._position import EARLIEST, LATEST, Position, SeqPosition, parse_positions
+from quorumlog.stream._producer import MessageId, Producer, ProducerConfig
+from quorumlog.stream._reader import Message, Reader
+
+__all__ = [
+    "EARLIEST",
+    "LATEST",
+    "BadPositionError",
+    "BlockingConsumer",
+    "BlockingProducer",
+    "BlockingReader",
+    "BlockingStreamClient",
+    "Consumer",
+    "ConsumerConfig",
+    "DataLossError",
+    "DecodedMessage",
+    "JobEndedError",
+    "LedgerInfo",
+    "Message",
+    "MessageFormatError",
+    "MessageId",
+    "OutgoingMessage",
+    "PartitionLedgers",
+    "Position",
+    "Producer",
+    "ProducerConfig",
+    "ProducerFencedError",
+    "Reader",
+    "RetentionPolicy",
+    "RolloverPolicy",
+    "SeqPosition",
+    "StreamClient",
+    "StreamConfig",
+    "StreamError",
+    "StreamExistsError",
+    "StreamNotFoundError",
+    "StreamRecord",
+    "SubscriptionBusyError",
+    "TrimReport",
+    "WriterBusyError",
+    "decode_entry",
+    "encode_entry",
+    "parse_positions",
+]

@@ -1,0 +1,274 @@
+"""Stream administration: create, list, describe, trim (retention + TTL), delete.
+
+Deletion is meta first: a trimmed ledger leaves the ledger list and gets a
+``trash/<ledger>`` marker in the same transaction; then the ledger is deleted
+(its metadata key goes, bookies garbage-collect its entries) and the marker
+removed. A crash in between leaves the marker, and the next trim finishes the
+job. Ledgers a Spark write created but never linked (a crashed driver) have
+``pending/<job>/<ledger>`` markers; trim deletes those older than
+``pending_ttl_ms``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from quorumlog.errors import DeadlineExceededError, QuorumlogError
+from quorumlog.ledger import LedgerClient
+from quorumlog.log import get_logger
+from quorumlog.meta import DeleteOp, PutOp
+from quorumlog.stream._config import RetentionPolicy, StreamConfig
+from quorumlog.stream._cursor import CursorState
+from quorumlog.stream._entry import first_publish_time_ms
+from quorumlog.stream._errors import StreamExistsError, StreamNotFoundError
+from quorumlog.stream._layout import (
+    NAMES_PREFIX,
+    PartitionLedgers,
+    PendingLedger,
+    StreamRecord,
+    StreamState,
+    check_name,
+    config_key,
+    cursors_prefix,
+    name_key,
+    partition_key,
+    pending_prefix,
+    stream_prefix,
+    trash_key,
+    trash_prefix,
+    writer_key,
+)
+from quorumlog.stream._meta import (
+    CAS_ATTEMPTS_MAX,
+    load_partition,
+    load_record,
+    now_ms,
+    version_is,
+)
+from quorumlog.stream._position import SeqPosition
+from quorumlog.stream._retention import EntrySearch, ledgers_to_trim, ttl_mark_delete
+
+log = get_logger(__name__)
+
+TRIM_LEDGERS_PER_TXN = 100  # trash markers + list update stay under meta's txn_ops_max
+PENDING_TTL_MS = 24 * 3600 * 1000  # a Spark write job's unlinked ledgers are orphans after this
+ENTRY_END = 2**31 - 1  # batch_index meaning "every message of the entry"
+
+
+async def create_stream(client: LedgerClient, name: str, config: StreamConfig) -> StreamRecord:
+    check_name("stream", name)
+    config.validate()
+    record = StreamRecord(name=name, config=config, password=os.urandom(16), created_ms=now_ms())
+    ops: list[Any] = [PutOp(key=name_key(name), value=b""),
+                      PutOp(key=config_key(name), value=record.encode())]
+    empty = PartitionLedgers().encode()
+    ops += [PutOp(key=partition_key(name, p), value=empty) for p in range(config.partitions)]
+    result = await client.meta.txn(compares=[version_is(name_key(name), 0)], success=ops)
+    if not result.succeeded:
+        raise StreamExistsError(f"stream {name!r} already exists")
+    log.info("stream_created", stream=name, partitions=config.partitions)
+    return record
+
+
+async def list_streams(client: LedgerClient) -> list[str]:
+    kvs = await client.meta.list_keys(NAMES_PREFIX)
+    return [kv.key[len(NAMES_PREFIX):] for kv in kvs]
+
+
+async def cursor_states(client: LedgerClient, stream: str
+                        ) -> dict[str, dict[int, tuple[CursorState, int]]]:
+    """subscription -> partition -> (state, version)."""
+    prefix = cursors_prefix(stream)
+    out: dict[str, dict[int, tuple[CursorState, int]]] = {}
+    for kv in await client.meta.list_keys(prefix):
+        subscription, _, tail = kv.key[len(prefix):].partition("/")
+        if not tail.isdigit():
+            continue
+        out.setdefault(subscription, {})[int(tail)] = (CursorState.decode(kv.value), kv.version)
+    return out
+
+
+async def stream_info(client: LedgerClient, name: str) -> dict[str, Any]:
+    """Everything about a stream, as plain data (``stream info --json``)."""
+    record = await load_record(client.meta, name)
+    cursors = await cursor_states(client, name)
+    partitions = []
+    for p in range(record.config.partitions):
+        listing, _ = await load_partition(client.meta, name, p)
+        writer = await client.meta.get(writer_key(name, p))
+        partitions.append({
+            "partition": p,
+            "ledgers": [msgspec.to_builtins(info) for info in listing.ledgers],
+            "entries": listing.closed_entries(),
+            "size_bytes": listing.size_bytes(),
+            "trimmed_entries": listing.trimmed_entries,
+            "writer_epoch": listing.writer_epoch,
+            "writer": writer is not None,
+        })
+    return {
+        "name": name,
+        "created_ms": record.created_ms,
+        "config": msgspec.to_builtins(record.config),
+        "partitions": partitions,
+        "subscriptions": {
+            sub: {str(p): msgspec.to_builtins(state) for p, (state, _) in per.items()}
+            for sub, per in cursors.items()
+        },
+    }
+
+
+@dataclass
+class TrimReport:
+    deleted_ledgers: list[int] = field(default_factory=list)
+    expired_cursors: int = 0
+    orphans_deleted: list[int] = field(default_factory=list)
+
+
+async def trim_stream(client: LedgerClient, name: str, *,
+                      retention: RetentionPolicy | None = None, at_ms: int | None = None,
+                      pending_ttl_ms: int = PENDING_TTL_MS) -> TrimReport:
+    """Apply TTL and retention now; delete what they free (meta first)."""
+    record = await load_record(client.meta, name)
+    policy = retention or record.config.retention
+    now = now_ms() if at_ms is None else at_ms
+    report = TrimReport()
+    for partition in range(record.config.partitions):
+        if policy.message_ttl_ms > 0:
+            report.expired_cursors += await _expire(client, record, partition,
+                                                    policy.message_ttl_ms, now)
+        await _trim_partition(client, record, partition, policy, now)
+    report.deleted_ledgers = await _empty_trash(client, name)  # this run's and a crashed run's
+    report.orphans_deleted = await _delete_orphans(client, name, now, pending_ttl_ms)
+    return report
+
+
+async def _trim_partition(client: LedgerClient, record: StreamRecord, partition: int,
+                          policy: RetentionPolicy, now: int) -> list[int]:
+    """Remove the ledgers retention frees from the list, with trash markers, in
+    one transaction (the markers depend on the list read, so CAS on its version)."""
+    cursors = await cursor_states(client, record.name)
+    states = [per[partition][0] for per in cursors.values() if partition in per]
+    key = partition_key(record.name, partition)
+    for _ in range(CAS_ATTEMPTS_MAX):
+        listing, kv = await load_partition(client.meta, record.name, partition)
+        count = min(ledgers_to_trim(listing, states, policy, now), TRIM_LEDGERS_PER_TXN)
+        if count == 0:
+            return []
+        chosen = [info.ledger_id for info in listing.ledgers[:count]]
+        result = await client.meta.txn(
+            compares=[version_is(key, kv.version)],
+            success=[PutOp(key=key, value=listing.without_head(count).encode()),
+                     *(PutOp(key=trash_key(record.name, i), value=b"") for i in chosen)],
+        )
+        if result.succeeded:
+            log.info("stream_trimmed", stream=record.name, partition=partition, ledgers=chosen)
+            return chosen
+    raise DeadlineExceededError(f"stream {record.name!r} partition {partition}: the ledger "
+                                "list kept changing while trimming; try again")
+
+
+async def _empty_trash(client: LedgerClient, name: str) -> list[int]:
+    deleted = []
+    for kv in await client.meta.list_keys(trash_prefix(name)):
+        ledger_id = int(kv.key.rsplit("/", 1)[1])
+        await _delete_ledger(client, ledger_id)
+        await client.meta.delete(kv.key)
+        deleted.append(ledger_id)
+    return deleted
+
+
+async def _delete_ledger(client: LedgerClient, ledger_id: int) -> None:
+    try:
+        await client.delete_ledger(ledger_id)
+    except QuorumlogError as exc:
+        if exc.retriable:
+            raise
+        log.info("stream_ledger_already_gone", ledger_id=ledger_id, error=exc.message)
+
+
+async def _delete_orphans(client: LedgerClient, name: str, now: int, ttl_ms: int) -> list[int]:
+    deleted = []
+    for kv in await client.meta.list_keys(pending_prefix(name)):
+        marker = PendingLedger.decode(kv.value)
+        if now - marker.created_ms < ttl_ms:
+            continue
+        ledger_id = int(kv.key.rsplit("/", 1)[1])
+        await _delete_ledger(client, ledger_id)
+        await client.meta.delete(kv.key)
+        deleted.append(ledger_id)
+    return deleted
+
+
+async def _expire(client: LedgerClient, record: StreamRecord, partition: int, ttl_ms: int,
+                  now: int) -> int:
+    """Acknowledge messages older than the TTL on every cursor (CAS per cursor)."""
+    listing, _ = await load_partition(client.meta, record.name, partition)
+    changed = 0
+    cutoff = now - ttl_ms
+    partial = await _partial_expiry(client, record, listing, cutoff)
+    for subscription, per in (await cursor_states(client, record.name)).items():
+        if partition not in per:
+            continue
+        state, version = per[partition]
+        target = ttl_mark_delete(listing, state, ttl_ms, now)
+        if partial is not None and (target is None or partial > target):
+            target = partial
+        if target is None or (state.mark_delete is not None and state.mark_delete >= target):
+            continue
+        new = CursorState(mark_delete=target,
+                          ranges=tuple(r for r in state.ranges if r[0] > target),
+                          start=state.start, updated_ms=now)
+        key = f"{cursors_prefix(record.name)}{subscription}/{partition:04d}"
+        if await client.meta.cas(key, version, new.encode()):
+            changed += 1
+    return changed
+
+
+async def _partial_expiry(client: LedgerClient, record: StreamRecord,
+                          listing: PartitionLedgers, cutoff: int) -> SeqPosition | None:
+    """The last whole entry older than ``cutoff`` in the first ledger that is not
+    entirely older (binary search over its entries)."""
+    for info in listing.ledgers:
+        if not info.is_open and info.entries and info.last_publish_ms < cutoff:
+            continue
+        if info.is_open or info.entries == 0 or info.first_publish_ms >= cutoff:
+            return None
+        handle = await client.open_ledger(info.ledger_id, password=record.password,
+                                          recovery=False)
+        search = EntrySearch(0, info.entries - 1, cutoff)
+        while (probe := search.probe()) is not None:
+            [entry] = await handle.read_batch(probe, probe)
+            search.feed(probe, first_publish_time_ms(bytes(entry.payload)))
+        if search.result == 0:
+            return None
+        return SeqPosition(info.seq, search.result - 1, ENTRY_END, info.ledger_id)
+    return None
+
+
+async def delete_stream(client: LedgerClient, name: str) -> list[int]:
+    """Delete the stream: mark it, delete every ledger, then its keys."""
+    check_name("stream", name)
+    kv = await client.meta.get(config_key(name))
+    if kv is None:
+        raise StreamNotFoundError(f"stream {name!r} does not exist")
+    record = StreamRecord.decode(kv.value)
+    if record.state is not StreamState.DELETING:
+        marked = msgspec.structs.replace(record, state=StreamState.DELETING)
+        if not await client.meta.cas(config_key(name), kv.version, marked.encode()):
+            raise StreamNotFoundError(f"stream {name!r} changed while deleting; try again")
+    deleted = []
+    for partition in range(record.config.partitions):
+        listing, _ = await load_partition(client.meta, name, partition)
+        for ledger_id in (info.ledger_id for info in listing.ledgers):
+            await _delete_ledger(client, ledger_id)
+            deleted.append(ledger_id)
+    deleted += await _empty_trash(client, name)
+    deleted += await _delete_orphans(client, name, now_ms(), 0)
+    await client.meta.txn(success=[DeleteOp(key=stream_prefix(name), prefix=True),
+                                   DeleteOp(key=name_key(name))])
+    log.info("stream_deleted", stream=name, ledgers=len(deleted))
+    return deleted

@@ -1,0 +1,244 @@
+"""Entry points: :class:`StreamClient` (asyncio) and :class:`BlockingStreamClient`."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any, TypeVar
+
+from quorumlog.ledger import LedgerClient
+from quorumlog.stream import _admin
+from quorumlog.stream._config import RetentionPolicy, StreamConfig
+from quorumlog.stream._consumer import Consumer, ConsumerConfig
+from quorumlog.stream._layout import StreamRecord
+from quorumlog.stream._meta import load_record
+from quorumlog.stream._position import EARLIEST
+from quorumlog.stream._producer import MessageId, Producer, ProducerConfig
+from quorumlog.stream._reader import Message, Reader, StartSpec
+
+T = TypeVar("T")
+
+
+class StreamClient:
+    """Streams over a :class:`LedgerClient` (which it does not own unless
+    created by :meth:`connect`)::
+
+        async with await StreamClient.connect(meta_addresses) as client:
+            await client.create_stream("events", StreamConfig(partitions=4))
+            producer = await client.producer("events")
+            await producer.send(b"hello", key="user-1", properties={"k": "v"})
+            consumer = await client.subscribe("events", "my-sub")
+            async for message in consumer:
+                await consumer.ack(message)
+    """
+
+    def __init__(self, ledger_client: LedgerClient, *, own: bool = False) -> None:
+        self.ledger_client = ledger_client
+        self._own = own
+
+    @classmethod
+    async def connect(cls, meta_addresses: Sequence[str]) -> StreamClient:
+        return cls(await LedgerClient.connect(list(meta_addresses)), own=True)
+
+    async def close(self) -> None:
+        if self._own:
+            await self.ledger_client.close()
+
+    async def __aenter__(self) -> StreamClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ----- administration ---------------------------------------------------------------
+
+    async def create_stream(self, name: str, config: StreamConfig | None = None) -> StreamRecord:
+        return await _admin.create_stream(self.ledger_client, name, config or StreamConfig())
+
+    async def get_stream(self, name: str) -> StreamRecord:
+        return await load_record(self.ledger_client.meta, name)
+
+    async def list_streams(self) -> list[str]:
+        return await _admin.list_streams(self.ledger_client)
+
+    async def stream_info(self, name: str) -> dict[str, Any]:
+        return await _admin.stream_info(self.ledger_client, name)
+
+    async def trim(self, name: str, *, retention: RetentionPolicy | None = None,
+                   at_ms: int | None = None) -> _admin.TrimReport:
+        return await _admin.trim_stream(self.ledger_client, name, retention=retention,
+                                        at_ms=at_ms)
+
+    async def delete_stream(self, name: str) -> list[int]:
+        return await _admin.delete_stream(self.ledger_client, name)
+
+    # ----- data -----------------------------------------------------------------------------
+
+    async def producer(self, stream: str, *, steal: bool = False,
+                       config: ProducerConfig | None = None) -> Producer:
+        return await Producer.open(self.ledger_client, stream, steal=steal, config=config)
+
+    async def subscribe(self, stream: str, subscription: str, *,
+                        config: ConsumerConfig | None = None) -> Consumer:
+        return await Consumer.open(self.ledger_client, stream, subscription, config=config)
+
+    async def reader(self, stream: str, start: StartSpec | Mapping[int, StartSpec] = EARLIEST,
+                     *, partitions: list[int] | None = None,
+                     skip_data_loss: bool = False) -> Reader:
+        record = await load_record(self.ledger_client.meta, stream)
+        return await Reader.open(self.ledger_client, record, start, partitions=partitions,
+                                 skip_data_loss=skip_data_loss)
+
+
+class BlockingStreamClient:
+    """The same, blocking: a StreamClient on an event loop in its own thread.
+
+    Producers, consumers and readers come back wrapped (``BlockingProducer``
+    and friends) with the same methods, blocking.
+    """
+
+    def __init__(self, meta_addresses: Sequence[str]) -> None:
+        from quorumlog.rpc import install_uvloop
+
+        install_uvloop()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name="quorumlog-stream-client")
+        self._thread.start()
+        self._client: StreamClient = self.run(StreamClient.connect(meta_addresses))
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def close(self) -> None:
+        self.run(self._client.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> BlockingStreamClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def async_client(self) -> StreamClient:
+        return self._client
+
+    def create_stream(self, name: str, config: StreamConfig | None = None) -> StreamRecord:
+        return self.run(self._client.create_stream(name, config))
+
+    def get_stream(self, name: str) -> StreamRecord:
+        return self.run(self._client.get_stream(name))
+
+    def list_streams(self) -> list[str]:
+        return self.run(self._client.list_streams())
+
+    def stream_info(self, name: str) -> dict[str, Any]:
+        return self.run(self._client.stream_info(name))
+
+    def trim(self, name: str, *, retention: RetentionPolicy | None = None,
+             at_ms: int | None = None) -> _admin.TrimReport:
+        return self.run(self._client.trim(name, retention=retention, at_ms=at_ms))
+
+    def delete_stream(self, name: str) -> list[int]:
+        return self.run(self._client.delete_stream(name))
+
+    def producer(self, stream: str, *, steal: bool = False,
+                 config: ProducerConfig | None = None) -> BlockingProducer:
+        return BlockingProducer(self, self.run(self._client.producer(stream, steal=steal,
+                                                                     config=config)))
+
+    def subscribe(self, stream: str, subscription: str, *,
+                  config: ConsumerConfig | None = None) -> BlockingConsumer:
+        return BlockingConsumer(self, self.run(self._client.subscribe(stream, subscription,
+                                                                      config=config)))
+
+    def reader(self, stream: str, start: StartSpec | Mapping[int, StartSpec] = EARLIEST, *,
+               partitions: list[int] | None = None,
+               skip_data_loss: bool = False) -> BlockingReader:
+        return BlockingReader(self, self.run(self._client.reader(
+            stream, start, partitions=partitions, skip_data_loss=skip_data_loss)))
+
+
+class BlockingProducer:
+    def __init__(self, owner: BlockingStreamClient, producer: Producer) -> None:
+        self._owner = owner
+        self.producer = producer
+
+    def send(self, value: bytes, *, key: bytes | str | None = None,
+             properties: Mapping[str, str] | None = None,
+             partition: int | None = None) -> MessageId:
+        return self._owner.run(self.producer.send(value, key=key, properties=properties,
+                                                  partition=partition))
+
+    def send_many(self, values: Sequence[bytes], *, key: bytes | str | None = None
+                  ) -> list[MessageId]:
+        """Send many messages pipelined (batched), wait for all."""
+        async def go() -> list[MessageId]:
+            futures = [await self.producer.send_async(v, key=key) for v in values]
+            return list(await asyncio.gather(*futures))
+
+        return self._owner.run(go())
+
+    def flush(self) -> None:
+        self._owner.run(self.producer.flush())
+
+    def close(self) -> None:
+        self._owner.run(self.producer.close())
+
+    def __enter__(self) -> BlockingProducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class BlockingConsumer:
+    def __init__(self, owner: BlockingStreamClient, consumer: Consumer) -> None:
+        self._owner = owner
+        self.consumer = consumer
+
+    def receive(self, wait_ms: int | None = None) -> Message | None:
+        return self._owner.run(self.consumer.receive(wait_ms))
+
+    def ack(self, message: Message) -> None:
+        self._owner.run(self.consumer.ack(message))
+
+    def ack_cumulative(self, message: Message) -> None:
+        self._owner.run(self.consumer.ack_cumulative(message))
+
+    def flush_acks(self) -> None:
+        self._owner.run(self.consumer.flush_acks())
+
+    def close(self) -> None:
+        self._owner.run(self.consumer.close())
+
+    def __enter__(self) -> BlockingConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class BlockingReader:
+    def __init__(self, owner: BlockingStreamClient, reader: Reader) -> None:
+        self._owner = owner
+        self.reader = reader
+
+    def read_next(self, wait_ms: int = 500) -> Message | None:
+        return self._owner.run(self.reader.read_next(wait_ms))
+
+    def read_batch(self, wait_ms: int = 500) -> list[Message]:
+        return self._owner.run(self.reader.read_batch(wait_ms))
+
+    def close(self) -> None:
+        self._owner.run(self.reader.close())
+
+    def __enter__(self) -> BlockingReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

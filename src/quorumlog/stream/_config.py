@@ -1,0 +1,112 @@
+"""Stream configuration: partitions, ledger parameters, rollover, retention.
+
+Defaults follow Pulsar's managed ledger (broker.conf) where one exists, and
+say so; where we differ, the comment says why.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from quorumlog.config import Config, require
+from quorumlog.ledger import DigestType
+
+MINUTE_MS = 60_000
+DAY_MS = 24 * 60 * MINUTE_MS
+MIB = 1024 * 1024
+PARTITIONS_MAX = 64  # one metadata transaction touches every partition (txn_ops_max = 128)
+
+
+class RolloverPolicy(Config, frozen=True):
+    """When the writer closes its ledger and starts a new one.
+
+    Pulsar's rule (ManagedLedgerImpl.currentLedgerIsFull): the ledger is full
+    when it reached ``max_entries`` or ``max_bytes``, or is older than
+    ``max_time_ms``; but a full ledger younger than ``min_time_ms`` is kept
+    (so a burst does not make a storm of tiny ledgers). An empty ledger never
+    rolls over.
+    """
+
+    max_entries: int = 50_000  # managedLedgerMaxEntriesPerLedger
+    max_bytes: int = 2048 * MIB  # managedLedgerMaxSizePerLedgerMbytes = 2048
+    min_time_ms: int = 10 * MINUTE_MS  # managedLedgerMinLedgerRolloverTimeMinutes = 10
+    max_time_ms: int = 240 * MINUTE_MS  # managedLedgerMaxLedgerRolloverTimeMinutes = 240
+
+    def validate(self) -> None:
+        require(self.max_entries >= 1, "rollover max_entries must be >= 1")
+        require(self.max_bytes >= 1, "rollover max_bytes must be >= 1")
+        require(self.min_time_ms >= 0, "rollover min_time_ms must be >= 0")
+        require(self.max_time_ms >= 1, "rollover max_time_ms must be >= 1")
+        require(self.min_time_ms <= self.max_time_ms,
+                "rollover min_time_ms must not exceed max_time_ms")
+
+    def should_roll(self, entries: int, size_bytes: int, age_ms: int) -> bool:
+        if entries == 0:
+            return False
+        full = entries >= self.max_entries or size_bytes >= self.max_bytes
+        if not (full or age_ms >= self.max_time_ms):
+            return False
+        return self.min_time_ms == 0 or age_ms > self.min_time_ms
+
+
+class RetentionPolicy(Config, frozen=True):
+    """How long ledgers that every cursor has passed are kept, and message TTL.
+
+    A closed ledger is deleted when every cursor has acknowledged all of it and
+    retention no longer needs it: it ended longer than ``time_ms`` ago, or the
+    consumed ledgers after it already hold ``size_bytes`` (either limit; -1 =
+    no limit of that kind; both -1 = keep forever). The open ledger is never
+    deleted.
+
+    Pulsar's defaults are 0 and 0 (consumed data is deleted at once, and a topic
+    without subscriptions keeps nothing). Here a stream is also read by Spark
+    jobs that hold no cursor, so the default keeps data 7 days, like Kafka's
+    log.retention.hours = 168.
+
+    ``message_ttl_ms`` (Pulsar: ttlDurationDefaultInSeconds = 0, off): messages
+    older than this are acknowledged on every cursor by the trimmer.
+    """
+
+    time_ms: int = 7 * DAY_MS
+    size_bytes: int = -1
+    message_ttl_ms: int = 0
+
+    def validate(self) -> None:
+        require(self.time_ms >= -1, "retention time_ms must be >= 0, or -1 for no limit")
+        require(self.size_bytes >= -1, "retention size_bytes must be >= 0, or -1 for no limit")
+        require(self.message_ttl_ms >= 0, "message_ttl_ms must be >= 0 (0: off)")
+
+
+class StreamConfig(Config, frozen=True):
+    """Everything a stream is created with (kept in meta, shown by ``stream info``)."""
+
+    partitions: int = 1
+    # Ledger parameters: Pulsar's managedLedgerDefaultEnsembleSize / WriteQuorum /
+    # AckQuorum are 2/2/2; a 3-bookie cluster tolerates one bookie loss with them.
+    ensemble_size: int = 2
+    write_quorum: int = 2
+    ack_quorum: int = 2
+    digest: DigestType = DigestType.CRC32C
+    rollover: RolloverPolicy = msgspec.field(default_factory=RolloverPolicy)
+    retention: RetentionPolicy = msgspec.field(default_factory=RetentionPolicy)
+    # Bound of the individually acknowledged ranges a cursor persists
+    # (managedLedgerMaxUnackedRangesToPersist = 10000); ranges past it are
+    # redelivered after a restart.
+    cursor_ranges_max: int = 10_000
+    # Writer lease (a meta session): a crashed writer's partition is taken over
+    # after this long at the latest (Pulsar: the ZooKeeper session, 30 s).
+    writer_lease_ttl_ms: int = 10_000
+
+    def validate(self) -> None:
+        require(1 <= self.partitions <= PARTITIONS_MAX,
+                f"partitions must be 1..{PARTITIONS_MAX}")
+        require(self.ensemble_size >= self.write_quorum >= self.ack_quorum >= 1,
+                "need ensemble_size >= write_quorum >= ack_quorum >= 1")
+        require(self.cursor_ranges_max >= 1, "cursor_ranges_max must be >= 1")
+        require(self.writer_lease_ttl_ms >= 500, "writer_lease_ttl_ms must be >= 500")
+        self.rollover.validate()
+        self.retention.validate()
+
+
+_CONFIG_ENCODER = msgspec.msgpack.Encoder()
+_CONFIG_DECODER = msgspec.msgpack.Decoder(StreamConfig)

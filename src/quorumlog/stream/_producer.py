@@ -1,0 +1,256 @@
+"""Producer: routes messages to partitions, batches them into entries.
+
+One producer holds the writer lease of every partition of its stream (one meta
+session, kept alive here). A keyed message goes to ``crc32c(key) % P``;
+messages without a key go round robin. Messages bound for one partition are
+packed into one entry until ``batch_messages_max`` / ``batch_bytes_max`` or
+``batch_delay_ms`` after the first (Pulsar: batchingMaxMessages = 1000,
+batchingMaxBytes = 128 KiB, batchingMaxPublishDelay = 1 ms). A send completes
+when its entry is durable (acknowledged by the ack quorum) and gives the
+message's :class:`MessageId`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from quorumlog.config import Config, require
+from quorumlog.errors import QuorumlogError, UsageError
+from quorumlog.ledger import LedgerClient
+from quorumlog.log import get_logger
+from quorumlog.stream._entry import OutgoingMessage, encode_entry
+from quorumlog.stream._errors import ProducerFencedError
+from quorumlog.stream._layout import StreamRecord
+from quorumlog.stream._meta import load_record
+from quorumlog.stream._position import Position
+from quorumlog.stream._retention import RoundRobin, partition_for_key
+from quorumlog.stream._writer import EntryInfo, PartitionWriter, owner_name
+
+log = get_logger(__name__)
+
+
+class ProducerConfig(Config, frozen=True):
+    batching: bool = True
+    batch_messages_max: int = 1000  # Pulsar batchingMaxMessages
+    batch_bytes_max: int = 128 * 1024  # Pulsar batchingMaxBytes
+    batch_delay_ms: float = 1.0  # Pulsar batchingMaxPublishDelayMicros = 1000
+    pending_messages_max: int = 10_000  # sends beyond this wait (bounded memory)
+    lease_wait_ms: int = 30_000  # how long open waits for another writer's lease
+
+    def validate(self) -> None:
+        require(self.batch_messages_max >= 1, "batch_messages_max must be >= 1")
+        require(self.batch_bytes_max >= 1, "batch_bytes_max must be >= 1")
+        require(self.batch_delay_ms >= 0, "batch_delay_ms must be >= 0")
+        require(self.pending_messages_max >= 1, "pending_messages_max must be >= 1")
+        require(self.lease_wait_ms >= 0, "lease_wait_ms must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class MessageId:
+    """Where a sent message landed."""
+
+    stream: str
+    partition: int
+    position: Position
+
+    def to_json(self) -> dict[str, object]:
+        return {"stream": self.stream, "partition": self.partition, **self.position.to_json()}
+
+
+class _Batch:
+    __slots__ = ("bytes", "futures", "messages", "timer")
+
+    def __init__(self) -> None:
+        self.messages: list[OutgoingMessage] = []
+        self.futures: list[asyncio.Future[MessageId]] = []
+        self.bytes = 0
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class Producer:
+    """Sends messages to one stream. Create with ``await StreamClient.producer(name)``."""
+
+    def __init__(self, client: LedgerClient, record: StreamRecord, config: ProducerConfig,
+                 session_id: int) -> None:
+        self._client = client
+        self._record = record
+        self._config = config
+        self._session_id = session_id
+        self.stream = record.name
+        self.partitions = record.config.partitions
+        self._writers: list[PartitionWriter] = []
+        self._batches = [_Batch() for _ in range(self.partitions)]
+        self._room = asyncio.Semaphore(config.pending_messages_max)
+        self._round_robin = RoundRobin()
+        self._keepalive: asyncio.Task[None] | None = None
+        self._outstanding: set[asyncio.Future[MessageId]] = set()
+        self._closed = False
+
+    @classmethod
+    async def open(cls, client: LedgerClient, stream: str, *, steal: bool = False,
+                   config: ProducerConfig | None = None) -> Producer:
+        config = config or ProducerConfig()
+        config.validate()
+        record = await load_record(client.meta, stream)
+        session_id = await client.meta.create_session(record.config.writer_lease_ttl_ms)
+        producer = cls(client, record, config, session_id)
+        producer._keepalive = asyncio.get_running_loop().create_task(producer._keep_alive())
+        owner = owner_name()
+        try:
+            for partition in range(record.config.partitions):
+                writer = PartitionWriter(client, record, partition, session_id, owner=owner)
+                await writer.open(steal=steal, wait_ms=config.lease_wait_ms)
+                producer._writers.append(writer)
+        except BaseException:
+            await producer.close()
+            raise
+        return producer
+
+    async def _keep_alive(self) -> None:
+        interval = self._record.config.writer_lease_ttl_ms / 3000
+        while not self._closed:
+            await asyncio.sleep(interval)
+            try:
+                alive = await self._client.meta.keepalive(self._session_id)
+            except QuorumlogError as exc:
+                log.warning("producer_keepalive_failed", stream=self.stream, error=exc.message)
+                continue
+            if not alive:
+                log.warning("producer_lease_expired", stream=self.stream)
+                error = ProducerFencedError(
+                    f"stream {self.stream!r}: the producer's lease expired (no keepalive for "
+                    f"{self._record.config.writer_lease_ttl_ms} ms); create a new producer"
+                )
+                for writer in self._writers:
+                    writer._fail(error)
+                return
+
+    # ----- sending ------------------------------------------------------------------------
+
+    async def send(self, value: bytes, *, key: bytes | str | None = None,
+                   properties: Mapping[str, str] | None = None,
+                   partition: int | None = None) -> MessageId:
+        """Send one message and wait until it is durable."""
+        return await (await self.send_async(value, key=key, properties=properties,
+                                            partition=partition))
+
+    async def send_async(self, value: bytes, *, key: bytes | str | None = None,
+                         properties: Mapping[str, str] | None = None,
+                         partition: int | None = None) -> asyncio.Future[MessageId]:
+        """Queue one message (waiting for room if ``pending_messages_max`` are in
+        flight); the returned future completes when it is durable."""
+        if self._closed:
+            raise UsageError("the producer is closed")
+        if not isinstance(value, bytes | bytearray | memoryview):
+            raise UsageError(f"a message value must be bytes, got {type(value).__name__}")
+        key_bytes = key.encode() if isinstance(key, str) else key
+        if partition is None:
+            partition = partition_for_key(key_bytes, self.partitions, self._round_robin.next())
+        elif not 0 <= partition < self.partitions:
+            raise UsageError(f"partition {partition} out of range 0..{self.partitions - 1}")
+        writer = self._writers[partition]
+        if writer.failed is not None:
+            raise writer.failed
+        await self._room.acquire()
+        message = OutgoingMessage(bytes(value), key=key_bytes,
+                                  properties=dict(properties) if properties else None,
+                                  publish_time_ms=writer.next_publish_ms())
+        future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        self._outstanding.add(future)
+        future.add_done_callback(self._done)
+        batch = self._batches[partition]
+        batch.messages.append(message)
+        batch.futures.append(future)
+        batch.bytes += message.encoded_size()
+        config = self._config
+        if (not config.batching or len(batch.messages) >= config.batch_messages_max
+                or batch.bytes >= config.batch_bytes_max):
+            self._flush(partition)
+        elif batch.timer is None:
+            batch.timer = asyncio.get_running_loop().call_later(
+                config.batch_delay_ms / 1000, self._flush, partition)
+        return future
+
+    def _done(self, future: asyncio.Future[MessageId]) -> None:
+        self._outstanding.discard(future)
+        self._room.release()
+
+    def _flush(self, partition: int) -> None:
+        batch = self._batches[partition]
+        if batch.timer is not None:
+            batch.timer.cancel()
+        if not batch.messages:
+            batch.timer = None
+            return
+        self._batches[partition] = _Batch()
+        try:
+            payload = encode_entry(batch.messages)
+        except QuorumlogError as exc:
+            for future in batch.futures:
+                future.set_exception(exc)
+            return
+        info = EntryInfo(messages=len(batch.messages),
+                         first_publish_ms=batch.messages[0].publish_time_ms,
+                         last_publish_ms=batch.messages[-1].publish_time_ms)
+        writer = self._writers[partition]
+        try:
+            entry = writer.submit(payload, info)
+        except QuorumlogError as exc:
+            for future in batch.futures:
+                future.set_exception(exc)
+            return
+        entry.add_done_callback(functools.partial(self._resolve, partition, batch.futures))
+
+    def _resolve(self, partition: int, futures: list[asyncio.Future[MessageId]],
+                 entry: asyncio.Future[Position]) -> None:
+        error: BaseException | None = (UsageError("the send was cancelled") if entry.cancelled()
+                                       else entry.exception())
+        if error is not None:
+            for future in futures:
+                if not future.done():
+                    future.set_exception(error)
+            return
+        position = entry.result()
+        for index, future in enumerate(futures):
+            if not future.done():
+                future.set_result(MessageId(self.stream, partition,
+                                            Position(position.ledger_id, position.entry_id,
+                                                     index)))
+
+    async def flush(self) -> None:
+        """Send every batched message now and wait until all sent ones are durable."""
+        for partition in range(self.partitions):
+            self._flush(partition)
+        outstanding = set(self._outstanding)
+        if outstanding:
+            await asyncio.wait(outstanding)
+
+    async def close(self) -> None:
+        """Flush, close every partition's ledger, release the leases and the session."""
+        if self._closed:
+            return
+        for partition in range(len(self._writers)):
+            self._flush(partition)
+        self._closed = True
+        for writer in self._writers:
+            await writer.close()
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keepalive
+        with contextlib.suppress(QuorumlogError):
+            await self._client.meta.revoke_session(self._session_id)
+
+    async def __aenter__(self) -> Producer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def writers(self) -> list[PartitionWriter]:
+        return list(self._writers)

@@ -1,0 +1,401 @@
+"""Reading a stream partition: start positions, ledger walking, tailing.
+
+A :class:`PartitionReader` walks the partition's ledger list from a start
+position: closed ledgers are read to their recorded end, the open ledger up
+to its LAC (never past it), then it waits: a long-poll on the bookies for the
+next entry of the open ledger, or a watch on the ledger list for a new ledger.
+Start positions: a :class:`Position`, ``"earliest"``, ``"latest"``, or a
+publish time (first message published at or after it: a search over the
+ledgers' publish times, then a binary search over entries).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from quorumlog.errors import QuorumlogError, UsageError
+from quorumlog.ledger import LedgerClient
+from quorumlog.log import get_logger
+from quorumlog.stream._entry import (
+    ColumnSink,
+    decode_entry,
+    decode_entry_columns,
+    first_publish_time_ms,
+)
+from quorumlog.stream._errors import BadPositionError, DataLossError
+from quorumlog.stream._layout import LedgerInfo, PartitionLedgers, StreamRecord, partition_key
+from quorumlog.stream._meta import load_partition
+from quorumlog.stream._position import EARLIEST, LATEST, Position, SeqPosition
+from quorumlog.stream._retention import EntrySearch, first_ledger_at
+
+log = get_logger(__name__)
+
+READ_BATCH_ENTRIES = 256  # entries per bookie read while catching up
+TAIL_POLL_MS = 500  # one long-poll (bookie LAC or meta watch) while tailing
+HANDLES_MAX = 16  # cached ledger read handles per reader
+
+StartSpec = Position | str | int  # position, "earliest" / "latest", or publish time in ms
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message read from a stream."""
+
+    stream: str
+    partition: int
+    position: Position
+    seq: int  # the ledger's place in the partition (orders positions)
+    publish_time_ms: int
+    key: bytes | None
+    properties: Mapping[str, str]
+    value: bytes
+    batch_size: int = 1
+
+    @property
+    def seq_position(self) -> SeqPosition:
+        return SeqPosition(self.seq, self.position.entry_id, self.position.batch_index,
+                           self.position.ledger_id)
+
+
+class LedgerHandles:
+    """Read handles of ledgers (opened without recovery), bounded LRU."""
+
+    def __init__(self, client: LedgerClient, password: bytes) -> None:
+        self._client = client
+        self._password = password
+        self._handles: dict[int, Any] = {}
+
+    async def get(self, info: LedgerInfo) -> Any:
+        handle = self._handles.pop(info.ledger_id, None)
+        if handle is not None and not info.is_open and not handle.is_closed:
+            handle = None  # it closed since: open again for its final LAC
+        if handle is None:
+            handle = await self._client.open_ledger(info.ledger_id, password=self._password,
+                                                    recovery=False)
+        self._handles[info.ledger_id] = handle
+        while len(self._handles) > HANDLES_MAX:
+            self._handles.pop(next(iter(self._handles)))
+        return handle
+
+    def forget(self, ledger_id: int) -> None:
+        self._handles.pop(ledger_id, None)
+
+
+def decode_messages(stream: str, partition: int, info: LedgerInfo, entries: list[Any], *,
+                    start: SeqPosition | None, skip_before_ms: int) -> list[Message]:
+    out: list[Message] = []
+    for entry in entries:
+        decoded = decode_entry(bytes(entry.payload))
+        for message in decoded:
+            if start is not None and (info.seq, entry.entry_id, message.batch_index) < start.key:
+                continue
+            if message.publish_time_ms < skip_before_ms:
+                continue
+            out.append(Message(stream, partition,
+                               Position(info.ledger_id, entry.entry_id, message.batch_index),
+                               info.seq, message.publish_time_ms, message.key,
+                               message.properties, message.value, len(decoded)))
+    return out
+
+
+async def resolve_start(client: LedgerClient, handles: LedgerHandles, record: StreamRecord,
+                        partition: int, spec: StartSpec, *,
+                        listing: PartitionLedgers | None = None) -> tuple[SeqPosition, int]:
+    """The first position to read for ``spec``, and a publish time to skip before."""
+    if listing is None:
+        listing, _ = await load_partition(client.meta, record.name, partition)
+    if spec == EARLIEST:
+        return _start_of(listing, listing.first_seq), 0
+    if spec == LATEST:
+        return await end_position(handles, listing), 0
+    if isinstance(spec, Position):
+        key = listing.key_of(spec)
+        if key is None:
+            raise BadPositionError(
+                f"stream {record.name!r} partition {partition} has no ledger {spec.ledger_id} "
+                "(trimmed, or never part of this partition)"
+            )
+        return key, 0
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        return await _seek_time(handles, listing, spec), spec
+    raise UsageError(f"a start position is a Position, 'earliest', 'latest' or a publish time "
+                     f"in ms, got {spec!r}")
+
+
+def _start_of(listing: PartitionLedgers, seq: int) -> SeqPosition:
+    info = listing.by_seq(seq)
+    return SeqPosition(seq, 0, 0, info.ledger_id if info else 0)
+
+
+async def end_position(handles: LedgerHandles, listing: PartitionLedgers) -> SeqPosition:
+    """The position after the last readable message (where "latest" starts)."""
+    if not listing.ledgers:
+        return SeqPosition(listing.next_seq, 0, 0, 0)
+    last = listing.ledgers[-1]
+    if not last.is_open:
+        return SeqPosition(last.seq, last.entries, 0, last.ledger_id)
+    handle = await handles.get(last)
+    lac = int(await handle.read_last_add_confirmed())
+    return SeqPosition(last.seq, lac + 1, 0, last.ledger_id)
+
+
+async def _seek_time(handles: LedgerHandles, listing: PartitionLedgers,
+                     publish_ms: int) -> SeqPosition:
+    index = first_ledger_at(listing, publish_ms)
+    if index >= len(listing.ledgers):
+        return await end_position(handles, listing)
+    info = listing.ledgers[index]
+    handle = await handles.get(info)
+    last_entry = info.entries - 1
+    if info.is_open:
+        last_entry = int(await handle.read_last_add_confirmed())
+    if last_entry < 0:
+        return SeqPosition(info.seq, 0, 0, info.ledger_id)
+    search = EntrySearch(0, last_entry, publish_ms)
+    while (probe := search.probe()) is not None:
+        [entry] = await handle.read_batch(probe, probe)
+        search.feed(probe, first_publish_time_ms(bytes(entry.payload)))
+    return SeqPosition(info.seq, search.result, 0, info.ledger_id)
+
+
+class PartitionReader:
+    """Reads one partition in order from a start position; tails the open ledger."""
+
+    def __init__(self, client: LedgerClient, record: StreamRecord, partition: int,
+                 start: SeqPosition, *, skip_before_ms: int = 0, skip_data_loss: bool = False,
+                 handles: LedgerHandles | None = None) -> None:
+        self._client = client
+        self._record = record
+        self.stream = record.name
+        self.partition = partition
+        self._seq = start.seq
+        self._entry = start.entry_id
+        self._start: SeqPosition | None = start if start.batch_index else None
+        self._skip_before_ms = skip_before_ms
+        self._skip_data_loss = skip_data_loss
+        self._handles = handles or LedgerHandles(client, record.password)
+        self._listing: PartitionLedgers | None = None
+        self._listing_revision = 0
+        self._lac: dict[int, int] = {}
+
+    @property
+    def next_position(self) -> tuple[int, int]:
+        """(seq, entry_id) of the next entry to read."""
+        return (self._seq, self._entry)
+
+    async def _refresh(self) -> PartitionLedgers:
+        listing, kv = await load_partition(self._client.meta, self.stream, self.partition)
+        self._listing, self._listing_revision = listing, kv.mod_revision
+        return listing
+
+    async def next_batch(self, wait_ms: int = 0) -> list[Message]:
+        """The next messages in order; [] if none arrived within ``wait_ms``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_ms / 1000
+        listing = self._listing or await self._refresh()
+        while True:
+            info = listing.by_seq(self._seq)
+            if info is None:
+                if self._seq < listing.first_seq:
+                    self._data_loss(listing)
+                    continue
+                listing = await self._refresh()
+                if listing.by_seq(self._seq) is not None:
+                    continue
+                remaining = int((deadline - loop.time()) * 1000)
+                if remaining <= 0:
+                    return []
+                await self._client.meta.watch_once(
+                    partition_key(self.stream, self.partition),
+                    start_revision=self._listing_revision + 1,
+                    wait_ms=min(remaining, TAIL_POLL_MS))
+                listing = await self._refresh()
+                continue
+            if not info.is_open:
+                if self._entry >= info.entries:
+                    self._seq += 1
+                    self._entry = 0
+                    self._handles.forget(info.ledger_id)
+                    continue
+                last = min(info.entries - 1, self._entry + READ_BATCH_ENTRIES - 1)
+                messages = await self._read(info, last)
+                if messages:
+                    return messages
+                continue
+            batch = await self._read_open(info, deadline)
+            if batch is None:
+                listing = await self._refresh()
+                if loop.time() >= deadline and (
+                        (now := listing.by_seq(self._seq)) is None or now.is_open):
+                    return []
+                continue
+            if batch:
+                return batch
+
+    def _data_loss(self, listing: PartitionLedgers) -> None:
+        message = (f"stream {self.stream!r} partition {self.partition}: the next ledger to read "
+                   f"(seq {self._seq}) was trimmed; the partition now starts at seq "
+                   f"{listing.first_seq}")
+        if not self._skip_data_loss:
+            raise DataLossError(message)
+        log.warning("stream_data_loss_skipped", stream=self.stream, partition=self.partition,
+                    from_seq=self._seq, to_seq=listing.first_seq)
+        self._seq, self._entry, self._start = listing.first_seq, 0, None
+
+    async def _read(self, info: LedgerInfo, last: int) -> list[Message]:
+        handle = await self._handles.get(info)
+        entries = await handle.read_batch(self._entry, last)
+        if not entries:
+            raise QuorumlogError(f"ledger {info.ledger_id}: empty read of entries "
+                                 f"{self._entry}..{last}", retriable=True)
+        messages = decode_messages(self.stream, self.partition, info, entries,
+                                   start=self._start, skip_before_ms=self._skip_before_ms)
+        self._entry = int(entries[-1].entry_id) + 1
+        self._after_read(messages)
+        return messages
+
+    def _after_read(self, messages: list[Message]) -> None:
+        self._start = None
+        if messages and self._skip_before_ms:
+            self._skip_before_ms = 0  # publish times do not decrease inside a ledger
+
+    async def _read_open(self, info: LedgerInfo, deadline: float) -> list[Message] | None:
+        """Read up to the LAC of the open ledger; None when waiting timed out."""
+        handle = await self._handles.get(info)
+        lac = self._lac.get(info.ledger_id, -1)
+        if self._entry > lac:
+            lac = max(lac, int(await handle.read_last_add_confirmed()))
+            self._lac[info.ledger_id] = lac
+        if self._entry <= lac:
+            return await self._read(info, min(lac, self._entry + READ_BATCH_ENTRIES - 1))
+        loop = asyncio.get_running_loop()
+        remaining = int((deadline - loop.time()) * 1000)
+        entry = await handle.wait_for_entry(after=self._entry - 1,
+                                            timeout_ms=max(1, min(remaining, TAIL_POLL_MS)))
+        if entry is None:
+            return None
+        self._lac[info.ledger_id] = max(lac, int(entry.entry_id))
+        if int(entry.entry_id) != self._entry:
+            return []  # read the range normally on the next turn
+        messages = decode_messages(self.stream, self.partition, info, [entry],
+                                   start=self._start, skip_before_ms=self._skip_before_ms)
+        self._entry += 1
+        self._after_read(messages)
+        return messages
+
+    def skip_to(self, position: SeqPosition) -> None:
+        self._seq, self._entry = position.seq, position.entry_id
+        self._start = position if position.batch_index else None
+
+
+class Reader:
+    """Position-based reads of one stream (every partition or chosen ones).
+
+    ``async for message in reader`` tails forever; ``read_next(wait_ms)``
+    returns None when nothing arrived in time. Each partition is read by its
+    own task into a bounded queue; messages of one partition keep their order.
+    """
+
+    def __init__(self, parts: list[PartitionReader], *, queue_batches_max: int = 0) -> None:
+        self._parts = parts
+        self._buffer: list[Message] = []
+        self._queue: asyncio.Queue[list[Message] | BaseException] = asyncio.Queue(
+            queue_batches_max or 2 * len(parts) + 2)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._paused: asyncio.Event = asyncio.Event()
+        self._paused.set()
+
+    @classmethod
+    async def open(cls, client: LedgerClient, record: StreamRecord,
+                   start: StartSpec | Mapping[int, StartSpec] = EARLIEST, *,
+                   partitions: list[int] | None = None, skip_data_loss: bool = False) -> Reader:
+        chosen = partitions if partitions is not None else list(range(record.config.partitions))
+        parts = []
+        for partition in chosen:
+            if not 0 <= partition < record.config.partitions:
+                raise UsageError(f"stream {record.name!r} has no partition {partition}")
+            spec = start.get(partition, EARLIEST) if isinstance(start, Mapping) else start
+            handles = LedgerHandles(client, record.password)
+            position, skip_ms = await resolve_start(client, handles, record, partition, spec)
+            parts.append(PartitionReader(client, record, partition, position,
+                                         skip_before_ms=skip_ms, skip_data_loss=skip_data_loss,
+                                         handles=handles))
+        return cls(parts)
+
+    def _start(self) -> None:
+        if not self._tasks:
+            loop = asyncio.get_running_loop()
+            self._tasks = [loop.create_task(self._run(part)) for part in self._parts]
+
+    async def _run(self, part: PartitionReader) -> None:
+        try:
+            while True:
+                await self._paused.wait()
+                batch = await part.next_batch(TAIL_POLL_MS)
+                if batch:
+                    await self._queue.put(batch)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # handed to the reader of the queue
+            await self._queue.put(exc)
+
+    def pause(self, paused: bool) -> None:
+        """Stop (or resume) fetching; what is fetched already is still returned."""
+        if paused:
+            self._paused.clear()
+        else:
+            self._paused.set()
+
+    async def read_next(self, wait_ms: int = TAIL_POLL_MS) -> Message | None:
+        if not self._buffer:
+            batch = await self.read_batch(wait_ms)
+            self._buffer = list(reversed(batch))
+        return self._buffer.pop() if self._buffer else None
+
+    async def read_batch(self, wait_ms: int = TAIL_POLL_MS) -> list[Message]:
+        if self._buffer:
+            out, self._buffer = list(reversed(self._buffer)), []
+            return out
+        self._start()
+        try:
+            item = await asyncio.wait_for(self._queue.get(), wait_ms / 1000)
+        except TimeoutError:
+            return []
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def __aiter__(self) -> Reader:
+        return self
+
+    async def __anext__(self) -> Message:
+        while True:
+            message = await self.read_next()
+            if message is not None:
+                return message
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    async def __aenter__(self) -> Reader:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def partition_readers(self) -> list[PartitionReader]:
+        return list(self._parts)
+
+
+def columns_of_entries(info: LedgerInfo, entries: list[Any], sink: ColumnSink) -> None:
+    """Decode entries column-wise into ``sink`` (entry_index = entry id)."""
+    for entry in entries:
+        decode_entry_columns(bytes(entry.payload), sink, int(entry.entry_id))

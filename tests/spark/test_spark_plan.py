@@ -1,0 +1,118 @@
+"""Pure parts of the Spark data source: read planning, offsets, options. No Spark."""
+
+from __future__ import annotations
+
+import pytest
+
+from quorumlog.errors import UsageError
+from quorumlog.spark._options import parse, parse_time_ms
+from quorumlog.spark._plan import (
+    Pruning,
+    advance,
+    check_start,
+    entries_between,
+    offset_json,
+    parse_offset,
+    plan_partition,
+    split_limit,
+)
+from quorumlog.stream._errors import BadPositionError, DataLossError
+from quorumlog.stream._layout import LedgerStats, PartitionLedgers
+from quorumlog.stream._position import SeqPosition
+
+
+def listing(entries: list[int], *, open_last: bool = False) -> PartitionLedgers:
+    pl = PartitionLedgers()
+    for i, count in enumerate(entries):
+        pl = pl.with_ledger_opened(100 + i, 0)
+        if open_last and i == len(entries) - 1:
+            break
+        pl = pl.with_ledger_closed(LedgerStats(
+            ledger_id=100 + i, entries=count, size_bytes=count, first_publish_ms=i * 10,
+            last_publish_ms=i * 10 + 9, last_entry_messages=1 if count else 0), 0)
+    return pl
+
+
+def sp(seq: int, entry: int, batch: int = 0) -> SeqPosition:
+    return SeqPosition(seq, entry, batch, 100 + seq)
+
+
+def test_plan_covers_range_in_chunks_never_past_lac() -> None:
+    pl = listing([10, 0, 7, 99], open_last=True)
+    tasks = plan_partition("s", 0, pl, sp(0, 3), sp(3, 5), open_lac=4, max_entries=4)
+    covered = [(t.seq, e) for t in tasks for e in range(t.first_entry, t.last_entry + 1)]
+    expected = ([(0, e) for e in range(3, 10)] + [(2, e) for e in range(7)]
+                + [(3, e) for e in range(5)])
+    assert covered == expected
+    assert all(t.entries <= 4 for t in tasks)
+    # "latest" of the open ledger is LAC + 1: a wider end still stops at the LAC.
+    wide = plan_partition("s", 0, pl, sp(3, 0), sp(3, 50), open_lac=4, max_entries=100)
+    assert [(t.first_entry, t.last_entry) for t in wide] == [(0, 4)]
+
+
+def test_plan_batch_boundaries_and_pruning() -> None:
+    pl = listing([5, 5, 5])
+    tasks = plan_partition("s", 0, pl, sp(0, 2, 3), sp(2, 1, 4), open_lac=None, max_entries=100)
+    assert (tasks[0].first_entry, tasks[0].first_batch) == (2, 3)
+    assert (tasks[-1].last_entry, tasks[-1].end_batch) == (1, 4)
+    # Publish-time pruning drops ledgers outside [min, max] (ledger i spans i*10..i*10+9).
+    pruned = plan_partition("s", 0, pl, sp(0, 0), sp(2, 5), open_lac=None, max_entries=100,
+                            pruning=Pruning(publish_min_ms=12, publish_max_ms=15))
+    assert [t.seq for t in pruned] == [1]
+    assert plan_partition("s", 0, pl, sp(0, 0), sp(2, 5), open_lac=None, max_entries=9,
+                          pruning=Pruning(partitions={1})) == []
+    by_ledger = plan_partition("s", 0, pl, sp(0, 0), sp(2, 5), open_lac=None, max_entries=9,
+                               pruning=Pruning(ledgers={102}, entry_min=2, entry_max=3))
+    assert [(t.ledger_id, t.first_entry, t.last_entry) for t in by_ledger] == [(102, 2, 3)]
+
+
+def test_advance_and_limits() -> None:
+    pl = listing([3, 0, 4])
+    start, end = sp(0, 1), sp(2, 4)
+    assert entries_between(pl, start, end, None) == 6
+    assert advance(pl, start, end, None, 2) == sp(0, 3)
+    assert advance(pl, start, end, None, 3) == SeqPosition(2, 1, 0, 102)
+    assert advance(pl, start, end, None, 100) == end
+    assert split_limit({0: 10, 1: 30}, 100) == {0: 10, 1: 30}
+    assert split_limit({0: 10, 1: 30, 2: 0}, 8) == {0: 2, 1: 6, 2: 0}
+    assert split_limit({0: 1, 1: 1000}, 10) == {0: 1, 1: 9}
+
+
+def test_offsets_json_roundtrip_and_errors() -> None:
+    offsets = {0: sp(1, 2), 1: sp(0, 0)}
+    assert parse_offset(offset_json(offsets), 2) == offsets
+    for bad in ([], {"x": {}}, {"0": {"seq": 1}}, {"5": {"seq": 0, "ledger": 1, "entry": 0}},
+                {"0": {"seq": -1, "ledger": 1, "entry": 0}}):
+        with pytest.raises(BadPositionError):
+            parse_offset(bad, 2)
+
+
+def test_check_start_data_loss() -> None:
+    pl = listing([3, 3, 3]).without_head(2)
+    assert check_start("s", 0, pl, sp(2, 1), fail_on_data_loss=True) == (sp(2, 1), None)
+    with pytest.raises(DataLossError, match="failOnDataLoss"):
+        check_start("s", 0, pl, sp(0, 1), fail_on_data_loss=True)
+    moved, warning = check_start("s", 0, pl, sp(0, 1), fail_on_data_loss=False)
+    assert moved == sp(2, 0) and warning is not None
+
+
+def test_options() -> None:
+    base = {"meta": "127.0.0.1:1,127.0.0.1:2", "stream": "events"}
+    parsed = parse(base)
+    assert parsed.meta == ("127.0.0.1:1", "127.0.0.1:2") and parsed.fail_on_data_loss
+    assert parse({**base, "checkpointLocation": "/x"}).writer_id == parse(
+        {**base, "checkpointlocation": "/x"}).writer_id
+    assert parse_time_ms("t", "1000") == 1000
+    assert parse_time_ms("t", "1970-01-01T00:00:01Z") == 1000
+    for bad, message in [
+        ({"stream": "events", "meta": "", "clusterDir": "/nonexistent"}, "option meta"),
+        ({**base, "stream": ""}, "stream is required"),
+        ({**base, "startingPositions": "{oops"}, "startingPositions"),
+        ({**base, "startingPositions": "earliest", "startingTime": "5"}, "not both"),
+        ({**base, "maxRowsPerPartition": "0"}, "maxRowsPerPartition"),
+        ({**base, "failOnDataLoss": "maybe"}, "failOnDataLoss"),
+        ({**base, "startingTime": "yesterday"}, "startingTime"),
+        ({**base, "stream": "a/b"}, "invalid"),
+    ]:
+        with pytest.raises(UsageError, match=message):
+            parse(bad)
