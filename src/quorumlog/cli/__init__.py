@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -35,9 +36,19 @@ def _root(
         help="Print the version and exit.",
     ),
     log_level: str = typer.Option("WARNING", "--log-level", help="Logging level."),
+    security: Path | None = typer.Option(
+        None, "--security", envvar="QUORUMLOG_SECURITY_FILE",
+        help="TOML file with a \\[security] table (TLS, token) for connecting to the cluster; "
+        "QUORUMLOG_SECURITY__<FIELD> variables override its fields.",
+    ),
 ) -> None:
     """quorumlog: replicated durable logs and key-value tables."""
     configure(log_level)
+    if security is not None:
+        from quorumlog import config, rpc
+
+        rpc.set_default_security(config.load(rpc.RpcSecurityConfig, security,
+                                             section="security"))
 
 
 def _register() -> None:

@@ -76,7 +76,7 @@ class MetaClient:
         if not addresses:
             raise UsageError("MetaClient needs at least one member address")
         self.addresses = list(addresses)
-        self._pool = pool or rpc.Pool()
+        self._pool = pool if pool is not None else rpc.Pool()  # an empty Pool is falsy (len 0)
         self._own_pool = pool is None
         self._leader: str | None = None
         self._client_id = os.urandom(16)

@@ -75,6 +75,25 @@ def node_roles(node_id: int, nodes: int) -> list[str]:
     return ["meta", "bookie"] if node_id <= meta_count else ["bookie"]
 
 
+def security_toml(security: rpc.RpcSecurityConfig) -> str:
+    """The ``[security]`` table of a node config (fields left at None are omitted)."""
+    lines = ["[security]"]
+    for name in security.__struct_fields__:
+        value = getattr(security, name)
+        if value is None:
+            continue
+        text = str(value).lower() if isinstance(value, bool) else json.dumps(value)
+        lines.append(f"{name} = {text}")
+    return "\n".join(lines) + "\n"
+
+
+def cluster_security() -> rpc.RpcSecurityConfig | None:
+    """The security this process uses (``quorumlog --security``, ``QUORUMLOG_SECURITY__*``)
+    when it sets TLS or a token: local clusters started from here get it too."""
+    security = rpc.default_security()
+    return security if security.tls_enabled or security.token is not None else None
+
+
 def node_toml(node_id: int, node_dir: Path, *, address: str, metrics: str, roles: list[str],
               members: str, bootstrap: bool) -> str:
     role_list = ", ".join(f'"{r}"' for r in roles)
@@ -88,6 +107,9 @@ def node_toml(node_id: int, node_dir: Path, *, address: str, metrics: str, roles
         rack = (node_id - 1) % RACKS + 1
         text += (f"\n[bookie]\nlabels = {{ rack = \"rack-{rack}\", zone = \"zone-1\" }}\n"
                  + LOCAL_BOOKIE_TOML)
+    security = cluster_security()
+    if security is not None:
+        text += "\n" + security_toml(security)
     return text
 
 

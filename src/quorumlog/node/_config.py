@@ -29,6 +29,17 @@ Example::
     write_cache_max_bytes = 67108864
     disk_usage_threshold_fraction = 0.95
 
+    [security]                           # optional; see quorumlog.rpc.RpcSecurityConfig
+    tls_enabled = true
+    tls_cert_path = "/etc/quorumlog/node-1.pem"   # server cert, also the client cert
+    tls_key_path = "/etc/quorumlog/node-1.key"
+    tls_ca_path = "/etc/quorumlog/ca.pem"         # signs every node and client
+    token = "shared-secret"
+
+Clients (the CLI, scripts, Spark workers) take the same fields from
+``QUORUMLOG_SECURITY__<FIELD>`` environment variables or ``quorumlog
+--security FILE`` (a TOML file with a ``[security]`` table).
+
 A node without the meta role still needs ``[meta] members``: it is the list
 of meta addresses its bookie registers with.
 
@@ -44,6 +55,7 @@ from pathlib import Path
 from quorumlog import config
 from quorumlog.bookie._bookie_config import BookieConfig
 from quorumlog.config import Config, require
+from quorumlog.rpc import RpcSecurityConfig
 
 KNOWN_ROLES = frozenset({"meta", "bookie"})
 
@@ -102,9 +114,17 @@ class NodeConfig(Config, frozen=True):
     node: NodeSection
     meta: MetaSection | None = None
     bookie: BookieConfig | None = None
+    # TLS and token for the node's rpc server and for its own clients (Raft
+    # peers, the bookie's meta client): see quorumlog.rpc.RpcSecurityConfig.
+    security: RpcSecurityConfig | None = None
 
     def validate(self) -> None:
         self.node.validate()
+        if self.security is not None:
+            self.security.validate()
+            require(not self.security.tls_enabled or self.security.tls_cert_path is not None,
+                    "[security] tls_enabled needs tls_cert_path and tls_key_path "
+                    "(the node's certificate, for its server and as its client certificate)")
         if "bookie" in self.node.roles:
             require(self.meta is not None and bool(self.meta.members),
                     "role bookie needs [meta] members (the meta addresses it registers with)")

@@ -102,10 +102,12 @@ class _Roles:
 
 async def serve(cfg: NodeConfig) -> None:
     """Run the node until SIGTERM/SIGINT (or a role fails: exit code 70)."""
+    security = cfg.security or rpc.RpcSecurityConfig()
+    rpc.set_default_security(security)  # before the roles build their pools
     roles = _Roles(cfg)
     if roles.bookie is not None:
         tune_for_bookie()
-    server = rpc.Server(roles.handlers())
+    server = rpc.Server(roles.handlers(), security=security)
     listen_host, listen_port = parse_address(cfg.node.listen)
     await server.start(listen_host, listen_port)
     if roles.host is not None and roles.meta is not None:

@@ -146,7 +146,7 @@ class RaftHost:
         self.data_dir = Path(data_dir)
         self.config = config or HostConfig()
         self.config.validate()
-        self._pool = pool or rpc.Pool()
+        self._pool = pool if pool is not None else rpc.Pool()  # an empty Pool is falsy (len 0)
         self._own_pool = pool is None
         self._rng = rng or random.Random()
         self._groups: dict[int, _Group] = {}

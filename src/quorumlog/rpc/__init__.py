@@ -39,6 +39,9 @@ Public API:
 - ``Pool(*, config=None, security=None)``: one connection per ``"host:port"``,
   reconnecting on demand: ``get``, ``call``, ``call_with_payload``, ``close``.
 - ``RpcConfig``, ``RpcSecurityConfig``: every limit and security option.
+- ``default_security()`` / ``set_default_security(cfg)``: the security of pools
+  built without one (default: ``QUORUMLOG_SECURITY__<FIELD>`` environment
+  variables, e.g. ``QUORUMLOG_SECURITY__TOKEN``).
 - Errors: ``ConnectionClosedError`` and ``ConnectFailedError`` (retriable),
   ``BackpressureError`` (retriable), ``AuthenticationError``,
   ``RemoteInternalError``, ``UnsupportedRequestError``; ``register_error`` gives
@@ -51,7 +54,12 @@ See docs/rpc.md for the wire format, the copy count of payloads and the limits.
 """
 
 from ._client import Connection, connect
-from ._config import RpcConfig, RpcSecurityConfig
+from ._config import (
+    RpcConfig,
+    RpcSecurityConfig,
+    default_security,
+    set_default_security,
+)
 from ._errors import (
     AuthenticationError,
     BackpressureError,
@@ -83,8 +91,10 @@ __all__ = [
     "Server",
     "UnsupportedRequestError",
     "connect",
+    "default_security",
     "install_uvloop",
     "metrics_registry",
     "register_error",
     "run",
+    "set_default_security",
 ]

@@ -97,3 +97,30 @@ class RpcSecurityConfig(Config, frozen=True):
             "tls_cert_path and tls_key_path go together",
         )
         require(self.token is None or len(self.token) > 0, "token must not be empty")
+
+
+_DEFAULT_SECURITY: dict[str, RpcSecurityConfig] = {}  # "current" -> the process default
+
+
+def set_default_security(security: RpcSecurityConfig | None) -> None:
+    """Set the security of every :class:`Pool` built without one in this process
+    (a node sets its ``[security]`` section; ``None`` goes back to the environment)."""
+    if security is None:
+        _DEFAULT_SECURITY.clear()
+        return
+    security.validate()
+    _DEFAULT_SECURITY["current"] = security
+
+
+def default_security() -> RpcSecurityConfig:
+    """The process-wide client security: set by :func:`set_default_security`, else
+    read once from ``QUORUMLOG_SECURITY__<FIELD>`` environment variables (as
+    etcdctl reads ``ETCDCTL_*``), so CLI calls, scripts and Spark workers reach a
+    cluster with TLS or a token without code changes."""
+    current = _DEFAULT_SECURITY.get("current")
+    if current is None:
+        from quorumlog import config
+
+        current = _DEFAULT_SECURITY["current"] = config.load(RpcSecurityConfig,
+                                                             section="security")
+    return current

@@ -11,7 +11,7 @@ from typing import TypeVar
 from quorumlog.errors import TransientError, UsageError
 
 from ._client import Connection, connect
-from ._config import RpcConfig, RpcSecurityConfig
+from ._config import RpcConfig, RpcSecurityConfig, default_security
 from ._messages import Message, Request
 from ._protocol import BytesLike, log
 
@@ -39,7 +39,7 @@ class Pool:
     ) -> None:
         self.config = config or RpcConfig()
         self.config.validate()
-        self.security = security or RpcSecurityConfig()
+        self.security = security or default_security()
         self.security.validate()
         self._connections: OrderedDict[str, Connection] = OrderedDict()
         self._connecting: dict[str, asyncio.Task[Connection]] = {}
