@@ -17,6 +17,7 @@ from quorumlog.errors import (
     QuorumlogError,
     UsageError,
 )
+from quorumlog.rpc._frame import HEADER, LENGTH_FIELD_BYTES
 
 from .support import (
     HANDLERS,
@@ -24,7 +25,10 @@ from .support import (
     EchoResponse,
     FailRequest,
     UnservedRequest,
+    fail,
     free_port,
+    hello_frame,
+    message_frame,
     run,
     started,
     wait_until,
@@ -509,5 +513,53 @@ def test_client_stops_sending_to_a_server_that_does_not_read() -> None:
             fake.close()
         results = await asyncio.gather(*futures, return_exceptions=True)
         assert all(isinstance(r, rpc.ConnectionClosedError) for r in results)
+
+    run(body())
+
+
+async def _read_raw_frame(reader: asyncio.StreamReader) -> tuple[int, int]:
+    """(type id, request id) of the next frame the server sends."""
+    head = await reader.readexactly(HEADER.size)
+    length, _, _, type_id, request_id, _ = HEADER.unpack(head)
+    await reader.readexactly(length + LENGTH_FIELD_BYTES - HEADER.size)
+    return type_id, request_id
+
+
+def test_oneway_requests_run_in_order_and_get_no_response() -> None:
+    seen: list[tuple[int, bytes]] = []
+
+    async def record(request: EchoRequest, ctx: rpc.RequestContext) -> EchoResponse:
+        seen.append((request.n, bytes(ctx.payload)))
+        return EchoResponse(n=request.n)
+
+    async def body() -> None:
+        server = await started({EchoRequest: record, FailRequest: fail})
+        conn = await rpc.connect("127.0.0.1", server.port)
+        try:
+            for i in range(100):
+                conn.send_oneway(EchoRequest(n=i), payload=b"p%d" % i)
+            await wait_until(lambda: len(seen) == 100, what="100 one-way requests")
+            assert seen == [(i, b"p%d" % i) for i in range(100)]
+            # A failing or unserved one-way request is logged; the connection lives on.
+            conn.send_oneway(FailRequest(kind="bug"))
+            conn.send_oneway(FailRequest(kind="quorumlog"))
+            conn.send_oneway(UnservedRequest())
+            assert (await conn.call(EchoRequest(n=7))).n == 7
+            assert conn.in_flight == 0
+            # On the wire: one-way frames (request id 0) get nothing back.
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(hello_frame(request_id=1))
+            assert (await _read_raw_frame(reader))[1] == 1
+            writer.write(message_frame(EchoRequest(n=1), 0) + message_frame(EchoRequest(n=2), 0)
+                         + message_frame(EchoRequest(n=3), 5))
+            assert await _read_raw_frame(reader) == (EchoResponse.type_id, 5)
+            await wait_until(lambda: len(seen) == 104, what="the raw requests")
+            assert [n for n, _ in seen[-4:]] == [7, 1, 2, 3]
+            writer.close()
+        finally:
+            await conn.close()
+            await server.close()
+        with pytest.raises(rpc.ConnectionClosedError):
+            conn.send_oneway(EchoRequest(n=0))
 
     run(body())

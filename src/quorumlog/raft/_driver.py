@@ -406,14 +406,29 @@ class RaftHost:
             _log.warning("raft_unknown_peer", node=self.node_id, peer=peer)
             return
         request = RaftMessagesRequest(from_node=self.node_id, messages=messages)
-        task = asyncio.get_running_loop().create_task(
-            self._pool.call(address, request, timeout_s=self.config.send_timeout_ms / 1000)
-        )
+        # One-way: a Raft message's answer comes back as a message of its own,
+        # so an rpc response would only cost both sides a frame and a send.
+        connection = self._pool.get_nowait(address)
+        if connection is not None:
+            try:
+                connection.send_oneway(request)
+            except QuorumlogError:  # closed, or the peer is not reading
+                self._unreachable(peer, messages)
+            return
+        task = asyncio.get_running_loop().create_task(self._connect_and_send(address, request))
         task.add_done_callback(lambda t: self._sent(t, peer, messages))
+
+    async def _connect_and_send(self, address: str, request: RaftMessagesRequest) -> None:
+        connection = await asyncio.wait_for(self._pool.get(address),
+                                            self.config.send_timeout_ms / 1000)
+        connection.send_oneway(request)
 
     def _sent(self, task: asyncio.Task[Any], peer: int, messages: list[tuple[int, bytes]]) -> None:
         if task.cancelled() or task.exception() is None:
             return
+        self._unreachable(peer, messages)
+
+    def _unreachable(self, peer: int, messages: list[tuple[int, bytes]]) -> None:
         for group_id in {gid for gid, _ in messages}:
             group = self._groups.get(group_id)
             if group is not None:

@@ -25,7 +25,7 @@ from ._errors import (
     ConnectionClosedError,
     error_from_wire,
 )
-from ._frame import MAX_REQUEST_ID, Frame, FrameError
+from ._frame import MAX_REQUEST_ID, ONEWAY_REQUEST_ID, Frame, FrameError
 from ._messages import (
     PROTOCOL_VERSION,
     ErrorResponse,
@@ -126,6 +126,23 @@ class _ClientProtocol(FramedProtocol):
         self._metrics.requests[entry.cls.__name__] += 1
         self._send(frame, payload, payload_bytes)
         return request_id, future
+
+    def send_oneway(self, request: Request[Any], payload: BytesLike | None) -> None:
+        """Queue ``request`` with request id 0: the server runs it and sends nothing back."""
+        if self.closing:
+            raise ConnectionClosedError(f"connection to {self.peer} is closed: {self.close_reason}")
+        entry = registry.by_cls(type(request))
+        if entry.response_cls is None:
+            raise UsageError(f"{entry.cls.__name__} is not a request")
+        payload_bytes = _nbytes(payload)
+        frame = encode_known(request, entry.type_id, ONEWAY_REQUEST_ID, payload_bytes)
+        if len(frame) + payload_bytes > self.send_limit_bytes:
+            raise UsageError(
+                f"{entry.cls.__name__} of {len(frame) + payload_bytes} bytes exceeds "
+                f"max_frame_bytes {self.send_limit_bytes}"
+            )
+        self._metrics.requests[entry.cls.__name__] += 1
+        self._send(frame, payload, payload_bytes)
 
     def abandon(self, request_id: int) -> None:
         """The caller stopped waiting (cancelled): free the slot now."""
@@ -274,6 +291,19 @@ class Connection:
             self._protocol.window.release()
             raise
         return future  # type: ignore[return-value]
+
+    def send_oneway(self, request: Request[Any], *, payload: BytesLike | None = None) -> None:
+        """Send ``request`` without wanting a response (request id 0).
+
+        For messages whose answer travels as a request of its own (Raft): it
+        saves the server a response frame and a send per message. Nothing says
+        whether it arrived; the server logs a handler's failure. Raises
+        ConnectionClosedError (retriable) on a closed connection and
+        BackpressureError when the peer is not reading.
+        """
+        if self._protocol.write_paused:
+            raise BackpressureError(f"{self.peer} is not reading our requests fast enough")
+        self._protocol.send_oneway(request, payload)
 
     async def call_many(
         self, requests: Sequence[Request[R]], *, timeout_s: float | None = None

@@ -30,6 +30,7 @@ VERSION = 1
 # frame_length is a u32 and counts the bytes after itself.
 MAX_FRAME_BYTES_WIRE = 0xFFFFFFFF + LENGTH_FIELD_BYTES
 MAX_REQUEST_ID = 0xFFFFFFFFFFFFFFFF
+ONEWAY_REQUEST_ID = 0  # a request that wants no response (client ids start at 1)
 # A receive chunk with less room than this is replaced by a fresh one.
 MIN_READ_BYTES = 4096
 

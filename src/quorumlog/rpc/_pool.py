@@ -48,6 +48,14 @@ class Pool:
     def __len__(self) -> int:
         return len(self._connections)
 
+    def get_nowait(self, address: str) -> Connection | None:
+        """The open connection to ``address``, or None (then use :meth:`get`)."""
+        connection = self._connections.get(address)
+        if connection is None or connection.closed or self._closed:
+            return None
+        self._connections.move_to_end(address)
+        return connection
+
     async def get(self, address: str) -> Connection:
         """The open connection to ``address``, connecting if there is none."""
         if self._closed:

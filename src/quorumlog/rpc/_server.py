@@ -31,7 +31,7 @@ from ._errors import (
     UnsupportedRequestError,
     error_to_wire,
 )
-from ._frame import Frame, FrameError
+from ._frame import ONEWAY_REQUEST_ID, Frame, FrameError
 from ._messages import (
     PROTOCOL_VERSION,
     HelloRequest,
@@ -179,6 +179,7 @@ class _ServerProtocol(FramedProtocol):
         self._reading_paused = False
         self._send_limit_bytes = server.config.max_frame_bytes
         self._in_flight: dict[int, asyncio.Task[None]] = {}
+        self._oneway_seq = 0  # keys of one-way handlers in _in_flight: -1, -2, ...
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._reader.set_max_frame_bytes(min(HELLO_MAX_FRAME_BYTES, server.config.max_frame_bytes))
 
@@ -305,6 +306,9 @@ class _ServerProtocol(FramedProtocol):
 
     def _dispatch(self, frame: Frame, entry: MessageType, request: Message) -> None:
         request_id = frame.request_id
+        if request_id == ONEWAY_REQUEST_ID:
+            self._dispatch_oneway(frame, entry, request)
+            return
         if request_id in self._in_flight:
             raise FrameError(f"request id {request_id} reused while still in flight")
         self._metrics.requests[entry.cls.__name__] += 1
@@ -318,6 +322,38 @@ class _ServerProtocol(FramedProtocol):
         context = RequestContext(self.peer, request_id, frame.payload)
         task = self._loop.create_task(self._serve(handler, entry, request, context))
         self._in_flight[request_id] = task
+
+    def _dispatch_oneway(self, frame: Frame, entry: MessageType, request: Message) -> None:
+        """Run a one-way request's handler; nothing is sent back, failures are logged.
+
+        One-way handlers count against the same in-flight bound as others
+        (under a key of their own), so a flood of them pauses reading too."""
+        self._metrics.requests[entry.cls.__name__] += 1
+        handler = self._server._handler_for(entry.cls)
+        if handler is None:
+            log().warning("rpc_oneway_unsupported", request=entry.cls.__name__, peer=self.peer)
+            return
+        self._oneway_seq -= 1  # negative keys: never a client request id
+        key = self._oneway_seq
+        context = RequestContext(self.peer, ONEWAY_REQUEST_ID, frame.payload)
+        task = self._loop.create_task(self._serve_oneway(handler, entry, request, context, key))
+        self._in_flight[key] = task
+
+    async def _serve_oneway(self, handler: Handler, entry: MessageType, request: Message,
+                            context: RequestContext, key: int) -> None:
+        try:
+            await handler(request, context)
+        except InvariantViolation as exc:
+            log().error("rpc_handler_failed", request=entry.cls.__name__, peer=self.peer,
+                        request_id=ONEWAY_REQUEST_ID, exc_info=exc)
+        except QuorumlogError as exc:
+            log().warning("rpc_oneway_refused", request=entry.cls.__name__, peer=self.peer,
+                          error=exc.message)
+        except Exception as exc:
+            log().error("rpc_handler_failed", request=entry.cls.__name__, peer=self.peer,
+                        request_id=ONEWAY_REQUEST_ID, exc_info=exc)
+        finally:
+            self._finish(key)
 
     async def _serve(
         self, handler: Handler, entry: MessageType, request: Message, context: RequestContext
