@@ -99,6 +99,21 @@ def test_read_cache_ring_drops_oldest_segment() -> None:
     assert cache.size_bytes == 0
 
 
+def test_read_cache_run_stops_at_a_miss_the_last_entry_or_the_byte_bound() -> None:
+    cache = ReadCache(max_bytes=4096, segment_count=2)
+    for entry in (0, 1, 2, 4):
+        cache.put(7, entry, bytes([entry]) * 100)
+    assert cache.get_run(7, 0, 10, 10_000) == [bytes([e]) * 100 for e in (0, 1, 2)]  # miss at 3
+    assert cache.get_run(7, 1, 1, 10_000) == [b"\x01" * 100]  # last entry
+    assert cache.get_run(7, 0, 10, 250) == [b"\x00" * 100, b"\x01" * 100]  # byte bound
+    assert cache.get_run(8, 0, 10, 10_000) == []
+    for entry in range(5, 31):  # 2,048-byte segments: entries 21.. go to the second one
+        cache.put(7, entry, b"x" * 100)
+    assert cache.get(7, 30) is not None and cache.get(7, 4) is not None
+    assert cache.get_run(7, 4, 30, 100_000) == [bytes([4]) * 100] + [b"x" * 100] * 26
+    assert ReadCache(max_bytes=0, segment_count=1).get_run(7, 0, 1, 100) == []
+
+
 def test_sequential_reads_tracker_is_bounded() -> None:
     tracker = SequentialReads(tracked_ledgers_max=2)
     tracker.note(1, 5)

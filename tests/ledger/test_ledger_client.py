@@ -469,6 +469,33 @@ def test_next_replica_on_error_and_digest_mismatch_names_the_bookie() -> None:
     in_world(test)
 
 
+def test_pipelined_batch_reads_survive_a_corrupt_and_a_crashed_replica() -> None:
+    """E == Qw: batch reads go to both replicas at once; a segment whose batch
+    fails (a corrupt entry, a crashed bookie) is finished from the other one."""
+
+    async def test(world: LedgerWorld) -> None:
+        c = client(world, batch_read_entries_max=16, batch_reads_in_flight_max=4)
+        lh = await c.create_ledger(2, 2, 2, password=PW)
+        for i in range(200):
+            lh.append_async(b"e%d" % i)
+        await lh.close()
+        first, second = lh.metadata.current_ensemble
+        envelope = world.bookies[first]._memory[lh.id].entries[37]
+        world.bookies[first]._memory[lh.id].entries[37] = envelope[:-1] + bytes(
+            [envelope[-1] ^ 1])
+        rh = await c.open_ledger(lh.id, password=PW)
+        entries = await rh.read_batch(0, 199)
+        assert [e.payload for e in entries] == [b"e%d" % i for i in range(200)]
+        world.bookies[second].crash()
+        got = []
+        with pytest.raises(DigestMismatchError, match=first):  # no valid copy of entry 37
+            async for entry in rh.read(0, 199):
+                got.append(entry.payload)
+        assert got == [b"e%d" % i for i in range(37)]  # everything before it, in order
+
+    in_world(test)
+
+
 # ----- bad input ------------------------------------------------------------------------------
 
 
@@ -516,3 +543,31 @@ def test_metadata_decode_of_stored_value() -> None:
         assert LedgerMetadata.decode(kv.value) == lh.metadata
 
     in_world(test)
+
+
+def test_crc32c_batch_fast_path_agrees_with_decode_entry() -> None:
+    """The batch read's inline checks accept exactly what decode_entry accepts."""
+    from quorumlog.ledger._digest import crc32c_payloads, decode_entry, encode_entry
+
+    crc = DigestType.CRC32C
+    good = [encode_entry(5, 10 + i, 9 + i, b"payload-%d" % i, digest=crc) for i in range(20)]
+    assert crc32c_payloads(good, 5, 10) == [b"payload-%d" % i for i in range(20)]
+    assert crc32c_payloads([memoryview(e) for e in good], 5, 10) == crc32c_payloads(good, 5, 10)
+    assert crc32c_payloads([], 5, 10) == []
+    flipped = bytearray(good[3])
+    flipped[-1] ^= 1
+    hmac_entry = encode_entry(5, 10, 9, b"x", digest=DigestType.HMAC_SHA256, key=b"k" * 32)
+    bad_batches = {
+        "payload bit flip": [*good[:3], bytes(flipped)],
+        "wrong ledger": [encode_entry(6, 10, 9, b"x", digest=crc)],
+        "entry gap": [good[0], good[2]],
+        "other digest type": [hmac_entry],
+        "truncated": [good[0][:-1]],
+        "short header": [good[0][:10]],
+        "LAC below -1": [encode_entry(5, 10, -2, b"x", digest=crc)],
+    }
+    for name, batch in bad_batches.items():
+        assert crc32c_payloads(batch, 5, 10) is None, name
+        with pytest.raises(DigestMismatchError):  # the careful path names the problem
+            for k, envelope in enumerate(batch):
+                decode_entry(envelope, ledger_id=5, entry_id=10 + k, digest=crc, source="b1")

@@ -119,6 +119,28 @@ class ReadCache:
                 return data
         return None
 
+    def get_run(self, ledger_id: int, first_entry_id: int, last_entry_id: int,
+                max_bytes: int) -> list[bytes]:
+        """Consecutive cached entries from ``first_entry_id`` (stops at the first
+        miss, ``last_entry_id`` or ``max_bytes``): a batch read's hot loop."""
+        run: list[bytes] = []
+        if not self._segment_bytes:
+            return run
+        count = len(self._segments)
+        order = [self._segments[(self._current - step) % count] for step in range(count)]
+        total = 0
+        for entry_id in range(first_entry_id, last_entry_id + 1):
+            key = (ledger_id, entry_id)
+            for segment in order:
+                data = segment.get(key)
+                if data is not None:
+                    break
+            if data is None or total + len(data) > max_bytes:
+                break
+            run.append(data)
+            total += len(data)
+        return run
+
     def put(self, ledger_id: int, entry_id: int, data: bytes) -> None:
         """Cache an entry; entries larger than a segment are not cached."""
         if len(data) > self._segment_bytes:

@@ -50,6 +50,9 @@ class LedgerClientConfig(Config, frozen=True):
     # One batch read (E == Qw) asks for at most this many entries / bytes.
     batch_read_entries_max: int = 256
     batch_read_bytes_max: int = 4 * MIB
+    # Batch reads of a range kept in flight at once, spread over the
+    # fragment's replicas (each holds every entry when E == Qw).
+    batch_reads_in_flight_max: int = 4
     # Failure domains a rack/zone-aware write set should span.
     placement_min_racks: int = 2
 
@@ -59,6 +62,7 @@ class LedgerClientConfig(Config, frozen=True):
             "outstanding_bytes_max", "entry_max_bytes", "replacement_attempts_max",
             "metadata_cas_attempts_max", "recovery_reads_in_flight_max",
             "read_entries_in_flight_max", "batch_read_entries_max", "batch_read_bytes_max",
+            "batch_reads_in_flight_max",
             "tail_read_ahead_entries",
             "placement_min_racks",
         ):

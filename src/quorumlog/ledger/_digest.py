@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import crc32c
@@ -106,6 +107,38 @@ def parse_envelope(data: bytes | memoryview) -> Envelope:
         if expected != view[ENVELOPE_HEADER.size:start]:
             raise DigestMismatchError(f"entry {ledger_id}:{entry_id}: CRC32C digest mismatch")
     return Envelope(ledger_id, entry_id, lac, kind, payload)
+
+
+_CRC32C_CODE = _DIGEST_CODES[DigestType.CRC32C]
+_CRC32C_START = ENVELOPE_HEADER.size + DIGEST_SIZES[DigestType.CRC32C]
+
+
+def crc32c_payloads(envelopes: Sequence[bytes | memoryview], ledger_id: int,
+                    first_entry_id: int) -> list[bytes] | None:
+    """Payloads of consecutive CRC32C envelopes ``first_entry_id, first_entry_id + 1, ...``
+    of ``ledger_id``, every check of :func:`decode_entry` done inline (a batch
+    read's hot loop); None as soon as one envelope fails any check, so the
+    caller decodes them one by one for the precise error."""
+    unpack = ENVELOPE_HEADER.unpack_from
+    stored_crc = _CRC.unpack_from
+    crc = crc32c.crc32c
+    header_bytes, start = ENVELOPE_HEADER.size, _CRC32C_START
+    payloads: list[bytes] = []
+    entry_id = first_entry_id
+    for data in envelopes:
+        view = memoryview(data)
+        if len(view) < start:
+            return None
+        ledger, entry, lac, length, code = unpack(view)
+        if (ledger != ledger_id or entry != entry_id or code != _CRC32C_CODE or lac < -1
+                or len(view) != start + length):
+            return None
+        payload = view[start:]
+        if crc(payload, crc(view[:header_bytes])) != stored_crc(view, header_bytes)[0]:
+            return None
+        payloads.append(bytes(payload))
+        entry_id += 1
+    return payloads
 
 
 def decode_entry(

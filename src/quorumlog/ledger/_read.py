@@ -17,13 +17,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Coroutine, Sequence
+from typing import Any
 
 import msgspec
 
 from quorumlog.bookie._errors import NoSuchEntryError, UnauthorizedError
 from quorumlog.errors import QuorumlogError, UsageError
 from quorumlog.ledger._bookie_client import (
+    BatchReply,
     BookieOutcome,
     LacReply,
     cancel_quietly,
@@ -31,7 +33,7 @@ from quorumlog.ledger._bookie_client import (
     outcome_of,
 )
 from quorumlog.ledger._context import LedgerContext
-from quorumlog.ledger._digest import DigestMismatchError, decode_entry, mac_key
+from quorumlog.ledger._digest import DigestMismatchError, crc32c_payloads, decode_entry, mac_key
 from quorumlog.ledger._errors import EntryUnavailableError, ReadPastLacError
 from quorumlog.ledger._metadata import DigestType, LedgerMetadata
 
@@ -61,6 +63,18 @@ class EntryReader:
         parsed = decode_entry(envelope, ledger_id=self._ledger_id, entry_id=entry_id,
                               digest=self._digest, key=self._key, source=bookie)
         return LedgerEntry(self._ledger_id, entry_id, bytes(parsed.payload))
+
+    def decode_many(self, envelopes: Sequence[bytes | memoryview], first_entry_id: int,
+                    bookie: str) -> list[LedgerEntry]:
+        """Verify consecutive envelopes of a batch read (fast path for CRC32C)."""
+        if self._digest is DigestType.CRC32C:
+            payloads = crc32c_payloads(envelopes, self._ledger_id, first_entry_id)
+            if payloads is not None:
+                ledger_id = self._ledger_id
+                return [LedgerEntry(ledger_id, first_entry_id + k, payload)
+                        for k, payload in enumerate(payloads)]
+        return [self.decode(envelope, first_entry_id + k, bookie)
+                for k, envelope in enumerate(envelopes)]
 
     async def _read_one(self, bookie: str, entry_id: int) -> LedgerEntry:
         reply = await self._ctx.bookies.read_entry(
@@ -128,28 +142,72 @@ class EntryReader:
 
     async def _read_batches(self, metadata: LedgerMetadata, first: int,
                             last: int) -> AsyncGenerator[LedgerEntry, None]:
-        config = self._ctx.config
-        entry_id = first
-        rotation = 0
-        while entry_id <= last:
-            index = metadata.fragment_index(entry_id)
-            fragment = metadata.ensembles[index]
-            fragment_last = (metadata.ensembles[index + 1].first_entry_id - 1
-                             if index + 1 < len(metadata.ensembles) else last)
-            segment_last = min(last, fragment_last)
-            bookies = fragment.bookies
-            got: list[LedgerEntry] = []
-            for attempt in range(len(bookies)):
-                bookie = bookies[(rotation + attempt) % len(bookies)]
+        """Batch reads pipelined over the replicas: up to ``batch_reads_in_flight_max``
+        segments are being read while the oldest one is handed out. A segment
+        that fails or comes back short is finished by :meth:`_read_segment`."""
+        window = self._ctx.config.batch_reads_in_flight_max
+        in_flight: deque[tuple[int, int, str, asyncio.Task[BatchReply]]] = deque()
+        next_id, rotation = first, 0
+        try:
+            while next_id <= last or in_flight:
+                while next_id <= last and len(in_flight) < window:
+                    segment_last, bookies = self._segment(metadata, next_id, last)
+                    bookie = bookies[rotation % len(bookies)]
+                    rotation += 1
+                    in_flight.append((next_id, segment_last, bookie, asyncio.ensure_future(
+                        self._batch(bookie, next_id, segment_last))))
+                    next_id = segment_last + 1
+                segment_first, segment_last, bookie, task = in_flight.popleft()
+                got: list[LedgerEntry] = []
                 try:
-                    reply = await self._ctx.bookies.read_batch(
-                        bookie, self._ledger_id, entry_id,
-                        max_entries=min(config.batch_read_entries_max,
-                                        segment_last - entry_id + 1),
-                        max_bytes=config.batch_read_bytes_max, timeout_s=self._timeout_s)
-                    got = [self.decode(envelope, entry_id + k, bookie)
-                           for k, envelope in enumerate(reply.envelopes[
-                               : segment_last - entry_id + 1])]
+                    reply = await task
+                    got = self.decode_many(
+                        reply.envelopes[: segment_last - segment_first + 1], segment_first,
+                        bookie)
+                except QuorumlogError as exc:
+                    if isinstance(exc, UnauthorizedError):
+                        raise
+                    self._ctx.log.debug("ledger_batch_read_failed", bookie=bookie,
+                                        ledger=self._ledger_id, entry=segment_first,
+                                        error=str(exc))
+                for entry in got:
+                    yield entry
+                if segment_first + len(got) <= segment_last:
+                    async for entry in self._read_segment(
+                            metadata, segment_first + len(got), segment_last):
+                        yield entry
+        finally:
+            cancel_quietly([task for *_, task in in_flight])
+
+    def _segment(self, metadata: LedgerMetadata, entry_id: int,
+                 last: int) -> tuple[int, list[str]]:
+        """Last entry of one batch read from ``entry_id`` (within one fragment)
+        and the replicas holding it."""
+        index = metadata.fragment_index(entry_id)
+        fragment_last = (metadata.ensembles[index + 1].first_entry_id - 1
+                         if index + 1 < len(metadata.ensembles) else last)
+        count = min(self._ctx.config.batch_read_entries_max,
+                    min(last, fragment_last) - entry_id + 1)
+        return entry_id + count - 1, list(metadata.ensembles[index].bookies)
+
+    def _batch(self, bookie: str, first: int, last: int) -> Coroutine[Any, Any, BatchReply]:
+        return self._ctx.bookies.read_batch(
+            bookie, self._ledger_id, first, max_entries=last - first + 1,
+            max_bytes=self._ctx.config.batch_read_bytes_max, timeout_s=self._timeout_s)
+
+    async def _read_segment(self, metadata: LedgerMetadata, first: int,
+                            last: int) -> AsyncGenerator[LedgerEntry, None]:
+        """Entries ``first..last`` one batch at a time, trying each replica in
+        turn, then single reads (which raise the precise error)."""
+        entry_id = first
+        while entry_id <= last:
+            segment_last, bookies = self._segment(metadata, entry_id, last)
+            got: list[LedgerEntry] = []
+            for bookie in bookies:
+                try:
+                    reply = await self._batch(bookie, entry_id, segment_last)
+                    got = self.decode_many(reply.envelopes[: segment_last - entry_id + 1],
+                                           entry_id, bookie)
                 except QuorumlogError as exc:
                     if isinstance(exc, UnauthorizedError):
                         raise
@@ -158,7 +216,6 @@ class EntryReader:
                                         error=str(exc))
                     got = []
                 if got:
-                    rotation = (rotation + attempt) % len(bookies)
                     break
             if not got:
                 got = [await self.read_entry(metadata, entry_id)]  # the precise error

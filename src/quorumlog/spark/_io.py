@@ -11,6 +11,7 @@ batch (the loop thread keeps the connections serviced in between).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import threading
 from collections.abc import Coroutine, Sequence
@@ -56,6 +57,12 @@ def _configure_logging() -> None:
 def run(coro: Coroutine[Any, Any, T], timeout_s: float = CALL_TIMEOUT_S) -> T:
     """Run ``coro`` on this process's quorumlog loop and wait for it."""
     return asyncio.run_coroutine_threadsafe(coro, _loop()).result(timeout_s)
+
+
+def submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    """Start ``coro`` on this process's quorumlog loop; the caller goes on (a
+    reader decodes one chunk while the next one is read)."""
+    return asyncio.run_coroutine_threadsafe(coro, _loop())
 
 
 async def _client(addresses: tuple[str, ...]) -> LedgerClient:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import datetime
 from collections.abc import Iterator, Sequence
@@ -73,6 +74,7 @@ log = get_logger(__name__)
 
 READ_CHUNK_BYTES = 8 * 1024 * 1024  # entries fetched per bookie round of a task
 READ_CHUNK_ENTRIES_MAX = 8192
+READ_CHUNK_ENTRIES_FIRST = 256  # before the entry size is known
 BATCH_ID_PROPERTY = "streaming.sql.batchId"  # Spark's local property in micro-batch tasks
 
 
@@ -138,34 +140,46 @@ class QuorumlogInputPartition(InputPartition):
 
 
 def read_partition(partition: QuorumlogInputPartition) -> Iterator[pa.RecordBatch]:
-    """Read one task's entries straight from the bookies (never past the LAC)."""
+    """Read one task's entries straight from the bookies (never past the LAC).
+
+    The next chunk is read on the I/O loop while this thread decodes the
+    current one into Arrow, so the network and the decode overlap."""
     task = partition.task
     client = _io.ledger_client(partition.meta)
     handle = _io.run(client.open_ledger(task.ledger_id, password=partition.password,
                                         recovery=False))
-    entry = task.first_entry
-    chunk = 256
-    while entry <= task.last_entry:
-        last = min(task.last_entry, entry + chunk - 1)
-        entries = _io.run(handle.read_batch(entry, last))
-        sink = ColumnSink()
-        size = 0
-        for item in entries:
-            entry_id = int(item.entry_id)
-            payload = bytes(item.payload)
-            size += len(payload)
-            first_batch = task.first_batch if entry_id == task.first_entry else 0
-            last_batch = (task.end_batch - 1 if task.end_batch > 0
-                          and entry_id == task.last_entry else -1)
-            decode_entry_columns(payload, sink, entry_id, first_batch, last_batch)
-        batch = record_batch(task.stream, task.partition, task.ledger_id, sink,
-                             publish_min_ms=task.publish_min_ms,
-                             publish_max_ms=task.publish_max_ms)
-        for offset in range(0, batch.num_rows, partition.batch_rows):
-            yield batch.slice(offset, partition.batch_rows)
-        entry = last + 1
-        average = max(1, size // max(1, len(entries)))
-        chunk = max(1, min(READ_CHUNK_ENTRIES_MAX, READ_CHUNK_BYTES // average))
+    chunk = READ_CHUNK_ENTRIES_FIRST
+    last = min(task.last_entry, task.first_entry + chunk - 1)
+    pending: concurrent.futures.Future[list[Any]] | None = _io.submit(
+        handle.read_batch(task.first_entry, last))
+    try:
+        while pending is not None:
+            entries = pending.result(_io.CALL_TIMEOUT_S)
+            size = sum(len(item.payload) for item in entries)
+            average = max(1, size // max(1, len(entries)))
+            chunk = max(1, min(READ_CHUNK_ENTRIES_MAX, READ_CHUNK_BYTES // average))
+            first, pending = last + 1, None
+            if first <= task.last_entry:
+                last = min(task.last_entry, first + chunk - 1)
+                pending = _io.submit(handle.read_batch(first, last))
+            batch = _decode_chunk(task, entries)
+            for offset in range(0, batch.num_rows, partition.batch_rows):
+                yield batch.slice(offset, partition.batch_rows)
+    finally:
+        if pending is not None:
+            pending.cancel()
+
+
+def _decode_chunk(task: ReadTask, entries: list[Any]) -> pa.RecordBatch:
+    sink = ColumnSink()
+    for item in entries:
+        entry_id = int(item.entry_id)
+        first_batch = task.first_batch if entry_id == task.first_entry else 0
+        last_batch = (task.end_batch - 1 if task.end_batch > 0
+                      and entry_id == task.last_entry else -1)
+        decode_entry_columns(bytes(item.payload), sink, entry_id, first_batch, last_batch)
+    return record_batch(task.stream, task.partition, task.ledger_id, sink,
+                        publish_min_ms=task.publish_min_ms, publish_max_ms=task.publish_max_ms)
 
 
 def _wrap(tasks: list[ReadTask], options: SourceOptions, record: StreamRecord
