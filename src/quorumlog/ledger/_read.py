@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncGenerator, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Coroutine, Sequence
 from typing import Any
 
 import msgspec
@@ -158,18 +158,7 @@ class EntryReader:
                         self._batch(bookie, next_id, segment_last))))
                     next_id = segment_last + 1
                 segment_first, segment_last, bookie, task = in_flight.popleft()
-                got: list[LedgerEntry] = []
-                try:
-                    reply = await task
-                    got = self.decode_many(
-                        reply.envelopes[: segment_last - segment_first + 1], segment_first,
-                        bookie)
-                except QuorumlogError as exc:
-                    if isinstance(exc, UnauthorizedError):
-                        raise
-                    self._ctx.log.debug("ledger_batch_read_failed", bookie=bookie,
-                                        ledger=self._ledger_id, entry=segment_first,
-                                        error=str(exc))
+                got = await self._batch_entries(bookie, segment_first, segment_last, task)
                 for entry in got:
                     yield entry
                 if segment_first + len(got) <= segment_last:
@@ -190,6 +179,20 @@ class EntryReader:
                     min(last, fragment_last) - entry_id + 1)
         return entry_id + count - 1, list(metadata.ensembles[index].bookies)
 
+    async def _batch_entries(self, bookie: str, first: int, last: int,
+                             reply: Awaitable[BatchReply]) -> list[LedgerEntry]:
+        """The verified entries of one batch read; [] when it failed (logged).
+        A bookie refusing the master key is raised: no replica will do better."""
+        try:
+            batch = await reply
+            return self.decode_many(batch.envelopes[: last - first + 1], first, bookie)
+        except QuorumlogError as exc:
+            if isinstance(exc, UnauthorizedError):
+                raise
+            self._ctx.log.debug("ledger_batch_read_failed", bookie=bookie,
+                                ledger=self._ledger_id, entry=first, error=str(exc))
+            return []
+
     def _batch(self, bookie: str, first: int, last: int) -> Coroutine[Any, Any, BatchReply]:
         return self._ctx.bookies.read_batch(
             bookie, self._ledger_id, first, max_entries=last - first + 1,
@@ -204,17 +207,8 @@ class EntryReader:
             segment_last, bookies = self._segment(metadata, entry_id, last)
             got: list[LedgerEntry] = []
             for bookie in bookies:
-                try:
-                    reply = await self._batch(bookie, entry_id, segment_last)
-                    got = self.decode_many(reply.envelopes[: segment_last - entry_id + 1],
-                                           entry_id, bookie)
-                except QuorumlogError as exc:
-                    if isinstance(exc, UnauthorizedError):
-                        raise
-                    self._ctx.log.debug("ledger_batch_read_failed", bookie=bookie,
-                                        ledger=self._ledger_id, entry=entry_id,
-                                        error=str(exc))
-                    got = []
+                got = await self._batch_entries(bookie, entry_id, segment_last,
+                                                self._batch(bookie, entry_id, segment_last))
                 if got:
                     break
             if not got:
