@@ -6,7 +6,7 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Coroutine, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from quorumlog import rpc
 from quorumlog.errors import UsageError
@@ -17,6 +17,7 @@ from quorumlog.ledger._read import LedgerEntry, ReadHandle
 from quorumlog.ledger._write import WriteHandle
 
 T = TypeVar("T")
+H = TypeVar("H", WriteHandle, ReadHandle)
 
 READ_CHUNK_ENTRIES = 1000
 """Entries a blocking ``read`` fetches per round trip to the loop thread."""
@@ -123,13 +124,15 @@ class BlockingLedgerClient:
         return self._loop.run(self._client.ledger_metadata(ledger_id))
 
 
-class BlockingWriteHandle:
-    def __init__(self, loop: _Loop, handle: WriteHandle) -> None:
+class _BlockingHandle(Generic[H]):
+    """What a blocking write handle and a blocking read handle share."""
+
+    def __init__(self, loop: _Loop, handle: H) -> None:
         self._loop = loop
-        self._handle = handle
+        self._handle: H = handle
 
     @property
-    def handle(self) -> WriteHandle:
+    def handle(self) -> H:
         return self._handle
 
     @property
@@ -148,6 +151,8 @@ class BlockingWriteHandle:
     def is_closed(self) -> bool:
         return self._handle.is_closed
 
+
+class BlockingWriteHandle(_BlockingHandle[WriteHandle]):
     def append(self, payload: bytes) -> int:
         return self._loop.run(self._handle.append(payload))
 
@@ -162,31 +167,7 @@ class BlockingWriteHandle:
         self._loop.run(self._handle.detach())
 
 
-class BlockingReadHandle:
-    def __init__(self, loop: _Loop, handle: ReadHandle) -> None:
-        self._loop = loop
-        self._handle = handle
-
-    @property
-    def handle(self) -> ReadHandle:
-        return self._handle
-
-    @property
-    def id(self) -> int:
-        return self._handle.id
-
-    @property
-    def last_add_confirmed(self) -> int:
-        return self._handle.last_add_confirmed
-
-    @property
-    def is_closed(self) -> bool:
-        return self._handle.is_closed
-
-    @property
-    def metadata(self) -> LedgerMetadata:
-        return self._handle.metadata
-
+class BlockingReadHandle(_BlockingHandle[ReadHandle]):
     def read(self, first: int, last: int) -> Iterator[LedgerEntry]:
         """Entries ``first..last`` in order, fetched in chunks."""
         start = first
