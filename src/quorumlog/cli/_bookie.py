@@ -10,12 +10,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from quorumlog.cli._meta import MembersOption, _members
+
 app = typer.Typer(help="Administer bookies (the ledger storage nodes).", no_args_is_help=True)
 console = Console()
 
-MembersOption = typer.Option(
-    None, "--members", help="Comma-separated meta addresses (default: the local cluster)."
-)
 DirOption = typer.Option(
     None, "--dir", help="Local cluster directory (default: $QUORUMLOG_CLUSTER_DIR or "
     ".quorumlog/cluster)."
@@ -24,14 +23,6 @@ BookieOption = typer.Option(..., "--bookie", help="The bookie's address (host:po
 JsonOption = typer.Option(False, "--json", help="Print JSON instead of a table.")
 TIMEOUT_S = 10.0
 ADMIN_TIMEOUT_S = 600.0  # GC and scrub read whole entry logs
-
-
-def _members(members: str | None, directory: Path | None) -> list[str]:
-    if members:
-        return [m.strip() for m in members.split(",") if m.strip()]
-    from quorumlog.node import DEFAULT_DIR, meta_addresses
-
-    return meta_addresses(directory or DEFAULT_DIR)
 
 
 def _call(address: str, request: Any, timeout_s: float = TIMEOUT_S) -> Any:

@@ -12,23 +12,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from quorumlog.cli._meta import DirOption, MembersOption, _members
+
 app = typer.Typer(help="Streams made of ledgers (Pulsar-style topics).", no_args_is_help=True)
 console = Console()
 
 T = TypeVar("T")
 
-MembersOption = typer.Option(
-    None, "--members", help="Comma-separated meta addresses (default: the local cluster)."
-)
-DirOption = typer.Option(None, "--dir", help="Local cluster directory.")
-
-
-def _members(members: str | None, directory: Path | None) -> list[str]:
-    if members:
-        return [m.strip() for m in members.split(",") if m.strip()]
-    from quorumlog.node import DEFAULT_DIR, meta_addresses
-
-    return meta_addresses(directory or DEFAULT_DIR)
 
 
 def _run(members: str | None, directory: Path | None,
