@@ -9,12 +9,14 @@ the seed, the invariant and the command that replays it with a transcript.
 
 from __future__ import annotations
 
+import os
+import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
 
-from quorumlog.ledger import ReadAnswer, Schedule, _quorum, _read, _recovery
+from quorumlog.ledger import ReadAnswer, Schedule, _quorum, _read, _recovery, _write
 from quorumlog.sim import LEDGER_MIXES, run_ledger_seed
 
 pytestmark = pytest.mark.sim
@@ -22,11 +24,31 @@ pytestmark = pytest.mark.sim
 DEFAULT_SEEDS = 480
 SLOW_SEEDS = 6_000
 CHUNK = 120
+RANDOM_OFFSET_SEEDS = 3_000
+"""Seeds the slow set runs at a random far offset (printed; replay with
+QUORUMLOG_SIM_OFFSET=<offset>)."""
+
+CONCURRENT_RECOVERY_SEEDS = (42420972, 42424888, 42425697)
+"""Found outside the default range: an ensemble change published by one of two
+concurrent recoverers let the other count a newcomer's "no such entry" and
+close the ledger before an acknowledged entry."""
+
+
+def _random_offset() -> int:
+    fixed = os.environ.get("QUORUMLOG_SIM_OFFSET")
+    if fixed:
+        return int(fixed)
+    return random.SystemRandom().randrange(10**8, 10**11, 1000)
 
 
 def _run(start: int, count: int) -> None:
+    _run_seeds(range(start, start + count))
+
+
+def _run_seeds(seeds: range | tuple[int, ...]) -> None:
     failures = []
-    for seed in range(start, start + count):
+    count = len(seeds)
+    for seed in seeds:
         result = run_ledger_seed(seed)
         if not result.passed:
             failures.append(
@@ -45,6 +67,22 @@ def test_ledger_seeds(start: int) -> None:
 @pytest.mark.parametrize("start", range(DEFAULT_SEEDS, DEFAULT_SEEDS + SLOW_SEEDS, 500))
 def test_ledger_seeds_slow(start: int) -> None:
     _run(start, 500)
+
+
+def test_concurrent_recoveries_keep_entries_acknowledged_during_an_ensemble_change() -> None:
+    _run_seeds(CONCURRENT_RECOVERY_SEEDS)
+
+
+@pytest.mark.slow
+def test_ledger_seeds_at_a_random_far_offset() -> None:
+    offset = _random_offset()
+    print(f"ledger simulator: seeds {offset}..{offset + RANDOM_OFFSET_SEEDS - 1} "
+          f"(replay the set with QUORUMLOG_SIM_OFFSET={offset})")
+    try:
+        _run(offset, RANDOM_OFFSET_SEEDS)
+    except AssertionError as exc:
+        raise AssertionError(f"at random offset {offset} (QUORUMLOG_SIM_OFFSET={offset}): "
+                             f"{exc}") from None
 
 
 def test_a_seed_replays_bit_for_bit() -> None:
@@ -124,3 +162,20 @@ def test_recovery_without_fencing_is_caught() -> None:
 
     with _planted(_recovery, "_fence", no_fence):
         assert _caught(range(400)) & {"acked-lost", "fenced-writer-committed"}
+
+
+def test_publishing_a_recovery_ensemble_change_is_caught() -> None:
+    """The old rule: a recovery's ensemble change went to meta at once."""
+    original = _write.WriteHandle._change_ensemble
+
+    async def publishing(self: _write.WriteHandle, failed: dict[int, str]) -> set[int]:
+        self._recovery = False
+        try:
+            return await original(self, failed)
+        finally:
+            self._recovery = True
+
+    with _planted(_write.WriteHandle, "_change_ensemble", publishing):
+        caught = {r.violation for seed in CONCURRENT_RECOVERY_SEEDS
+                  if not (r := run_ledger_seed(seed)).passed}
+    assert caught & {"recovery-ensemble-published", "acked-lost"}

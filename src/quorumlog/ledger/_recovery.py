@@ -20,9 +20,12 @@
    closed it first, its result stands (concurrent recoveries agree on the
    first close).
 
-The scan reads the ensemble that was fenced, even after a recovery-time
-ensemble change: the new bookies never saw the old writer's entries, so their
-"no such entry" would prove nothing.
+Recovery-time ensemble changes stay inside the recovering write handle and
+reach meta only with the close (see ``_write``): while the ledger is
+IN_RECOVERY its last fragment is the old writer's, so every recoverer -
+concurrent or later - fences and scans bookies that can vouch for each entry
+(Qa of every write set hold each acknowledged entry). A replacement bookie
+never saw the old writer's entries; its "no such entry" would prove nothing.
 """
 
 from __future__ import annotations

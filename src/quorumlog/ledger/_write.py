@@ -15,6 +15,17 @@ sent and no entry completes (BookKeeper's ``blockAddCompletions``), so every
 entry past the new fragment's first one ends up on the new ensemble. An error
 after Qa acks is remembered and replaces the bookie before the next append.
 
+Recovery handles never publish an ensemble change by itself: the new
+fragments stay in the handle and reach meta only in the compare-and-swap that
+closes the ledger, after every rewritten entry has Qa acks on them
+(BookKeeper's ``newEnsemblesFromRecovery``). While a ledger is IN_RECOVERY its
+metadata therefore names the ensembles the old writer wrote to, whose write
+sets can vouch for every acknowledged entry: Qa of each write set hold it, so
+Qf = Qw - Qa + 1 "no such entry" answers prove an entry was never
+acknowledged. A published fragment whose replacement bookie has not yet
+received the entries would break that proof for a concurrent recoverer (it
+would count the newcomer's "no such entry" and truncate the ledger).
+
 A handle whose ledger was fenced (a bookie answers ``LedgerFencedError``, or
 the metadata left the OPEN state under us) fails every pending append with
 ``LedgerFencedError`` and refuses new ones.
@@ -465,11 +476,17 @@ class WriteHandle:
         indexes whose bookie changed."""
         replacements = await self._choose_replacements(failed)
         new = self._metadata.with_replaced_bookies(replacements, self._lac)
-        await self._write_metadata(new)
+        if self._recovery:
+            # Kept private until the close (see the module docstring): a
+            # published recovery fragment would name bookies that cannot vouch
+            # for the entries of its write sets.
+            self._metadata = new
+        else:
+            await self._write_metadata(new)
         self._ctx.log.info(
             "ledger_ensemble_changed", ledger=self.id, first_entry=self._lac + 1,
             replaced={failed[i]: b for i, b in sorted(replacements.items())},
-            changes=self._changes)
+            changes=self._changes, recovery=self._recovery)
         self._ensemble = self._metadata.current_ensemble
         return set(replacements)
 

@@ -27,6 +27,14 @@ Invariants (a failure names one and the seed replays it):
 - ``closed-ledger-changed``: once CLOSED, the last entry never changes
   (checked on every metadata write, and by reopening);
 - ``recoveries-disagree``: concurrent recoveries return the same last entry;
+- ``recovery-ensemble-published``: while a ledger is IN_RECOVERY its
+  ensembles never change (a recovery publishes its ensemble changes only in
+  the close);
+- ``under-replicated``: once closed, every entry up to the last is held
+  durably by at least Qa bookies of its write set in the closed metadata (a
+  bookie that lost its disk counts as holding it: that loss is the
+  nemesis's, at most Qa - 1 of them) - the write sets recovery published can
+  vouch for their entries;
 - ``read-past-lac``: a reader never sees an entry past the LAC (the writer's,
   or the closed ledger's), nor a payload the writer did not write;
 - ``acks-out-of-order``: appends complete in entry order;
@@ -559,6 +567,7 @@ class LedgerSimulation:
             self.fail("liveness", f"recovery kept failing after the heal "
                                   f"({FINAL_RECOVERY_ATTEMPTS_MAX} attempts)")
             return
+        self._check_replication(truth.ledger_id, last)
         for entry_id, (_, at_ms) in sorted(truth.acked.items()):
             if entry_id > last:
                 closed = truth.closed_by_recovery_ms
@@ -587,6 +596,24 @@ class LedgerSimulation:
         if again is not None and again != last:
             self.fail("closed-ledger-changed", f"recovered again: last entry {again} != {last}")
         self.trace(f"END last={last} acked={len(truth.acked)}")
+
+    def _check_replication(self, ledger_id: int, last: int) -> None:
+        """Every entry of the closed ledger on Qa bookies of its write set."""
+        metadata = self.meta.peek(ledger_id)
+        if metadata is None or not metadata.is_closed:
+            self.fail("liveness", f"ledger {ledger_id} is not CLOSED after recovery")
+            return
+        held = {b.id: b.durable_entries(ledger_id) for b in self.network.bookies.values()}
+        lost = {b.id for b in self.network.bookies.values() if b.lost}
+        ack_quorum = metadata.ack_quorum
+        for entry_id in range(last + 1):
+            write_set = metadata.write_set_bookies(entry_id)
+            copies = [b for b in write_set if b in lost or entry_id in held[b]]
+            if len(copies) < ack_quorum:
+                self.fail("under-replicated",
+                          f"entry {entry_id} is held by {copies} of its write set "
+                          f"{list(write_set)}, fewer than Qa={ack_quorum}")
+                return
 
     def _check_final(self, entry: LedgerEntry) -> None:
         acked = self.truth.acked.get(entry.entry_id)

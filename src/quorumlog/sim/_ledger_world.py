@@ -454,8 +454,12 @@ class SimBookieNetwork:
             out: asyncio.Future[LacReply] = b.loop.create_future()
 
             def answer() -> None:
-                if not out.done():
+                if out.done():
+                    return
+                try:  # the bookie may have lost its disk since the fence synced
                     out.set_result(b.lac_reply(ledger_id, -1, False))
+                except QuorumlogError as exc:
+                    out.set_exception(exc)
 
             if synced is None:
                 answer()
@@ -571,8 +575,7 @@ class SimMetaStore:
         metadata = LedgerMetadata.decode(new)
         state = f"{metadata.state.value}" + (
             f" last={metadata.last_entry_id}" if metadata.is_closed else "")
-        fragments = " ".join(f"{f.first_entry_id}:{','.join(f.bookies)}"
-                             for f in metadata.ensembles)
+        fragments = _fragments(metadata)
         self.tracer.event(_ms(self.network),
                           f"META ledger {ledger_id} -> {state} ensembles=[{fragments}]")
         if old is not None:
@@ -586,6 +589,16 @@ class SimMetaStore:
             if before.state is LedgerState.IN_RECOVERY and metadata.state is LedgerState.OPEN:
                 self.violations.append(LedgerViolation(
                     "recovery-undone", f"ledger {ledger_id} went from IN_RECOVERY back to OPEN"))
+            if (before.state is LedgerState.IN_RECOVERY
+                    and metadata.state is LedgerState.IN_RECOVERY
+                    and metadata.ensembles != before.ensembles):
+                # While IN_RECOVERY the metadata must name the writer's ensembles:
+                # a recovery fragment published before its bookies hold the
+                # entries lets a concurrent recoverer count their "no such entry".
+                self.violations.append(LedgerViolation(
+                    "recovery-ensemble-published",
+                    f"ledger {ledger_id}: an ensemble change was published while IN_RECOVERY "
+                    f"(fragments {_fragments(before)} -> {_fragments(metadata)})"))
         if metadata.is_closed:
             first = self.closed_seen.setdefault(ledger_id, metadata.last_entry_id)
             if first != metadata.last_entry_id:
@@ -628,6 +641,10 @@ class SimMetaStore:
         """The metadata as stored now (no latency; for the checker)."""
         item = self._data.get(wire.ledger_key(ledger_id))
         return LedgerMetadata.decode(item[0]) if item else None
+
+
+def _fragments(metadata: LedgerMetadata) -> str:
+    return " ".join(f"{f.first_entry_id}:{','.join(f.bookies)}" for f in metadata.ensembles)
 
 
 def _ms(network: SimNetworkState) -> int:
