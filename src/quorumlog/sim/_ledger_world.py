@@ -393,6 +393,7 @@ class SimBookieNetwork:
                     out.set_result(b.read_entry(ledger_id, entry_id))
                 except QuorumlogError as exc:
                     out.set_exception(exc)
+                    out.exception()  # retrieved: a run may end before the client reads it
 
             if synced is None:
                 answer(None)
@@ -435,6 +436,7 @@ class SimBookieNetwork:
                         out.set_result(current)
                     else:
                         out.set_exception(current)
+                        out.exception()  # retrieved: a run may end before the client reads it
                     return
                 b.wait_lac(ledger_id).add_done_callback(
                     lambda f: out.cancel() if f.cancelled() else check())
@@ -460,6 +462,7 @@ class SimBookieNetwork:
                     out.set_result(b.lac_reply(ledger_id, -1, False))
                 except QuorumlogError as exc:
                     out.set_exception(exc)
+                    out.exception()  # retrieved: a run may end before the client reads it
 
             if synced is None:
                 answer()
