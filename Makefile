@@ -1,5 +1,5 @@
 # Developer shortcuts. Every target installs from the lock file first.
-.PHONY: setup test test-slow sim sim-ledger lint bench clean main demo demo-meta
+.PHONY: setup test test-slow sim sim-ledger sim-ledger-far lint bench clean main demo demo-meta
 
 setup:
 	./scripts/setup.sh
@@ -19,6 +19,13 @@ sim: setup
 # 20,000 seeds of the ledger protocol simulator (writer, reader, recovery, bookies).
 sim-ledger: setup
 	./scripts/uv run --frozen quorumlog sim ledger --seeds 20000 --jobs 2
+
+# 100,000 ledger seeds at a random offset far from the default range (printed,
+# so a failure can be replayed); about an hour on 2 idle cores.
+sim-ledger-far: setup
+	@off=$$(./scripts/uv run --frozen python -c "import random; print(random.SystemRandom().randrange(10**8, 10**11, 1000))"); \
+	echo "ledger simulator: 100,000 seeds from $$off"; \
+	./scripts/uv run --frozen quorumlog sim ledger --seeds 100000 --start $$off --jobs 2
 
 lint: setup
 	./scripts/uv run --frozen ruff check .
