@@ -49,6 +49,7 @@ from quorumlog.bookie._protocol import (
     BookieRegistration,
     BookieStatusRequest,
 )
+from quorumlog.errors import ConfigError, StorageError
 from quorumlog.meta import BlockingMetaClient, MetaClient
 
 T = TypeVar("T")
@@ -444,3 +445,21 @@ def test_damaged_cookie_file_refuses(meta: list[str], tmp_path: Path) -> None:
     path.write_bytes(bytes(data))
     message = run(refused(config, meta, port))
     assert f"cookie in {path} is damaged" in message and "CRC32C" in message
+
+
+def test_bad_directories_get_clear_errors_not_tracebacks(tmp_path: Path) -> None:
+    config = small_bookie_config(tmp_path / "b")
+    with pytest.raises(ConfigError, match="must be different directories"):
+        BookieService(config.replace(journal_dir=config.ledger_dir), meta_addresses=None)
+    with pytest.raises(ConfigError, match="its index directory"):
+        BookieService(config.replace(journal_dir=f"{config.ledger_dir}/index"),
+                      meta_addresses=None)
+    Path(config.journal_dir).parent.mkdir(parents=True)
+    Path(config.journal_dir).write_text("a file, not a directory")
+
+    async def main() -> None:
+        with pytest.raises(StorageError, match="cannot read the bookie's journal directory"):
+            async with run_bookie(config):
+                pass
+
+    run(main())

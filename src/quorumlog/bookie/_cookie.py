@@ -60,7 +60,13 @@ from quorumlog.bookie._entrylog import fsync_directory
 from quorumlog.bookie._errors import InvalidCookieError
 from quorumlog.bookie._protocol import BOOKIE_COOKIE_PREFIX, BOOKIE_REGISTRY_PREFIX
 from quorumlog.bookie._storage import INDEX_DIRECTORY
-from quorumlog.errors import InvariantViolation, QuorumlogError, UsageError, invariant
+from quorumlog.errors import (
+    InvariantViolation,
+    QuorumlogError,
+    StorageError,
+    UsageError,
+    invariant,
+)
 from quorumlog.log import get_logger
 from quorumlog.meta import (
     BlockingMetaClient,
@@ -196,6 +202,14 @@ class DirectoryState:
 def read_directory(role: DirectoryRole, path: Path) -> DirectoryState:
     """The cookie copy and blankness of one directory (blocking: a worker thread)."""
     try:
+        return _read_directory(role, path)
+    except OSError as exc:
+        raise StorageError(f"cannot read the bookie's {role} directory {path}: {exc}; "
+                           "check the path, the mount and the permissions") from None
+
+
+def _read_directory(role: DirectoryRole, path: Path) -> DirectoryState:
+    try:
         names = set(os.listdir(path))
     except FileNotFoundError:
         return DirectoryState(role, path, None, blank=True)
@@ -224,15 +238,20 @@ def read_directories(config: BookieConfig) -> list[DirectoryState]:
 def stamp_directories(config: BookieConfig, cookie: Cookie) -> None:
     """Write the cookie into every directory (temp file, fsync, rename, fsync)."""
     for role, path in identity_directories(config):
-        _make_directory(path)
         data = _seal(msgspec.json.encode(DirectoryCookie(role=role, cookie=cookie)))
-        temp = path / COOKIE_TEMP_FILE
-        with open(temp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        temp.replace(path / COOKIE_FILE)
-        fsync_directory(path)
+        try:
+            _make_directory(path)
+            temp = path / COOKIE_TEMP_FILE
+            with open(temp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            temp.replace(path / COOKIE_FILE)
+            fsync_directory(path)
+        except OSError as exc:
+            raise StorageError(f"cannot write the bookie's cookie into its {role} directory "
+                               f"{path}: {exc}; check the path, the mount and the "
+                               "permissions") from None
 
 
 def _make_directory(path: Path) -> None:
@@ -252,17 +271,27 @@ def wipe_directories(config: BookieConfig) -> list[Path]:
     they may be mount points); return the paths removed. Blocking."""
     removed: list[Path] = []
     for path in (Path(config.journal_dir), Path(config.ledger_dir)):
-        if not path.is_dir():
+        try:
+            removed.extend(_wipe(path))
+        except OSError as exc:
+            raise StorageError(f"cannot wipe {path}: {exc}; nothing was deleted in meta; "
+                               "fix the cause and run format again") from None
+    return removed
+
+
+def _wipe(path: Path) -> list[Path]:
+    if not path.is_dir():
+        return []
+    removed = []
+    for child in sorted(path.iterdir()):
+        if child.name in FILESYSTEM_ENTRIES:
             continue
-        for child in sorted(path.iterdir()):
-            if child.name in FILESYSTEM_ENTRIES:
-                continue
-            if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child)
-            else:
-                child.unlink()
-            removed.append(child)
-        fsync_directory(path)
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+        removed.append(child)
+    fsync_directory(path)
     return removed
 
 

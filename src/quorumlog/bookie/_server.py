@@ -91,6 +91,7 @@ from quorumlog.bookie._protocol import (
 from quorumlog.bookie._registration import Registration
 from quorumlog.bookie._storage import (
     FLUSH_SUGGESTED_FRACTION,
+    INDEX_DIRECTORY,
     DiskUsageProbe,
     LedgerStorage,
 )
@@ -135,6 +136,13 @@ class BookieService:
         config.validate()
         if not config.journal_dir or not config.ledger_dir:
             raise ConfigError("a bookie needs journal_dir and ledger_dir ([bookie] section)")
+        journal_dir = Path(config.journal_dir).resolve()
+        ledger_dir = Path(config.ledger_dir).resolve()
+        if journal_dir in (ledger_dir, ledger_dir / INDEX_DIRECTORY):
+            raise ConfigError(
+                f"journal_dir {journal_dir} is ledger_dir {ledger_dir} or its index directory: "
+                "they must be different directories (each holds its own copy of the bookie's "
+                "cookie, and the journal's files must not mix with the ledger storage's)")
         self.config = config
         self._meta_addresses = list(meta_addresses) if meta_addresses else None
         self._probe = disk_usage_probe
