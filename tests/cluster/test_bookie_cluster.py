@@ -28,6 +28,7 @@ from quorumlog.bookie._protocol import (
     GcRequest,
     ledger_key,
 )
+from quorumlog.errors import DeadlineExceededError, TransientError
 from quorumlog.meta._client import MetaClient
 
 DEADLINE_S = 30.0
@@ -212,9 +213,11 @@ def test_registration_lost_refuses_adds_until_registered_again(
     rpc.run(main())
 
 
-def test_unregistered_bookie_refuses_adds_before_meta_answers(tmp_path: Path) -> None:
-    """A bookie whose meta never answers never takes adds (retriable error)."""
-    config = small_bookie_config(tmp_path / "lonely")
+def test_bookie_whose_meta_never_answers_never_serves(tmp_path: Path) -> None:
+    """Without meta's answer a bookie cannot check its identity (cookie): it serves
+    nothing (retriable errors), and start fails, retriable, after
+    identity_check_timeout_ms, naming meta."""
+    config = small_bookie_config(tmp_path / "lonely", identity_check_timeout_ms=1500)
 
     async def main() -> None:
         from quorumlog.bookie import BookieService
@@ -223,13 +226,19 @@ def test_unregistered_bookie_refuses_adds_before_meta_answers(tmp_path: Path) ->
         server = rpc.Server(service.handlers())
         await server.start("127.0.0.1", 0)
         address = f"127.0.0.1:{server.port}"
-        await service.start(address)
+        starting = asyncio.get_running_loop().create_task(service.start(address))
         try:
             conn = await connect(address)
-            with pytest.raises(ReadOnlyError, match="not registered"):
+            with pytest.raises(TransientError, match="starting") as refused:
                 await conn.call(AddEntryRequest(ledger_id=1, entry_id=0, master_key=KEY),
                                 payload=b"x", timeout_s=5)
+            assert refused.value.retriable
+            with pytest.raises(TransientError, match="starting"):
+                await read(conn, 1, 0)  # not "no such entry": it does not know yet
             await conn.close()
+            with pytest.raises(DeadlineExceededError,
+                               match=r"could not check its identity .* 127\.0\.0\.1:1"):
+                await starting
         finally:
             await server.close()
             await service.close()

@@ -9,16 +9,20 @@ compaction, disk-usage read-only mode, crash recovery and a scrub live here.
 
 The server role on top of it: ``BookieService`` (rpc handlers for the wire
 protocol in ``_protocol.py``, the journal with group commit, checkpoints,
-journal replay, long-poll LAC, GC, registration in meta) and ``run_bookie``
-to run one in-process. See docs/bookie.md.
+journal replay, long-poll LAC, GC, registration in meta), its identity
+(``Cookie``: a bookie whose directories were wiped or swapped refuses to
+start as its old self; ``plan_format`` / ``run_format`` re-add it as a new
+instance) and ``run_bookie`` to run one in-process. See docs/bookie.md.
 """
 
 from quorumlog.bookie._bookie_config import BookieConfig
 from quorumlog.bookie._config import LedgerStorageConfig
+from quorumlog.bookie._cookie import Cookie, FormatPlan, cookie_key, plan_format, run_format
 from quorumlog.bookie._errors import (
     BookieError,
     EntryLogCorruptionError,
     EntryTooLargeError,
+    InvalidCookieError,
     LedgerFencedError,
     NoSuchEntryError,
     NoSuchLedgerError,
@@ -41,11 +45,14 @@ __all__ = [
     "BookieError",
     "BookieService",
     "CompactionResult",
+    "Cookie",
     "DiskUsageProbe",
     "EntryLogCorruptionError",
     "EntryTooLargeError",
     "FlushResult",
+    "FormatPlan",
     "GcResult",
+    "InvalidCookieError",
     "Journal",
     "LedgerFencedError",
     "LedgerInfo",
@@ -59,7 +66,10 @@ __all__ = [
     "StorageStats",
     "UnauthorizedError",
     "WriteCacheFullError",
+    "cookie_key",
     "filesystem_usage",
     "local_config",
+    "plan_format",
     "run_bookie",
+    "run_format",
 ]

@@ -54,6 +54,12 @@ class BookieConfig(Config, frozen=True):
     session_ttl_ms: int = 10_000
     # Pause between registration attempts while meta is unreachable.
     registration_retry_ms: int = 500
+    # At start the bookie checks its cookie (identity) against meta before it
+    # serves anything, retrying while meta is unreachable for at most this
+    # long; then start fails with a retriable error (the node exits and its
+    # supervisor starts it again). Long enough for a meta group starting at
+    # the same time to elect a leader.
+    identity_check_timeout_ms: int = 60_000
     # Long-poll LAC reads: longest wait granted, and most requests parked.
     long_poll_timeout_ms_max: int = 60_000
     long_poll_parked_max: int = 10_000
@@ -66,8 +72,8 @@ class BookieConfig(Config, frozen=True):
         for name in (
             "journal_max_batch_bytes", "journal_queue_max_bytes", "journal_segment_size_bytes",
             "flush_interval_ms", "gc_interval_ms", "disk_check_interval_ms",
-            "registration_retry_ms", "long_poll_timeout_ms_max", "long_poll_parked_max",
-            "read_batch_entries_max", "read_batch_bytes_max",
+            "registration_retry_ms", "identity_check_timeout_ms", "long_poll_timeout_ms_max",
+            "long_poll_parked_max", "read_batch_entries_max", "read_batch_bytes_max",
         ):
             require(getattr(self, name) > 0, f"[bookie] {name} must be positive")
         require(self.journal_max_wait_us >= 0, "[bookie] journal_max_wait_us must be >= 0")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from quorumlog.errors import CorruptionError, QuorumlogError, TransientError
+from quorumlog.errors import CorruptionError, QuorumlogError, StorageError, TransientError
 
 
 class BookieError(QuorumlogError):
@@ -54,3 +54,13 @@ class EntryLogCorruptionError(CorruptionError):
         self.path = path
         self.offset = offset
         self.reason = reason
+
+
+class InvalidCookieError(StorageError):
+    """The bookie's directories or meta do not hold its identity: it refuses to start.
+
+    Raised at start-up when the cookies (BookKeeper's name for a bookie's
+    identity) in its journal, ledger and index directories are missing, from
+    another bookie or instance, or disagree with the cookie in meta. The
+    message says what happened and how to recover (``quorumlog bookie format``).
+    """

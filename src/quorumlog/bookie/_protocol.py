@@ -39,7 +39,11 @@ Requests and their meaning:
 
 Meta layout: a live, registered bookie has the ephemeral key
 ``/bookies/available/<bookie id>`` (bound to its session) whose value is a
-msgpack ``BookieRegistration``. Ledger metadata lives under
+msgpack ``BookieRegistration``; its ``instance_id`` tells a bookie that was
+wiped and re-added (a new instance) from the one that wrote earlier
+ledgers. Every bookie that ever started has the persistent key
+``/bookies/cookies/<bookie id>``: its cookie (sealed JSON), the identity its
+directories must match. Ledger metadata lives under
 ``/ledgers/<id, 20 digits>`` (``ledger_key``); ledger ids come from
 ``next_id(LEDGER_ID_COUNTER)``. A ledger a bookie stores whose key is gone
 from meta was deleted and is garbage-collected.
@@ -69,6 +73,9 @@ FLAG_NO_SYNC = 2
 FLAG_FENCE = 4
 
 BOOKIE_REGISTRY_PREFIX = "/bookies/available/"
+# Persistent (not ephemeral) keys: each bookie's identity, its cookie (see
+# quorumlog.bookie._cookie). Deleted only by `quorumlog bookie format`.
+BOOKIE_COOKIE_PREFIX = "/bookies/cookies/"
 LEDGER_KEY_PREFIX = "/ledgers/"
 LEDGER_ID_COUNTER = "ledger"
 
@@ -92,6 +99,8 @@ class BookieRegistration(msgspec.Struct, frozen=True, kw_only=True):
     address: str
     labels: dict[str, str] = msgspec.field(default_factory=dict)  # rack, zone, ...
     read_only: bool = False
+    # The instance (cookie) serving under this id; "" from bookies before cookies.
+    instance_id: str = ""
 
     def encode(self) -> bytes:
         return msgspec.msgpack.encode(self)
@@ -243,6 +252,7 @@ class BookieStatusResponse(rpc.Message, frozen=True):
     journal_dir: str
     ledger_dir: str
     stats: dict[str, int]
+    instance_id: str = ""  # the bookie's cookie; "" from bookies before cookies
 
 
 class BookieStatusRequest(rpc.Request[BookieStatusResponse], frozen=True):

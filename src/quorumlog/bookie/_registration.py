@@ -1,7 +1,8 @@
 """A bookie's registration in meta: an ephemeral key kept alive by a session.
 
 ``/bookies/available/<bookie id>`` holds a msgpack ``BookieRegistration``
-(id = the rpc address, labels, read-only state) and is bound to a meta
+(id = the rpc address, labels, read-only state, the instance id of the
+bookie's cookie) and is bound to a meta
 session with a TTL. A task keeps the session alive (a keep-alive every third
 of the TTL). The bookie counts as registered from the moment the key is
 written until either
@@ -45,6 +46,7 @@ class Registration:
         meta_addresses: list[str],
         *,
         bookie_id: str,
+        instance_id: str,
         labels: dict[str, str],
         ttl_ms: int,
         retry_ms: int,
@@ -53,6 +55,7 @@ class Registration:
         self._meta = MetaClient(meta_addresses,
                                 deadline_s=ttl_ms / 1000 * OPERATION_DEADLINE_FRACTION)
         self.bookie_id = bookie_id
+        self.instance_id = instance_id
         self.key = registration_key(bookie_id)
         self._labels = dict(labels)
         self._ttl_s = ttl_ms / 1000
@@ -64,6 +67,7 @@ class Registration:
         self._registered = False
         self._task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
+        self._closed = False
         self.registrations = 0  # how many times a new session was registered
 
     @property
@@ -83,7 +87,14 @@ class Registration:
         self._changed.set()
 
     async def close(self) -> None:
-        """Stop keeping the session alive and revoke it (the key vanishes at once)."""
+        """Stop keeping the session alive and revoke it (the key vanishes at once).
+
+        Idempotent: the node process closes the registration before its rpc
+        server (meta may be served by the same process), and again on close.
+        """
+        if self._closed:
+            return
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -129,7 +140,8 @@ class Registration:
     async def _publish(self) -> None:
         read_only = self._read_only()
         value = BookieRegistration(id=self.bookie_id, address=self.bookie_id,
-                                   labels=self._labels, read_only=read_only).encode()
+                                   labels=self._labels, read_only=read_only,
+                                   instance_id=self.instance_id).encode()
         await self._meta.put(self.key, value, session_id=self._session_id)
         self._published_read_only = read_only
 

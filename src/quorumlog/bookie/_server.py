@@ -33,6 +33,7 @@ from typing import Any
 
 from quorumlog import rpc
 from quorumlog.bookie._bookie_config import BookieConfig
+from quorumlog.bookie._cookie import Cookie, establish_identity
 from quorumlog.bookie._errors import (
     EntryTooLargeError,
     NoSuchEntryError,
@@ -90,6 +91,7 @@ from quorumlog.bookie._protocol import (
 from quorumlog.bookie._registration import Registration
 from quorumlog.bookie._storage import (
     FLUSH_SUGGESTED_FRACTION,
+    INDEX_DIRECTORY,
     DiskUsageProbe,
     LedgerStorage,
 )
@@ -117,8 +119,11 @@ class BookieService:
 
     ``handlers()`` for the rpc server (requests before ``start`` get a
     retriable error), ``await start(bookie_id)`` (the id is the rpc address
-    the server listens on), ``await close()``. ``meta_addresses=None`` runs
-    without meta: no registration (adds accepted) and no ledger deletion by GC.
+    the server listens on; refuses with InvalidCookieError when the
+    directories are not this bookie's, see ``_cookie.py``), ``await close()``.
+    ``meta_addresses=None`` runs without meta: no registration (adds
+    accepted), no ledger deletion by GC, and the cookie copies are only
+    compared with each other.
     """
 
     def __init__(
@@ -131,6 +136,13 @@ class BookieService:
         config.validate()
         if not config.journal_dir or not config.ledger_dir:
             raise ConfigError("a bookie needs journal_dir and ledger_dir ([bookie] section)")
+        journal_dir = Path(config.journal_dir).resolve()
+        ledger_dir = Path(config.ledger_dir).resolve()
+        if journal_dir in (ledger_dir, ledger_dir / INDEX_DIRECTORY):
+            raise ConfigError(
+                f"journal_dir {journal_dir} is ledger_dir {ledger_dir} or its index directory: "
+                "they must be different directories (each holds its own copy of the bookie's "
+                "cookie, and the journal's files must not mix with the ledger storage's)")
         self.config = config
         self._meta_addresses = list(meta_addresses) if meta_addresses else None
         self._probe = disk_usage_probe
@@ -156,6 +168,7 @@ class BookieService:
         self._add_pause_bytes = half
         self._bytes_since_flush = 0
         self._checkpoint = 0
+        self._cookie: Cookie | None = None
         self._started = False
         self._closing = False
         self._failed: asyncio.Future[None] | None = None
@@ -211,11 +224,14 @@ class BookieService:
     # ------------------------------------------------------------------ start
 
     async def start(self, bookie_id: str) -> None:
-        """Open journal and storage, replay, start maintenance and registration."""
+        """Check the identity (cookie), open journal and storage, replay, start
+        maintenance and registration. InvalidCookieError: not this bookie's data."""
         if self._started or self._closing:
             raise UsageError("a BookieService starts once")
         loop = asyncio.get_running_loop()
         self.bookie_id = bookie_id
+        cookie = await self._establish_identity(bookie_id)
+        self._cookie = cookie
         journal = await loop.run_in_executor(self._executor, self._open_journal)
         try:
             storage = await loop.run_in_executor(self._executor, self._open_storage)
@@ -232,9 +248,9 @@ class BookieService:
         if self._meta_addresses:
             self._meta = MetaClient(self._meta_addresses)
             self._registration = Registration(
-                self._meta_addresses, bookie_id=bookie_id, labels=self.config.labels,
-                ttl_ms=self.config.session_ttl_ms, retry_ms=self.config.registration_retry_ms,
-                read_only=lambda: storage.read_only)
+                self._meta_addresses, bookie_id=bookie_id, instance_id=cookie.instance_id,
+                labels=self.config.labels, ttl_ms=self.config.session_ttl_ms,
+                retry_ms=self.config.registration_retry_ms, read_only=lambda: storage.read_only)
         self._gc = GarbageCollector(
             storage, self._meta, live_ratio_threshold=self.config.gc_live_ratio_threshold,
             executor=self._executor, delete_ledger=self._delete_ledger, flush=self.flush)
@@ -245,9 +261,32 @@ class BookieService:
             self._tasks.append(loop.create_task(coro))
         if self._registration is not None:
             self._registration.start()
-        _log.info("bookie_started", bookie=bookie_id, journal_dir=self.config.journal_dir,
-                  ledger_dir=self.config.ledger_dir, ledgers=len(storage.ledger_ids()),
-                  checkpoint=checkpoint)
+        _log.info("bookie_started", bookie=bookie_id, instance=cookie.instance_id,
+                  journal_dir=self.config.journal_dir, ledger_dir=self.config.ledger_dir,
+                  ledgers=len(storage.ledger_ids()), checkpoint=checkpoint)
+
+    async def _establish_identity(self, bookie_id: str) -> Cookie:
+        """The cookie check, before anything is opened or served (see _cookie.py)."""
+        if not self._meta_addresses:
+            return await establish_identity(self.config, bookie_id, None, self._executor)
+        timeout_s = self.config.identity_check_timeout_ms / 1000
+        meta = MetaClient(self._meta_addresses, deadline_s=timeout_s)
+        try:
+            return await establish_identity(self.config, bookie_id, meta, self._executor)
+        except DeadlineExceededError as exc:
+            raise DeadlineExceededError(
+                f"bookie {bookie_id} could not check its identity (cookie) in meta at "
+                f"{', '.join(self._meta_addresses)} within {timeout_s:.0f} s ({exc.message}); "
+                "it serves nothing until it can, since wiped directories must not answer as "
+                "the old bookie. Check that meta is up and reachable, then start it again"
+            ) from None
+        finally:
+            await meta.close()
+
+    @property
+    def instance_id(self) -> str:
+        """The instance id of the bookie's cookie ("" before start)."""
+        return self._cookie.instance_id if self._cookie is not None else ""
 
     def _open_journal(self) -> Journal:
         cfg = self.config
@@ -275,6 +314,16 @@ class BookieService:
             await asyncio.sleep(0.02)
 
     # ------------------------------------------------------------------ close
+
+    async def unregister(self) -> None:
+        """Leave meta now: revoke the session, so the registration vanishes at once.
+
+        The first step of a graceful stop, taken while meta (maybe in this
+        very process) is still served; from here on adds are refused, so
+        writers move to other bookies. ``close`` does it too, if not done.
+        """
+        if self._registration is not None:
+            await self._registration.close()
 
     async def close(self) -> None:
         """Stop tasks and registration, flush (checkpoint), close journal and storage."""
@@ -529,7 +578,7 @@ class BookieService:
             bookie_id=self.bookie_id, read_only=storage.read_only, registered=self.registered,
             labels=dict(self.config.labels), ledgers=len(storage.ledger_ids()),
             disk_usage=storage.disk_usage(), journal_dir=self.config.journal_dir,
-            ledger_dir=self.config.ledger_dir, stats=self.stats())
+            ledger_dir=self.config.ledger_dir, stats=self.stats(), instance_id=self.instance_id)
 
     def stats(self) -> dict[str, int]:
         """Storage, journal and server counters, flat (BookieStatusResponse.stats)."""
@@ -720,8 +769,9 @@ def _replay(journal: Journal, storage: LedgerStorage) -> int:
             f"the ledger storage in {storage.directory} was checkpointed at journal record "
             f"{checkpoint}, but the journal in {journal.directory} ends at {journal.last_index}"
             f"{' (it was just created: the journal is gone)' if journal.created else ''}; "
-            "records acknowledged since then are lost. Restore the journal directory, or wipe "
-            "this bookie and let its ledgers be re-replicated")
+            "records acknowledged since then are lost. Restore the journal directory, or "
+            "re-add this bookie as a new instance (`quorumlog bookie format --force <bookie id> "
+            "--config <its node config>`) and let its ledgers be re-replicated")
     keys: dict[int, bytes] = {}
     room = storage.config.write_cache_half_bytes
     unflushed_bytes = 0

@@ -1,4 +1,4 @@
-"""``quorumlog bookie``: list bookies, inspect one, force GC, scrub."""
+"""``quorumlog bookie``: list bookies, inspect one, force GC, scrub, format (re-add)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def list_bookies(
     directory: Path | None = DirOption,
     as_json: bool = JsonOption,
 ) -> None:
-    """List the bookies registered in meta (address, read-only, labels)."""
+    """List the bookies registered in meta (address, read-only, labels, instance id)."""
     from quorumlog.bookie._protocol import BOOKIE_REGISTRY_PREFIX, BookieRegistration
     from quorumlog.meta._client import BlockingMetaClient
 
@@ -57,25 +57,27 @@ def list_bookies(
     registrations = [BookieRegistration.decode(kv.value) for kv in kvs]
     if as_json:
         _echo_json({"bookies": [
-            {"id": r.id, "address": r.address, "read_only": r.read_only, "labels": r.labels}
+            {"id": r.id, "address": r.address, "read_only": r.read_only, "labels": r.labels,
+             "instance_id": r.instance_id}
             for r in registrations]})
         return
     table = Table(title=f"{len(registrations)} registered bookie(s)")
-    for col in ("id", "address", "read_only", "labels"):
+    for col in ("id", "address", "read_only", "labels", "instance_id"):
         table.add_column(col)
     for r in registrations:
         labels = ",".join(f"{k}={v}" for k, v in sorted(r.labels.items()))
-        table.add_row(r.id, r.address, str(r.read_only), labels)
+        table.add_row(r.id, r.address, str(r.read_only), labels, r.instance_id)
     console.print(table)
 
 
 @app.command()
 def info(bookie: str = BookieOption, as_json: bool = JsonOption) -> None:
-    """Status of one bookie: registration, read-only, disk usage, directories, counters."""
+    """Status of one bookie: instance, registration, read-only, disk, directories, counters."""
     from quorumlog.bookie._protocol import BookieStatusRequest
 
     st = _call(bookie, BookieStatusRequest())
-    data = {"bookie_id": st.bookie_id, "registered": st.registered, "read_only": st.read_only,
+    data = {"bookie_id": st.bookie_id, "instance_id": st.instance_id,
+            "registered": st.registered, "read_only": st.read_only,
             "labels": st.labels, "ledgers": st.ledgers, "disk_usage": st.disk_usage,
             "journal_dir": st.journal_dir, "ledger_dir": st.ledger_dir, "stats": st.stats}
     if as_json:
@@ -148,3 +150,65 @@ def scrub(bookie: str = BookieOption, as_json: bool = JsonOption) -> None:
             console.print(f"  {problem}")
     if not r.ok:
         raise typer.Exit(1)
+
+
+@app.command("format")
+def format_bookie(
+    bookie_id: str = typer.Argument(..., help="The bookie's id: its address host:port."),
+    force: bool = typer.Option(
+        False, "--force", help="Required: the bookie's identity and what it stored are given up."),
+    config: Path | None = typer.Option(
+        None, "--config", help="The bookie's node config (TOML): its journal and ledger "
+        "directories are wiped too (run this on the bookie's machine). Without it only the "
+        "cookie in meta is deleted."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+) -> None:
+    """Re-add a bookie whose disks were wiped or replaced as a NEW bookie instance.
+
+    A bookie whose directories lost their cookie (wiped, replaced, swapped)
+    refuses to start as its old self, so that it never answers "no such entry"
+    for entries it acknowledged. This command deletes its cookie in meta and,
+    with --config, wipes its journal and ledger directories; its next start
+    then stamps a new instance id and it serves, empty. Ledgers that had copies
+    on it stay under-replicated until they are re-replicated. The bookie must
+    be stopped. Meta addresses: --members, --dir, or the config's [meta] members.
+    """
+    from quorumlog.bookie import plan_format, run_format
+    from quorumlog.errors import DeadlineExceededError, UsageError
+    from quorumlog.meta import BlockingMetaClient
+    from quorumlog.node import META_ONLY_ENV, load_node_config
+
+    if not force:
+        raise UsageError(
+            f"format gives up the identity of bookie {bookie_id} and everything it stored "
+            "(its ledgers become under-replicated); pass --force to do it")
+    bookie_config, addresses = None, None
+    if config is not None:
+        node_config = load_node_config(config)
+        if "bookie" not in node_config.node.roles or node_config.node.listen != bookie_id:
+            raise UsageError(
+                f"{config} is not the config of bookie {bookie_id} (its node listens on "
+                f"{node_config.node.listen} with roles {list(node_config.node.roles)})")
+        bookie_config = node_config.bookie_config
+        addresses = node_config.meta_addresses
+    if members or directory or addresses is None:
+        addresses = _members(members, directory)
+    with BlockingMetaClient(addresses) as meta:
+        try:
+            plan = plan_format(meta, bookie_id, bookie_config)
+        except DeadlineExceededError as exc:
+            raise DeadlineExceededError(
+                f"meta at {', '.join(addresses)} did not answer ({exc.message}). If meta runs "
+                "on this bookie's node and has no quorum without it (a one-node cluster), "
+                f"start that node with the meta role alone: {META_ONLY_ENV} quorumlog node "
+                "--config <its node config>; then run format again") from None
+        for line in plan.describe():
+            console.print(line, highlight=False, soft_wrap=True)
+        if not yes:
+            typer.confirm(f"Format bookie {bookie_id}?", abort=True)
+        removed = run_format(meta, plan)
+    cookie = "deleted" if plan.meta_version else "absent"
+    console.print(f"bookie {bookie_id} formatted: {len(removed)} path(s) removed, cookie in "
+                  f"meta {cookie}; start it to bring it up as a new instance", highlight=False)

@@ -18,9 +18,12 @@ from quorumlog.node._cluster import (
     up,
 )
 from quorumlog.node._config import MetaSection, NodeConfig, NodeSection, load_node_config
+from quorumlog.node._process import EXIT_CONFIG, META_ONLY_ENV
 
 __all__ = [
     "DEFAULT_DIR",
+    "EXIT_CONFIG",
+    "META_ONLY_ENV",
     "MetaSection",
     "NodeConfig",
     "NodeInfo",

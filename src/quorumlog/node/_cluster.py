@@ -4,9 +4,12 @@
 as a detached ``python -m quorumlog node`` process (logs in ``node.log``),
 records pids and addresses in ``DIR/cluster.json``, and waits until a meta
 leader is elected, every node answers and every bookie is registered in meta
-and writable. Roles: meta on the first 3 nodes (the first 1 when fewer than
-3), bookie on all. ``down`` stops them (SIGTERM, then SIGKILL after a
-deadline). ``status`` asks every node for its Raft state and bookie state.
+and writable. ``up`` on a stopped cluster starts the same nodes again with
+their configs (same addresses: a bookie's id is its address, and its
+directories hold a cookie naming that id). Roles: meta on the first 3 nodes
+(the first 1 when fewer than 3), bookie on all. ``down`` stops them (SIGTERM,
+then SIGKILL after a deadline). ``status`` asks every node for its Raft state
+and bookie state.
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ RACKS = 3  # local bookies get labels rack = rack-1..rack-3, zone = zone-1
 DOWN_TIMEOUT_S = 10.0
 STATUS_TIMEOUT_S = 2.0
 POLL_INTERVAL_S = 0.1
+# A node that exits during start-up printed why as an "error: ..." line
+# (node._process.run_node); up/restart read it from the end of its log.
+LOG_TAIL_BYTES = 64 * 1024
+ERROR_PREFIX = "error: "
 
 
 @dataclass(slots=True)
@@ -149,14 +156,32 @@ def up(directory: Path, nodes: int = 3) -> list[NodeInfo]:
     if nodes < 1 or nodes > NODES_MAX:
         raise UsageError(f"--nodes must be in 1..{NODES_MAX}")
     directory = directory.resolve()
-    if (directory / CLUSTER_FILE).exists() and any(_alive(n.pid) for n in load(directory)):
-        raise UsageError(f"a cluster is already running in {directory}; run `quorumlog down` first")
+    if (directory / CLUSTER_FILE).exists():
+        existing = load(directory)
+        if any(_alive(n.pid) for n in existing):
+            raise UsageError(
+                f"a cluster is already running in {directory}; run `quorumlog down` first")
+        return _start_again(directory, existing, nodes)
     directory.mkdir(parents=True, exist_ok=True)
     infos = []
     for node_id, path, address, metrics, roles in write_configs(directory, nodes):
         proc = start_node(path)
         infos.append(NodeInfo(node_id, proc.pid, address, metrics, roles, str(path),
                               str(path.parent / "node.log")))
+    save(directory, infos)
+    wait_healthy(infos, UP_TIMEOUT_S)
+    return infos
+
+
+def _start_again(directory: Path, infos: list[NodeInfo], nodes: int) -> list[NodeInfo]:
+    """A stopped cluster starts with its own configs: the same addresses, so its
+    bookies keep their ids (their cookies name them) and ledgers stay readable."""
+    if len(infos) != nodes:
+        raise UsageError(
+            f"the stopped cluster in {directory} has {len(infos)} node(s): start it again with "
+            f"--nodes {len(infos)}, or remove {directory} for a new cluster")
+    for info in infos:
+        info.pid = start_node(Path(info.config)).pid
     save(directory, infos)
     wait_healthy(infos, UP_TIMEOUT_S)
     return infos
@@ -317,8 +342,10 @@ def wait_healthy(infos: list[NodeInfo], timeout_s: float) -> list[dict[str, Any]
         rows = rpc.run(_status_async(infos))
         dead = [r for r in rows if not r["alive"]]
         if dead:
+            reason = start_error(Path(dead[0]["log"]))
             raise QuorumlogError(
-                f"node {dead[0]['id']} exited during start-up; see {dead[0]['log']}"
+                f"node {dead[0]['id']} exited during start-up"
+                f"{': ' + reason if reason else ''}; see {dead[0]['log']}"
             )
         if _healthy(rows):
             return rows
@@ -328,6 +355,20 @@ def wait_healthy(infos: list[NodeInfo], timeout_s: float) -> list[dict[str, Any]
         + "; ".join(f"node {r['id']}: meta {r.get('meta_role')}, "
                     f"bookie {r.get('bookie', {}).get('state', '-')}" for r in rows)
     )
+
+
+def start_error(log: Path) -> str:
+    """The last ``error:`` line a node printed (``run_node``) in the tail of its log."""
+    try:
+        with log.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+            tail = f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+    for line in reversed(tail.splitlines()):
+        if line.startswith(ERROR_PREFIX):
+            return line[len(ERROR_PREFIX):]
+    return ""
 
 
 def _healthy(rows: list[dict[str, Any]]) -> bool:

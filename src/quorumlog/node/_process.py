@@ -6,9 +6,14 @@ bookie role a ``BookieService`` that registers with the meta members listed
 in ``[meta] members`` (on this node or others).
 
 Start order: rpc server (requests to a role that is not started yet get a
-retriable error), Raft host and meta, then the bookie (journal replay, then
-registration). Stop order: the rpc server first (no new requests), then the
-bookie (final flush), then meta and the Raft host.
+retriable error), Raft host and meta, then the bookie (identity check against
+its cookie, journal replay, then registration). Stop order: the bookie's
+registration is revoked (while meta still answers, even when it is served by
+this process: the bookie leaves at once instead of after its session TTL),
+the rpc server (no new requests), then the bookie (final flush), then meta
+and the Raft host; the same when a role fails to start. A bookie whose directories
+are not its own (wiped, swapped) makes the process exit with ``EXIT_CONFIG``
+and a one-line message on stderr.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import Any
 from prometheus_client import Gauge, start_http_server
 
 from quorumlog import rpc
-from quorumlog.bookie._server import BookieService
+from quorumlog.bookie import BookieService, InvalidCookieError
 from quorumlog.log import configure, get_logger
 from quorumlog.meta._service import MetaService
 from quorumlog.node._config import NodeConfig, parse_address
@@ -40,6 +45,13 @@ RAFT_LEADER = Gauge("quorumlog_raft_is_leader", "1 when this node leads the grou
                     registry=rpc.metrics_registry)
 METRICS_INTERVAL_S = 1.0
 EXIT_SOFTWARE = 70  # EX_SOFTWARE: the supervisor restarts us from disk
+# EX_CONFIG: the bookie's directories are not its own (InvalidCookieError);
+# starting again will not help until the operator acts (systemd:
+# RestartPreventExitStatus=78).
+EXIT_CONFIG = 78
+# How to start a node with the meta role alone (environment override of
+# [node] roles), e.g. to reach meta while its bookie refuses to start.
+META_ONLY_ENV = "QUORUMLOG_NODE__ROLES='[\"meta\"]'"
 # A bookie's flushes and compactions run Python code on maintenance threads.
 # With CPython's default 5 ms GIL switch interval, every event loop wake-up
 # during a flush may wait 5 ms for the GIL; 1 ms keeps add latency down at
@@ -101,7 +113,11 @@ class _Roles:
 
 
 async def serve(cfg: NodeConfig) -> None:
-    """Run the node until SIGTERM/SIGINT (or a role fails: exit code 70)."""
+    """Run the node until SIGTERM/SIGINT (or a role fails: exit code 70).
+
+    A role that fails to start (a bookie refusing its directories, say) stops
+    the roles already started and the error propagates (see ``run_node``).
+    """
     security = cfg.security or rpc.RpcSecurityConfig()
     rpc.set_default_security(security)  # before the roles build their pools
     roles = _Roles(cfg)
@@ -110,16 +126,12 @@ async def serve(cfg: NodeConfig) -> None:
     server = rpc.Server(roles.handlers(), security=security)
     listen_host, listen_port = parse_address(cfg.node.listen)
     await server.start(listen_host, listen_port)
-    if roles.host is not None and roles.meta is not None:
-        assert cfg.meta is not None
-        await roles.host.start()
-        roles.meta.start(set(cfg.meta.member_map()) if cfg.meta.bootstrap else None)
-    if roles.bookie is not None:
-        await roles.bookie.start(cfg.node.listen)
-        gc.freeze()  # start-up objects live for good: keep them out of collections
-    if cfg.node.metrics_listen:
-        m_host, m_port = parse_address(cfg.node.metrics_listen)
-        start_http_server(m_port, addr=m_host, registry=rpc.metrics_registry)
+    try:
+        await _start_roles(cfg, roles)
+    except BaseException as exc:
+        _log.critical("node_start_failed", node=cfg.node.id, error=repr(exc))
+        await _stop(server, roles)
+        raise
     _log.info("node_started", node=cfg.node.id, listen=cfg.node.listen, roles=cfg.node.roles)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -137,6 +149,27 @@ async def serve(cfg: NodeConfig) -> None:
         metrics.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await metrics
+    await _stop(server, roles)
+
+
+async def _start_roles(cfg: NodeConfig, roles: _Roles) -> None:
+    if roles.host is not None and roles.meta is not None:
+        assert cfg.meta is not None
+        await roles.host.start()
+        roles.meta.start(set(cfg.meta.member_map()) if cfg.meta.bootstrap else None)
+    if roles.bookie is not None:
+        await roles.bookie.start(cfg.node.listen)
+        gc.freeze()  # start-up objects live for good: keep them out of collections
+    if cfg.node.metrics_listen:
+        m_host, m_port = parse_address(cfg.node.metrics_listen)
+        start_http_server(m_port, addr=m_host, registry=rpc.metrics_registry)
+
+
+async def _stop(server: rpc.Server, roles: _Roles) -> None:
+    """The bookie leaves meta (while meta, maybe this process's, still answers), then
+    the rpc server stops (no new requests), then the bookie, meta, the Raft host."""
+    if roles.bookie is not None:
+        await roles.bookie.unregister()
     await server.close()
     if roles.bookie is not None:
         await roles.bookie.close()
@@ -158,5 +191,20 @@ async def _export_metrics(host: RaftHost) -> None:
 
 
 def run_node(cfg: NodeConfig) -> None:
+    """Run the node; a bookie refusing its directories exits with EXIT_CONFIG.
+
+    That refusal is printed to stderr as one plain ``error:`` line (no
+    traceback): it says what happened to the bookie's directories and how to
+    re-add the bookie (``quorumlog bookie format``).
+    """
     configure(cfg.node.log_level, json=True)
-    rpc.run(serve(cfg))
+    try:
+        rpc.run(serve(cfg))
+    except InvalidCookieError as exc:
+        note = ""
+        if "meta" in cfg.node.roles:
+            note = (" This node also runs meta; if meta has no quorum without it (a one-node "
+                    "cluster), start it with the meta role alone to run the format: "
+                    f"{META_ONLY_ENV} quorumlog node --config <its node config>.")
+        print(f"error: {exc.message}{note}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_CONFIG) from None
