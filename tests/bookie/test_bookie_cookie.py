@@ -28,9 +28,13 @@ from quorumlog.bookie import (
     BookieConfig,
     BookieService,
     Cookie,
+    EntryInLimboError,
     InvalidCookieError,
+    LimboRecord,
+    NoSuchEntryError,
     NoSuchLedgerError,
     cookie_key,
+    limbo_key,
     plan_format,
     run_bookie,
     run_format,
@@ -46,6 +50,7 @@ from quorumlog.bookie._cookie import (
 )
 from quorumlog.bookie._protocol import (
     BOOKIE_REGISTRY_PREFIX,
+    LEDGER_ID_COUNTER,
     BookieRegistration,
     BookieStatusRequest,
 )
@@ -313,11 +318,19 @@ def test_format_then_start_comes_up_as_a_new_instance_and_serves(
     shutil.rmtree(config.journal_dir)
     run(refused(config, meta, port))
     toml = node_toml(tmp_path / "node.toml", config, port, meta)
+    with BlockingMetaClient(meta) as client:  # ledger ids up to past LEDGER were handed out
+        client.next_id(LEDGER_ID_COUNTER, LEDGER + 10)
     out = cli("bookie", "format", address(port), "--force", "--yes", "--config", str(toml))
     assert out.returncode == 0, out.stderr
     assert f"bookie {address(port)} formatted" in out.stdout
     assert meta_cookie(meta, address(port)) is None
     assert list(Path(config.ledger_dir).iterdir()) == []
+    with BlockingMetaClient(meta) as client:
+        kv = client.get(limbo_key(address(port)))
+    assert kv is not None
+    limbo = LimboRecord.decode(kv.value)
+    assert limbo.ledger_id_floor > LEDGER + 1 and limbo.previous_instance_id == old
+    young = limbo.ledger_id_floor + 5  # created after the format: never named the old one
 
     async def main() -> None:
         async with run_bookie(config, meta, port=port) as bookie:
@@ -327,10 +340,19 @@ def test_format_then_start_comes_up_as_a_new_instance_and_serves(
                 kv = await client.get(BOOKIE_REGISTRY_PREFIX + bookie.address)
                 assert kv is not None and BookieRegistration.decode(kv.value).instance_id == new
             conn = await connect(bookie.address)
-            with pytest.raises(NoSuchLedgerError):  # empty: the old entries are not claimed
+            # Empty: the old entries are not claimed, and never denied either
+            # (limbo): recovery must not count this bookie's answer as "no such entry".
+            with pytest.raises(EntryInLimboError, match="may have been lost"):
                 await read(conn, LEDGER, 0)
             await add(conn, LEDGER + 1, 0)
             check_entry(await read(conn, LEDGER + 1, 0), LEDGER + 1, 0)
+            with pytest.raises(EntryInLimboError):
+                await read(conn, LEDGER + 1, 1)  # an old ledger: maybe lost
+            await add(conn, young, 0)
+            with pytest.raises(NoSuchEntryError):
+                await read(conn, young, 1)  # a young ledger: a plain negative
+            with pytest.raises(NoSuchLedgerError):
+                await read(conn, young + 1, 0)
             await conn.close()
 
     run(main())

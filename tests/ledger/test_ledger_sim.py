@@ -16,8 +16,9 @@ from contextlib import contextmanager
 
 import pytest
 
+from quorumlog.bookie import Verdict
 from quorumlog.ledger import ReadAnswer, Schedule, _quorum, _read, _recovery, _write
-from quorumlog.sim import LEDGER_MIXES, run_ledger_seed
+from quorumlog.sim import LEDGER_MIXES, _ledger_runner, _ledger_world, run_ledger_seed
 
 pytestmark = pytest.mark.sim
 
@@ -179,3 +180,28 @@ def test_publishing_a_recovery_ensemble_change_is_caught() -> None:
         caught = {r.violation for seed in CONCURRENT_RECOVERY_SEEDS
                   if not (r := run_ledger_seed(seed)).passed}
     assert caught & {"recovery-ensemble-published", "acked-lost"}
+
+
+WIPED_BOOKIE_SEEDS = {"recovery": (164, 784, 822, 867), "crashes": (892,)}
+"""Runs where a bookie that lost its disk comes back before recovery reads it."""
+
+
+def _caught_at(seeds: dict[str, tuple[int, ...]]) -> set[str]:
+    return {r.violation for mix, numbers in seeds.items() for seed in numbers
+            if not (r := run_ledger_seed(seed, mix)).passed}
+
+
+def test_wiped_bookies_come_back_safely_at_these_seeds() -> None:
+    assert _caught_at(WIPED_BOOKIE_SEEDS) == set()
+
+
+def test_a_wiped_bookie_serving_as_its_old_self_is_caught() -> None:
+    """Without the identity check (cookie) it says "no such entry" for what it lost."""
+    with _planted(_ledger_runner, "decide", lambda *a, **k: (Verdict.KEEP, None)):
+        assert "acked-lost" in _caught_at(WIPED_BOOKIE_SEEDS)
+
+
+def test_a_formatted_bookie_without_limbo_is_caught() -> None:
+    """Re-added by a format but answering "no such entry" for older ledgers."""
+    with _planted(_ledger_world, "limbo_error", lambda *a, **k: None):
+        assert "acked-lost" in _caught_at(WIPED_BOOKIE_SEEDS)

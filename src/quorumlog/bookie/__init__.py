@@ -17,9 +17,20 @@ instance) and ``run_bookie`` to run one in-process. See docs/bookie.md.
 
 from quorumlog.bookie._bookie_config import BookieConfig
 from quorumlog.bookie._config import LedgerStorageConfig
-from quorumlog.bookie._cookie import Cookie, FormatPlan, cookie_key, plan_format, run_format
+from quorumlog.bookie._cookie import (
+    Cookie,
+    DirectoryRole,
+    DirectoryState,
+    FormatPlan,
+    Verdict,
+    cookie_key,
+    decide,
+    plan_format,
+    run_format,
+)
 from quorumlog.bookie._errors import (
     BookieError,
+    EntryInLimboError,
     EntryLogCorruptionError,
     EntryTooLargeError,
     InvalidCookieError,
@@ -34,6 +45,7 @@ from quorumlog.bookie._format import NO_ENTRY
 from quorumlog.bookie._gc import GcResult
 from quorumlog.bookie._journal import Journal
 from quorumlog.bookie._ledgers import MASTER_KEY_MAX_BYTES, LedgerInfo
+from quorumlog.bookie._limbo import LimboRecord, in_limbo, limbo_error, limbo_key
 from quorumlog.bookie._results import CompactionResult, FlushResult, ScrubReport, StorageStats
 from quorumlog.bookie._server import BookieService, LocalBookie, local_config, run_bookie
 from quorumlog.bookie._storage import DiskUsageProbe, LedgerStorage, filesystem_usage
@@ -46,7 +58,10 @@ __all__ = [
     "BookieService",
     "CompactionResult",
     "Cookie",
+    "DirectoryRole",
+    "DirectoryState",
     "DiskUsageProbe",
+    "EntryInLimboError",
     "EntryLogCorruptionError",
     "EntryTooLargeError",
     "FlushResult",
@@ -58,6 +73,7 @@ __all__ = [
     "LedgerInfo",
     "LedgerStorage",
     "LedgerStorageConfig",
+    "LimboRecord",
     "LocalBookie",
     "NoSuchEntryError",
     "NoSuchLedgerError",
@@ -65,9 +81,14 @@ __all__ = [
     "ScrubReport",
     "StorageStats",
     "UnauthorizedError",
+    "Verdict",
     "WriteCacheFullError",
     "cookie_key",
+    "decide",
     "filesystem_usage",
+    "in_limbo",
+    "limbo_error",
+    "limbo_key",
     "local_config",
     "plan_format",
     "run_bookie",

@@ -58,7 +58,12 @@ from crc32c import crc32c
 from quorumlog.bookie._bookie_config import BookieConfig
 from quorumlog.bookie._entrylog import fsync_directory
 from quorumlog.bookie._errors import InvalidCookieError
-from quorumlog.bookie._protocol import BOOKIE_COOKIE_PREFIX, BOOKIE_REGISTRY_PREFIX
+from quorumlog.bookie._limbo import LimboRecord, limbo_key
+from quorumlog.bookie._protocol import (
+    BOOKIE_COOKIE_PREFIX,
+    BOOKIE_REGISTRY_PREFIX,
+    LEDGER_ID_COUNTER,
+)
 from quorumlog.bookie._storage import INDEX_DIRECTORY
 from quorumlog.errors import (
     InvariantViolation,
@@ -75,6 +80,7 @@ from quorumlog.meta import (
     CompareTarget,
     DeleteOp,
     MetaClient,
+    PutOp,
 )
 
 _log = get_logger(__name__)
@@ -522,7 +528,8 @@ def plan_format(meta: BlockingMetaClient, bookie_id: str,
 
 
 def run_format(meta: BlockingMetaClient, plan: FormatPlan) -> list[Path]:
-    """Wipe the directories (if a config was given), then delete meta's cookie.
+    """Wipe the directories (if a config was given), then delete meta's cookie
+    and record the bookie's limbo floor (one transaction).
 
     In this order: a failure in between leaves blank directories and meta's
     cookie, which the bookie refuses as a wiped disk, and running format
@@ -530,15 +537,23 @@ def run_format(meta: BlockingMetaClient, plan: FormatPlan) -> list[Path]:
     the plan read, so a cookie claimed since is never deleted.
     """
     removed = wipe_directories(plan.config) if plan.config is not None else []
+    # Ledgers with ids below the floor may name this bookie and have had entries
+    # on the wiped instance: the new instance keeps them in limbo (_limbo.py).
+    limbo = LimboRecord(
+        bookie_id=plan.bookie_id, ledger_id_floor=meta.next_id(LEDGER_ID_COUNTER),
+        formatted_at_ms=int(time.time() * 1000),
+        previous_instance_id=plan.meta_cookie.instance_id if plan.meta_cookie else "")
+    key = cookie_key(plan.bookie_id)
+    compares = [Compare(key=key, target=CompareTarget.VERSION, op=CompareOp.EQUAL,
+                        version=plan.meta_version)]
+    success: list[PutOp | DeleteOp] = [PutOp(key=limbo_key(plan.bookie_id),
+                                             value=limbo.encode())]
     if plan.meta_version:
-        key = cookie_key(plan.bookie_id)
-        result = meta.txn(
-            compares=[Compare(key=key, target=CompareTarget.VERSION, op=CompareOp.EQUAL,
-                              version=plan.meta_version)],
-            success=[DeleteOp(key=key)])
-        if not result.succeeded:
-            raise UsageError(
-                f"the cookie of bookie {plan.bookie_id} changed in meta while formatting "
-                "(the bookie started again?); nothing was deleted in meta; stop the bookie "
-                "and run format again")
+        success.append(DeleteOp(key=key))
+    result = meta.txn(compares=compares, success=success)
+    if not result.succeeded:
+        raise UsageError(
+            f"the cookie of bookie {plan.bookie_id} changed in meta while formatting "
+            "(the bookie started again?); nothing was changed in meta; stop the bookie "
+            "and run format again")
     return removed

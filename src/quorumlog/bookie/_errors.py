@@ -43,6 +43,15 @@ class ReadOnlyError(BookieError, TransientError):
     """The ledger directory is over its disk usage threshold; adds are refused."""
 
 
+class EntryInLimboError(BookieError, TransientError):
+    """The bookie does not hold the entry, but may have lost it with a wiped disk.
+
+    Answered instead of NoSuchEntryError / NoSuchLedgerError by a bookie that
+    was re-added after losing its data, for ledgers older than the re-add
+    (see ``_limbo.py``): never counts as "no such entry" in recovery.
+    """
+
+
 class EntryLogCorruptionError(CorruptionError):
     """An entry log frame failed its checks; names the file and the offset."""
 

@@ -55,7 +55,7 @@ class BookieCounters:
     adds_failed: int = 0
     added_bytes: int = 0
     reads: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("entry", "batch", "lac", "fence"), 0))
+        ("entry", "batch", "lac", "fence", "limbo"), 0))
     read_bytes: int = 0
     long_polls_parked: int = 0
     flushes: int = 0

@@ -58,6 +58,7 @@ import msgspec
 from quorumlog import rpc
 from quorumlog.bookie._errors import (
     BookieError,
+    EntryInLimboError,
     EntryTooLargeError,
     LedgerFencedError,
     NoSuchEntryError,
@@ -76,6 +77,7 @@ BOOKIE_REGISTRY_PREFIX = "/bookies/available/"
 # Persistent (not ephemeral) keys: each bookie's identity, its cookie (see
 # quorumlog.bookie._cookie). Deleted only by `quorumlog bookie format`.
 BOOKIE_COOKIE_PREFIX = "/bookies/cookies/"
+BOOKIE_LIMBO_PREFIX = "/bookies/limbo/"  # re-added bookies: ledgers they may have lost
 LEDGER_KEY_PREFIX = "/ledgers/"
 LEDGER_ID_COUNTER = "ledger"
 
@@ -121,6 +123,7 @@ for _code, _cls in (
     (1207, ReadOnlyError),
     (1208, BadEnvelopeError),
     (1209, DigestMismatchError),
+    (1210, EntryInLimboError),
 ):
     rpc.register_error(_code, _cls)
 

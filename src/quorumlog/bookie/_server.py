@@ -54,6 +54,7 @@ from quorumlog.bookie._journal import (
     encode_position,
     unpack_entry,
 )
+from quorumlog.bookie._limbo import LimboRecord, limbo_error, limbo_key
 from quorumlog.bookie._metrics import (
     JOURNAL_BATCH_RECORDS,
     JOURNAL_FSYNC_SECONDS,
@@ -169,6 +170,7 @@ class BookieService:
         self._bytes_since_flush = 0
         self._checkpoint = 0
         self._cookie: Cookie | None = None
+        self._limbo_floor = 0  # ledger ids below it: never "no such entry" (see _limbo.py)
         self._started = False
         self._closing = False
         self._failed: asyncio.Future[None] | None = None
@@ -272,7 +274,17 @@ class BookieService:
         timeout_s = self.config.identity_check_timeout_ms / 1000
         meta = MetaClient(self._meta_addresses, deadline_s=timeout_s)
         try:
-            return await establish_identity(self.config, bookie_id, meta, self._executor)
+            cookie = await establish_identity(self.config, bookie_id, meta, self._executor)
+            limbo = await meta.get(limbo_key(bookie_id))
+            if limbo is not None:
+                record = LimboRecord.decode(limbo.value)
+                self._limbo_floor = record.ledger_id_floor
+                _log.warning("bookie_in_limbo", bookie=bookie_id,
+                             ledger_id_floor=record.ledger_id_floor,
+                             reason="re-added after losing its data: entries of older "
+                             "ledgers it does not hold are answered 'unknown', never "
+                             "'no such entry'")
+            return cookie
         except DeadlineExceededError as exc:
             raise DeadlineExceededError(
                 f"bookie {bookie_id} could not check its identity (cookie) in meta at "
@@ -420,11 +432,22 @@ class BookieService:
         if request.flags & FLAG_FENCE:
             await self._fence(ledger_id, request.master_key)
             self.counters.reads["fence"] += 1
-        data = storage.get_entry(ledger_id, entry_id)
+        try:
+            data = storage.get_entry(ledger_id, entry_id)
+        except (NoSuchEntryError, NoSuchLedgerError):
+            self._raise_if_in_limbo(ledger_id, entry_id)
+            raise
         lac = storage.last_add_confirmed(ledger_id)
         self.counters.reads["entry"] += 1
         self.counters.read_bytes += len(data)
         return ReadEntryResponse(ledger_id=ledger_id, entry_id=entry_id, lac=lac), data
+
+    def _raise_if_in_limbo(self, ledger_id: int, entry_id: int) -> None:
+        """A re-added bookie never says "no such entry" for what it may have lost."""
+        error = limbo_error(self.bookie_id, ledger_id, entry_id, self._limbo_floor)
+        if error is not None:
+            self.counters.reads["limbo"] += 1
+            raise error
 
     async def _on_read_batch(
         self, request: ReadBatchRequest, ctx: rpc.RequestContext
@@ -432,10 +455,14 @@ class BookieService:
         storage = self.storage
         if request.max_entries <= 0 or request.max_bytes <= 0:
             raise UsageError("a batch read needs max_entries > 0 and max_bytes > 0")
-        entries = storage.read_batch(
-            request.ledger_id, request.first_entry_id,
-            min(request.max_entries, self.config.read_batch_entries_max),
-            min(request.max_bytes, self.config.read_batch_bytes_max))
+        try:
+            entries = storage.read_batch(
+                request.ledger_id, request.first_entry_id,
+                min(request.max_entries, self.config.read_batch_entries_max),
+                min(request.max_bytes, self.config.read_batch_bytes_max))
+        except (NoSuchEntryError, NoSuchLedgerError):
+            self._raise_if_in_limbo(request.ledger_id, request.first_entry_id)
+            raise
         lac = storage.last_add_confirmed(request.ledger_id)
         payload = b"".join(entries)
         self.counters.reads["batch"] += 1

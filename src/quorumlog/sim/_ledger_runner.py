@@ -11,6 +11,11 @@ simulated bookies and meta (``_ledger_world``). One run:
 - the nemesis of the fault mix crashes and restarts bookies (a crash loses
   what the bookie had not synced; at most Qa - 1 bookies lose their disk for
   good), partitions clients from bookies, makes bookies slow, drops messages;
+  a bookie whose disk was lost is started again by the "operator": the
+  bookie's identity check (``bookie._cookie.decide``) must refuse it, and a
+  format may then re-add it, empty, answering for older ledgers by the
+  bookie's limbo rule (``bookie.limbo_error``: "unknown", never "no such
+  entry");
 - the run ends one of three ways: the writer closes the ledger; the writer
   crashes and a recovering client (sometimes two at once) opens the ledger
   with recovery; or the writer keeps writing (a "zombie") while it is
@@ -51,9 +56,11 @@ import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from quorumlog import rpc
+from quorumlog.bookie import Cookie, DirectoryRole, DirectoryState, InvalidCookieError, decide
 from quorumlog.errors import InvariantViolation, QuorumlogError
 from quorumlog.ledger import (
     LedgerClient,
@@ -74,6 +81,10 @@ SHAPES = [(3, 3, 2), (3, 2, 2), (3, 3, 3), (5, 3, 2), (4, 3, 2), (2, 2, 1), (3, 
 
 FINAL_RECOVERY_ATTEMPTS_MAX = 20
 """Recovery attempts after the heal before the run is declared not live."""
+
+FORMAT_PROBABILITY = 0.6
+"""Of a refused start after a lost disk: the operator re-adds the bookie (else
+it stays out for good)."""
 
 RUN_VIRTUAL_MS_MAX = 600_000
 """A run that has not finished after this much virtual time is not live."""
@@ -110,7 +121,8 @@ LEDGER_MIXES: dict[str, LedgerFaultMix] = {
         # crash or are cut off from the recoverer as recovery starts.
         LedgerFaultMix("recovery", slow_probability=0.3, drop_probability=0.02,
                        delay_ms_max=6, recovery_partition_probability=0.6,
-                       recovery_crash_probability=0.8, endings=("crash", "zombie")),
+                       recovery_crash_probability=0.8, lose_disk_probability=0.3,
+                       endings=("crash", "zombie")),
         LedgerFaultMix("everything", crash_probability=0.08, lose_disk_probability=0.3,
                        partition_probability=0.08, slow_probability=0.08,
                        drop_probability=0.01, delay_ms_max=4,
@@ -199,6 +211,7 @@ class LedgerSimulation:
         self.violations: list[LedgerViolation] = []
         self.loop: asyncio.AbstractEventLoop | None = None
         self.clients = 0
+        self.disks_lost = 0
 
     # ----- setup ------------------------------------------------------------------
 
@@ -470,9 +483,7 @@ class LedgerSimulation:
         if rng.random() < mix.recovery_crash_probability:
             bookie = self.network.bookies[rng.choice(ensemble)]
             if bookie.up:
-                bookie.refuses_connections = rng.random() < 0.5
-                self.trace(f"CRASH bookie {bookie.id} (targeted): {bookie.crash()}")
-                self.loop_call_later(rng.randint(20, 400), self._restart, bookie)
+                self._crash(bookie, "(targeted) ", restart_ms=(20, 400))
 
     async def _recover(self, name: str, attempts: int = 3) -> int | None:
         assert self.truth.ledger_id is not None
@@ -502,22 +513,13 @@ class LedgerSimulation:
         rng = self.rng_nemesis
         mix = self.mix
         self.network.faults.drop_probability = mix.drop_probability
-        disks_lost = 0
-        # Disks lost for good: fewer than Qa (the guarantee's premise), and enough
-        # bookies left for a full ensemble (else no writer could ever finish).
-        lost_max = min(self.shape[2] - 1, self.bookie_count - self.shape[0])
         while not stop.is_set():
             await asyncio.sleep(rng.randint(5, 20) / 1000)
             bookies = list(self.network.bookies.values())
             if rng.random() < mix.crash_probability:
                 bookie = rng.choice(bookies)
                 if bookie.up:
-                    lose = disks_lost < lost_max and rng.random() < mix.lose_disk_probability
-                    disks_lost += lose
-                    bookie.refuses_connections = rng.random() < 0.5
-                    self.trace(f"CRASH bookie {bookie.id}: {bookie.crash(lose_disk=lose)}")
-                    if not lose:
-                        self.loop_call_later(rng.randint(10, 200), self._restart, bookie)
+                    self._crash(bookie, "", restart_ms=(10, 200))
             if rng.random() < mix.partition_probability:
                 client = rng.choice(["writer", "reader", "recoverer0", "recoverer1"])
                 bookie = rng.choice(bookies)
@@ -530,12 +532,58 @@ class LedgerSimulation:
                 self.trace(f"SLOW bookie {bookie.id} +{bookie.slow_ms}ms")
                 self.loop_call_later(rng.randint(20, 300), self._unslow, bookie)
 
+    def _crash(self, bookie: SimBookie, what: str, *, restart_ms: tuple[int, int]) -> None:
+        """Crash a bookie; maybe its disk is lost (fewer than Qa disks in a run -
+        the guarantee's premise - and enough bookies left for a full ensemble)."""
+        rng = self.rng_nemesis
+        lost_max = min(self.shape[2] - 1, self.bookie_count - self.shape[0])
+        lose = self.disks_lost < lost_max and rng.random() < self.mix.lose_disk_probability
+        self.disks_lost += lose
+        bookie.refuses_connections = rng.random() < 0.5
+        self.trace(f"CRASH bookie {bookie.id} {what}{bookie.crash(lose_disk=lose)}")
+        if lose:
+            self.loop_call_later(rng.randint(*restart_ms), self._operator_restart, bookie)
+        else:
+            self.loop_call_later(rng.randint(*restart_ms), self._restart, bookie)
+
+    def _operator_restart(self, bookie: SimBookie) -> None:
+        """The operator starts a bookie whose disk was replaced: the identity
+        check (the bookie's own rule, ``decide``) must refuse it; then, maybe,
+        the operator formats it and it comes back as a new, empty instance."""
+        if bookie.up:
+            return
+        directories = [DirectoryState(role, Path(f"/sim/{bookie.id}/{role}"), None, blank=True)
+                       for role in DirectoryRole]
+        meta_cookie = Cookie(bookie_id=bookie.id, instance_id=f"{bookie.id}-instance",
+                             journal_dir=f"/sim/{bookie.id}/journal",
+                             ledger_dir=f"/sim/{bookie.id}/ledger", created_at_ms=0)
+        try:
+            decide(bookie.id, directories, meta_cookie, with_meta=True)
+        except InvalidCookieError as exc:
+            self.trace(f"REFUSED start of bookie {bookie.id}: {exc.message.split(':')[0]}")
+            if self.rng_nemesis.random() < FORMAT_PROBABILITY:
+                self.loop_call_later(self.rng_nemesis.randint(10, 200), self._format, bookie)
+            return
+        # The check let an empty bookie through as its old self (it must not).
+        bookie.formatted = True
+        bookie.restart()
+        self.trace(f"RESTART bookie {bookie.id} with an empty disk, as its old self")
+
+    def _format(self, bookie: SimBookie) -> None:
+        """``quorumlog bookie format``: the limbo floor is the next ledger id."""
+        if bookie.up:
+            return
+        floor = self.meta.peek_next_ledger_id()
+        bookie.start_formatted(floor)
+        self.trace(f"FORMAT bookie {bookie.id}: a new instance; ledgers below {floor} "
+                   "in limbo")
+
     def loop_call_later(self, delay_ms: int, callback: Callable[..., None], *args: Any) -> None:
         assert self.loop is not None
         self.loop.call_later(delay_ms / 1000, callback, *args)
 
     def _restart(self, bookie: SimBookie) -> None:
-        if not bookie.up and not bookie.lost:
+        if not bookie.up and (not bookie.lost or bookie.formatted):
             bookie.restart()
             self.trace(f"RESTART bookie {bookie.id}")
 
@@ -550,7 +598,7 @@ class LedgerSimulation:
         self.network.faults.drop_probability = 0.0
         for bookie in self.network.bookies.values():
             bookie.slow_ms = 0
-            if not bookie.up and not bookie.lost:
+            if not bookie.up and (not bookie.lost or bookie.formatted):
                 bookie.restart()
         self.trace("HEAL: partitions, drops and slowness end; crashed bookies restart")
 
@@ -603,12 +651,12 @@ class LedgerSimulation:
         if metadata is None or not metadata.is_closed:
             self.fail("liveness", f"ledger {ledger_id} is not CLOSED after recovery")
             return
-        held = {b.id: b.durable_entries(ledger_id) for b in self.network.bookies.values()}
-        lost = {b.id for b in self.network.bookies.values() if b.lost}
+        held = {b.id: set(b.durable_entries(ledger_id)) | b.lost_entries.get(ledger_id, set())
+                for b in self.network.bookies.values()}
         ack_quorum = metadata.ack_quorum
         for entry_id in range(last + 1):
             write_set = metadata.write_set_bookies(entry_id)
-            copies = [b for b in write_set if b in lost or entry_id in held[b]]
+            copies = [b for b in write_set if entry_id in held[b]]
             if len(copies) < ack_quorum:
                 self.fail("under-replicated",
                           f"entry {entry_id} is held by {copies} of its write set "

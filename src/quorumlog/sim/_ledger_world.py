@@ -31,11 +31,12 @@ from typing import Any
 
 import quorumlog.bookie._protocol as wire
 from quorumlog import rpc
-from quorumlog.bookie._errors import (
+from quorumlog.bookie import (
     LedgerFencedError,
     NoSuchEntryError,
     NoSuchLedgerError,
     UnauthorizedError,
+    limbo_error,
 )
 from quorumlog.errors import DeadlineExceededError, QuorumlogError, invariant
 from quorumlog.ledger import BatchReply, EntryReply, LacReply, LedgerMetadata, LedgerState
@@ -87,7 +88,10 @@ class SimBookie:
         self.loop = loop
         self.sync_ms = sync_ms
         self.up = True
-        self.lost = False  # disk gone for good: never comes back
+        self.lost = False  # its disk was lost: only a format brings it back (empty)
+        self.formatted = False  # re-added after the loss, as a new instance
+        self.lost_entries: dict[int, set[int]] = {}  # what the lost disk held
+        self.limbo_floor = 0  # ledger ids below it: never "no such entry" (bookie._limbo)
         self.incarnation = 0
         self.slow_ms = 0
         self.refuses_connections = True  # while down: refuse (else: silence)
@@ -138,12 +142,24 @@ class SimBookie:
         self._waiters.clear()
         if lose_disk:
             self.lost = True
+            self.formatted = False
+            for ledger_id, ledger in self._durable.items():
+                self.lost_entries.setdefault(ledger_id, set()).update(ledger.entries)
             self._memory.clear()
             self._durable.clear()
         return f"unsynced records lost={lost} kept={kept}" + (" DISK LOST" if lose_disk else "")
 
     def restart(self) -> None:
-        invariant(not self.lost, f"bookie {self.id} lost its disk and cannot restart")
+        invariant(not self.lost or self.formatted,
+                  f"bookie {self.id} lost its disk: it starts again only after a format")
+        self.up = True
+
+    def start_formatted(self, limbo_floor: int) -> None:
+        """Come back after ``quorumlog bookie format``: empty, a new instance, with
+        the ledgers older than ``limbo_floor`` in limbo."""
+        invariant(self.lost and not self.up, f"bookie {self.id}: format is for a lost disk")
+        self.formatted = True
+        self.limbo_floor = limbo_floor
         self.up = True
 
     # ----- requests ----------------------------------------------------------------
@@ -153,6 +169,16 @@ class SimBookie:
         if ledger is None:
             raise NoSuchLedgerError(f"bookie {self.id}: no ledger {ledger_id}")
         return ledger
+
+    def _absent(self, ledger_id: int, entry_id: int) -> QuorumlogError:
+        """What a read of an entry this bookie does not hold answers (as the
+        bookie server: limbo first, then the plain negatives)."""
+        limbo = limbo_error(self.id, ledger_id, entry_id, self.limbo_floor)
+        if limbo is not None:
+            return limbo
+        if ledger_id not in self._memory:
+            return NoSuchLedgerError(f"bookie {self.id}: no ledger {ledger_id}")
+        return NoSuchEntryError(f"bookie {self.id}: no entry {ledger_id}:{entry_id}")
 
     def _check_key(self, ledger_id: int, key: bytes) -> bool:
         """True if the ledger is new (the key must be recorded)."""
@@ -188,15 +214,17 @@ class SimBookie:
         return future
 
     def read_entry(self, ledger_id: int, entry_id: int) -> EntryReply:
-        ledger = self._ledger(ledger_id)
-        envelope = ledger.entries.get(entry_id)
-        if envelope is None:
-            raise NoSuchEntryError(f"bookie {self.id}: no entry {ledger_id}:{entry_id}")
+        ledger = self._memory.get(ledger_id)
+        envelope = ledger.entries.get(entry_id) if ledger is not None else None
+        if ledger is None or envelope is None:
+            raise self._absent(ledger_id, entry_id)
         return EntryReply(envelope, ledger.lac)
 
     def read_batch(self, ledger_id: int, first: int, max_entries: int,
                    max_bytes: int) -> BatchReply:
-        ledger = self._ledger(ledger_id)
+        ledger = self._memory.get(ledger_id)
+        if ledger is None:
+            raise self._absent(ledger_id, first)
         out: list[bytes | memoryview] = []
         size = 0
         entry_id = first
@@ -208,7 +236,7 @@ class SimBookie:
             size += len(envelope)
             entry_id += 1
         if not out:
-            raise NoSuchEntryError(f"bookie {self.id}: no entry {ledger_id}:{first}")
+            raise self._absent(ledger_id, first)
         return BatchReply(out, ledger.lac)
 
     def lac_reply(self, ledger_id: int, previous_lac: int, with_entry: bool) -> LacReply:
@@ -608,6 +636,10 @@ class SimMetaStore:
                 self.violations.append(LedgerViolation(
                     "closed-ledger-changed",
                     f"ledger {ledger_id} closed at {first}, later at {metadata.last_entry_id}"))
+
+    def peek_next_ledger_id(self) -> int:
+        """The ledger id ``next_id`` would hand out now (no latency; the operator's view)."""
+        return self._ids.get(wire.LEDGER_ID_COUNTER, 0) + 1
 
     async def next_id(self, name: str, count: int = 1) -> int:
         await self._latency()
