@@ -241,7 +241,7 @@ class MetaService:
                     _log.info("session_revoke_retry", session=session_id, error=exc.message)
 
     async def propose(self, command: Command) -> Result:
-        data = REQUEST_ENCODER.encode(Request(client_id=b"", seq=0, command=command))
+        data = REQUEST_ENCODER.encode(Request(command=command))  # no session: not deduplicated
         result, _ = await self.host.propose(META_GROUP_ID, data)
         return result  # type: ignore[no-any-return]
 

@@ -1,0 +1,100 @@
+"""A local cluster of real node processes for the meta tests, and its faults.
+
+Nodes run as ``python -m quorumlog node`` processes on 127.0.0.1 (as
+``quorumlog up`` starts them); faults are real signals: SIGKILL (crash),
+SIGSTOP/SIGCONT (a process that stops answering, as if cut off).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+from quorumlog import node as cluster
+from rpc.support import wait_until
+
+DEADLINE_S = 30.0  # one fault or recovery step of a test
+POLL_INTERVAL_S = 0.1
+
+Rows = list[dict[str, Any]]
+
+
+@contextmanager
+def running_cluster(directory: Path, nodes: int = 3) -> Iterator[Path]:
+    cluster.up(directory, nodes)
+    try:
+        yield directory
+    finally:
+        for info in cluster.load(directory):  # a stopped process cannot take SIGTERM
+            _signal(info.pid, signal.SIGCONT)
+        cluster.down(directory)
+
+
+async def status_rows(directory: Path) -> Rows:
+    """``quorumlog status`` rows (blocking calls: run off the event loop)."""
+    rows: Rows = await asyncio.get_running_loop().run_in_executor(None, cluster.status, directory)
+    return rows
+
+
+async def until_status(
+    directory: Path, predicate: Callable[[Rows], bool], what: str, timeout_s: float = DEADLINE_S
+) -> Rows:
+    """Poll the cluster's status until ``predicate(rows)``; the rows that passed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rows = await status_rows(directory)
+        if predicate(rows):
+            return rows
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; status: {rows}")
+        await asyncio.sleep(POLL_INTERVAL_S)
+
+
+def leader_of(rows: Rows) -> dict[str, Any] | None:
+    leaders = [r for r in rows if r.get("meta_role") == "leader"]
+    return leaders[0] if len(leaders) == 1 else None
+
+
+def all_members_settled(rows: Rows) -> bool:
+    """One leader, every meta member its leader or follower."""
+    meta = [r for r in rows if "meta" in r["roles"]]
+    return leader_of(rows) is not None and all(
+        r.get("meta_role") in ("leader", "follower") for r in meta)
+
+
+async def kill_and_restart_leader(
+    directory: Path, progress: Callable[[], int], operations_after_kill: int
+) -> int:
+    """SIGKILL the meta leader; wait until ``progress()`` grew by the given
+    number of operations without it, then restart it and wait for it to rejoin.
+    Returns the id of the node killed."""
+    rows = await until_status(directory, lambda r: leader_of(r) is not None, "a leader")
+    leader = leader_of(rows)
+    assert leader is not None
+    before = progress()
+    os.kill(int(leader["pid"]), signal.SIGKILL)
+    await wait_until(lambda: progress() >= before + operations_after_kill,
+                     timeout_s=DEADLINE_S, what="progress after killing the leader")
+    await asyncio.get_running_loop().run_in_executor(
+        None, cluster.restart_node, directory, int(leader["id"]))
+    await until_status(directory, all_members_settled, "the killed node to rejoin")
+    return int(leader["id"])
+
+
+def stop(pid: int) -> None:
+    _signal(pid, signal.SIGSTOP)
+
+
+def resume(pid: int) -> None:
+    _signal(pid, signal.SIGCONT)
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    with suppress(ProcessLookupError):
+        os.kill(pid, sig)
