@@ -17,10 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from quorumlog import node as cluster
+from quorumlog import rpc
+from quorumlog.errors import QuorumlogError
+from quorumlog.meta._service import MetaStatusRequest, MetaStatusResponse
 from rpc.support import wait_until
 
 DEADLINE_S = 30.0  # one fault or recovery step of a test
 POLL_INTERVAL_S = 0.1
+# Asking a stopped process waits for the rpc connect timeout (10 s): polls
+# that may meet one ask only the members they name, with this timeout.
+MEMBER_STATUS_TIMEOUT_S = 0.5
 
 Rows = list[dict[str, Any]]
 
@@ -54,6 +60,36 @@ async def until_status(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}; status: {rows}")
         await asyncio.sleep(POLL_INTERVAL_S)
+
+
+async def until_members(
+    addresses: list[str],
+    predicate: Callable[[list[MetaStatusResponse | None]], bool],
+    what: str,
+    timeout_s: float = DEADLINE_S,
+) -> list[MetaStatusResponse | None]:
+    """Poll the meta status of the named members (None: no answer) until
+    ``predicate``; for clusters with stopped members (``until_status`` would
+    wait on each stopped one)."""
+    pool = rpc.Pool()
+
+    async def one(address: str) -> MetaStatusResponse | None:
+        try:
+            return await pool.call(address, MetaStatusRequest(), timeout_s=MEMBER_STATUS_TIMEOUT_S)
+        except QuorumlogError:
+            return None
+
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            statuses = list(await asyncio.gather(*(one(a) for a in addresses)))
+            if predicate(statuses):
+                return statuses
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}; statuses: {statuses}")
+            await asyncio.sleep(POLL_INTERVAL_S)
+    finally:
+        await pool.close()
 
 
 def leader_of(rows: Rows) -> dict[str, Any] | None:

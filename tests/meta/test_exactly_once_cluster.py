@@ -28,8 +28,8 @@ from quorumlog.meta import MetaClient
 from .support import kill_and_restart_leader, running_cluster
 
 CALLERS = 32
-KILL_ROUNDS = 3
-OPERATIONS_AFTER_KILL = 200  # calls completed without the killed leader, per round
+KILL_ROUNDS = 2
+OPERATIONS_AFTER_KILL = 150  # calls completed without the killed leader, per round
 CLIENT_DEADLINE_S = 30.0  # far beyond one election: no call may give up
 
 

@@ -97,6 +97,7 @@ class MetaClient:
         pool: rpc.Pool | None = None,
         deadline_s: float = OPERATION_DEADLINE_S,
         session_ttl_ms: int = SESSION_TTL_MS,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
     ) -> None:
         if not addresses:
             raise UsageError("MetaClient needs at least one member address")
@@ -105,6 +106,7 @@ class MetaClient:
         self._own_pool = pool is None
         self._leader: str | None = None
         self._deadline_s = deadline_s
+        self._request_timeout_s = request_timeout_s
         self._rng = random.Random()
         # The exactly-once session: its id (0 = none open), the task opening
         # one (shared by concurrent callers), its keep-alive task, and per
@@ -189,7 +191,7 @@ class MetaClient:
             nonlocal failed
             try:
                 response = await self._pool.call(
-                    address, MetaWriteRequest(request=data), timeout_s=REQUEST_TIMEOUT_S
+                    address, MetaWriteRequest(request=data), timeout_s=self._request_timeout_s
                 )
             except QuorumlogError:
                 failed = True  # it may have reached the log: its outcome is unknown
@@ -321,7 +323,7 @@ class MetaClient:
         )
 
         async def attempt(address: str) -> tuple[RangeResult, int]:
-            response = await self._pool.call(address, request, timeout_s=REQUEST_TIMEOUT_S)
+            response = await self._pool.call(address, request, timeout_s=self._request_timeout_s)
             return response.result, response.revision
 
         return await self._retrying(attempt, leader=not serializable)
@@ -349,7 +351,7 @@ class MetaClient:
         request = MetaKeepAliveRequest(session_id=session_id)
 
         async def attempt(address: str) -> int:
-            response = await self._pool.call(address, request, timeout_s=REQUEST_TIMEOUT_S)
+            response = await self._pool.call(address, request, timeout_s=self._request_timeout_s)
             return response.ttl_ms
 
         return await self._retrying(attempt, leader=True) > 0
@@ -378,7 +380,7 @@ class MetaClient:
 
         async def attempt(address: str) -> tuple[list[Event], int]:
             response = await self._pool.call(
-                address, request, timeout_s=REQUEST_TIMEOUT_S + wait_ms / 1000
+                address, request, timeout_s=self._request_timeout_s + wait_ms / 1000
             )
             return response.events, response.revision
 
@@ -404,13 +406,14 @@ class MetaClient:
         request = MetaMemberRequest(action=action, node_id=node_id, address=address)
 
         async def attempt(addr: str) -> tuple[list[int], list[int]]:
-            response = await self._pool.call(addr, request, timeout_s=REQUEST_TIMEOUT_S * 2)
+            response = await self._pool.call(addr, request, timeout_s=self._request_timeout_s * 2)
             return response.voters, response.learners
 
         return await self._retrying(attempt, leader=True)
 
     async def status(self, address: str) -> MetaStatusResponse:
-        return await self._pool.call(address, MetaStatusRequest(), timeout_s=REQUEST_TIMEOUT_S)
+        return await self._pool.call(address, MetaStatusRequest(),
+                                     timeout_s=self._request_timeout_s)
 
 
 class BlockingMetaClient:

@@ -10,6 +10,12 @@ for ``election_timeout_ticks`` after hearing from a leader (check-quorum), and
 every new leader needs one of them. So until then the leader may serve reads
 from its own state at its commit index, without a round trip.
 
+A lease belongs to one *leadership*, the pair (term, epoch): a new term is
+a new leader, and the Raft epoch also moves with every configuration change,
+after which the quorum that granted the lease may no longer intersect every
+quorum of the group. Either change ends the lease; the next ReadIndex round
+grants a new one.
+
 The follower's refusal lasts ``election_timeout_ticks`` of *its* ticks, the
 first of which may come at once: at least ``(election_timeout_ticks - 1) *
 tick_interval_ms`` of its clock. The leader measures the lease on its own
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 from quorumlog.errors import invariant
 
+Leadership = tuple[int, int]  # (term, epoch) of the leader holding the lease
 PERCENT = 100
 
 
@@ -40,28 +47,28 @@ def lease_duration_s(
 
 
 class ReadLease:
-    """The current lease: valid in one term, until a point in time."""
+    """The current lease: valid for one leadership, until a point in time."""
 
     def __init__(self, duration_s: float) -> None:
         invariant(duration_s > 0, "a lease must last some time")
         self.duration_s = duration_s
-        self._term = 0
+        self._leadership: Leadership = (0, 0)
         self._until_s = 0.0
 
-    def extend(self, *, start_s: float, term: int) -> None:
-        """A quorum acknowledged leadership in ``term`` as of ``start_s``."""
-        if term != self._term:
-            self._term, self._until_s = term, 0.0
+    def extend(self, *, start_s: float, leadership: Leadership) -> None:
+        """A quorum acknowledged ``leadership`` as of ``start_s``."""
+        if leadership != self._leadership:
+            self._leadership, self._until_s = leadership, 0.0
         self._until_s = max(self._until_s, start_s + self.duration_s)
 
-    def remaining_s(self, *, now_s: float, term: int) -> float:
-        """Time left in ``term`` (0 when expired or held in another term)."""
-        if term != self._term:
+    def remaining_s(self, *, now_s: float, leadership: Leadership) -> float:
+        """Time left (0 when expired or granted to another leadership)."""
+        if leadership != self._leadership:
             return 0.0
         return max(0.0, self._until_s - now_s)
 
-    def valid(self, *, now_s: float, term: int) -> bool:
-        return self.remaining_s(now_s=now_s, term=term) > 0
+    def valid(self, *, now_s: float, leadership: Leadership) -> bool:
+        return self.remaining_s(now_s=now_s, leadership=leadership) > 0
 
     def drop(self) -> None:
         self._until_s = 0.0
