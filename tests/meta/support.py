@@ -1,8 +1,10 @@
-"""A local cluster of real node processes for the meta tests, and its faults.
+"""Real meta services for the tests: in this process, or a cluster of nodes.
 
-Nodes run as ``python -m quorumlog node`` processes on 127.0.0.1 (as
-``quorumlog up`` starts them); faults are real signals: SIGKILL (crash),
-SIGSTOP/SIGCONT (a process that stops answering, as if cut off).
+``one_member`` runs a one-member meta group in this process (real WAL, rpc on
+127.0.0.1) with an injected lease clock. ``running_cluster`` starts node
+processes (``python -m quorumlog node``, as ``quorumlog up`` does); faults
+are real signals: SIGKILL (crash), SIGSTOP/SIGCONT (a process that stops
+answering, as if cut off).
 """
 
 from __future__ import annotations
@@ -11,15 +13,19 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from quorumlog import node as cluster
 from quorumlog import rpc
 from quorumlog.errors import QuorumlogError
-from quorumlog.meta._service import MetaStatusRequest, MetaStatusResponse
+from quorumlog.meta import MetaLimits
+from quorumlog.meta._service import MetaService, MetaStatusRequest, MetaStatusResponse
+from quorumlog.node._cluster import free_port
+from quorumlog.raft._driver import HostConfig, RaftHost
 from rpc.support import wait_until
 
 DEADLINE_S = 30.0  # one fault or recovery step of a test
@@ -29,6 +35,46 @@ POLL_INTERVAL_S = 0.1
 MEMBER_STATUS_TIMEOUT_S = 0.5
 
 Rows = list[dict[str, Any]]
+TICK_MS = 20  # in-process members tick fast: an election timeout is 200 ms
+ELECTION_TICKS = 10
+
+
+@dataclass
+class Clock:
+    now_s: float = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+@dataclass
+class Member:
+    service: MetaService
+    address: str
+    clock: Clock
+
+
+@asynccontextmanager
+async def one_member(
+    root: Path, read_mode: str = "read_index", limits: MetaLimits | None = None
+) -> AsyncIterator[Member]:
+    address = f"127.0.0.1:{free_port()}"
+    host = RaftHost(1, {1: address}, root / "raft",
+                    config=HostConfig(tick_interval_ms=TICK_MS,
+                                      election_timeout_ticks=ELECTION_TICKS))
+    clock = Clock()
+    service = MetaService(host, read_mode=read_mode,  # type: ignore[arg-type]
+                          limits=limits, lease_clock=clock)
+    server = rpc.Server({**host.handlers(), **service.handlers()})
+    await server.start("127.0.0.1", int(address.rsplit(":", 1)[1]))
+    await host.start()
+    service.start({1})
+    try:
+        yield Member(service, address, clock)
+    finally:
+        await server.close()
+        await service.close()
+        await host.close()
 
 
 @contextmanager

@@ -10,12 +10,16 @@ clear error, never a wrong answer.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgspec
 
+from quorumlog import rpc
 from quorumlog.meta import (
     CreateSession,
     ErrorResult,
     IdResult,
+    MetaClient,
     MetaLimits,
     MetaStateMachine,
     NextId,
@@ -27,6 +31,7 @@ from quorumlog.meta import (
     TxnResult,
 )
 
+from .support import one_member
 from .test_state import Log, cas, put
 
 
@@ -187,3 +192,26 @@ def test_a_member_restored_from_a_snapshot_answers_retries_the_same() -> None:
     assert isinstance(late, ErrorResult) and late.code == "already_acknowledged"
     log.apply(NextId(name="n"), session=s, seq=1, first=1)
     assert other.sm.snapshot() == log.sm.snapshot()  # same log, same state
+
+
+def test_a_client_whose_session_was_evicted_opens_a_new_one_for_a_fresh_write(
+    tmp_path: Path,
+) -> None:
+    """Room for one session only: each client's first write evicts the other's
+    session. A write never attempted before is refused without being applied,
+    so the client sends it again in a new session (once)."""
+    limits = MetaLimits(client_session_bytes_max=200, client_sessions_bytes_max=200,
+                        client_response_bytes_max=100)
+
+    async def main() -> None:
+        async with one_member(tmp_path, limits=limits) as member, \
+                MetaClient([member.address]) as a, MetaClient([member.address]) as b:
+            assert await a.next_id("n") == 1
+            first_session = a.session_id
+            assert await b.next_id("n") == 2  # b's session evicts a's
+            assert await a.next_id("n") == 3  # refused in the old session, sent again
+            assert a.session_id not in (0, first_session)
+            assert await b.next_id("n") == 4
+            assert member.service.machine.sessions().keys() >= {first_session, a.session_id}
+
+    rpc.run(main())

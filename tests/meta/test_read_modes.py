@@ -9,9 +9,6 @@ used, renewed and expired are exact.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,19 +18,11 @@ from quorumlog.config import from_mapping
 from quorumlog.errors import ConfigError, TransientError, UsageError
 from quorumlog.meta import MetaClient
 from quorumlog.meta._read_lease import ReadLease, lease_duration_s
-from quorumlog.meta._service import (
-    META_GROUP_ID,
-    MetaService,
-    MetaStatusRequest,
-    MetaWriteRequest,
-)
+from quorumlog.meta._service import META_GROUP_ID, MetaStatusRequest, MetaWriteRequest
 from quorumlog.node import NodeConfig
-from quorumlog.node._cluster import free_port
-from quorumlog.raft._driver import HostConfig, RaftHost
 from rpc.support import wait_until
 
-TICK_MS = 20
-ELECTION_TICKS = 10
+from .support import ELECTION_TICKS, TICK_MS, one_member
 
 
 def test_lease_duration_is_the_follower_guard_cut_by_the_drift_bound() -> None:
@@ -78,41 +67,6 @@ def test_read_mode_comes_from_the_node_toml_and_bad_values_are_clear_errors() ->
         _node_config({"read_mode": "stale"})
     with pytest.raises(ConfigError, match="lease_clock_drift_percent"):
         _node_config({"lease_clock_drift_percent": 100})
-
-
-@dataclass
-class Clock:
-    now_s: float = 1000.0
-
-    def __call__(self) -> float:
-        return self.now_s
-
-
-@dataclass
-class Member:
-    service: MetaService
-    address: str
-    clock: Clock
-
-
-@asynccontextmanager
-async def one_member(root: Path, read_mode: str) -> AsyncIterator[Member]:
-    address = f"127.0.0.1:{free_port()}"
-    host = RaftHost(1, {1: address}, root / "raft",
-                    config=HostConfig(tick_interval_ms=TICK_MS,
-                                      election_timeout_ticks=ELECTION_TICKS))
-    clock = Clock()
-    service = MetaService(host, read_mode=read_mode, lease_clock=clock)  # type: ignore[arg-type]
-    server = rpc.Server({**host.handlers(), **service.handlers()})
-    await server.start("127.0.0.1", int(address.rsplit(":", 1)[1]))
-    await host.start()
-    service.start({1})
-    try:
-        yield Member(service, address, clock)
-    finally:
-        await server.close()
-        await service.close()
-        await host.close()
 
 
 def test_an_unknown_read_mode_is_a_usage_error(tmp_path: Path) -> None:
