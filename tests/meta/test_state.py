@@ -41,8 +41,14 @@ class Log:
         self.index = self.sm.applied_index
         self.entries: list[bytes] = []
 
-    def apply(self, command: Command, *, client: bytes = b"", seq: int = 0) -> Result:
-        data = REQUEST_ENCODER.encode(Request(client_id=client, seq=seq, command=command))
+    def apply(
+        self, command: Command, *, session: int = 0, seq: int = 0, first: int | None = None
+    ) -> Result:
+        """Apply ``command``; in ``session`` (exactly-once) if given, with ``seq`` and
+        the first outstanding seq ``first`` (default: ``seq`` itself)."""
+        request = Request(session_id=session, seq=seq,
+                          first_outstanding_seq=seq if first is None else first, command=command)
+        data = REQUEST_ENCODER.encode(request)
         self.entries.append(data)
         self.index += 1
         result, _ = self.sm.apply(self.index, data)
@@ -174,18 +180,6 @@ def test_ids_are_unique_and_increasing() -> None:
     assert isinstance(other, IdResult) and other.first == 1
 
 
-def test_retried_write_is_applied_once() -> None:
-    log = Log()
-    log.apply(put("/c", b"0"))
-    first = log.apply(cas("/c", 1, b"1"), client=b"c1", seq=1)
-    retry = log.apply(cas("/c", 1, b"1"), client=b"c1", seq=1)
-    assert first == retry and isinstance(first, TxnResult) and first.succeeded
-    kv = log.sm.get("/c")
-    assert kv is not None and kv.version == 2
-    older = log.apply(put("/c", b"old"), client=b"c1", seq=0)
-    assert isinstance(older, ErrorResult) and older.code == "stale_request"
-
-
 def test_watch_history_in_order_and_compaction() -> None:
     log = Log()
     log.apply(put("/w/a", b"1"))
@@ -236,9 +230,14 @@ def test_replicas_and_snapshots_agree(seed: int) -> None:
     rng = random.Random(seed)
     a, b = Log(), Log()
     commands = [_random_command(rng) for _ in range(200)]
+    client = CreateSession(ttl_ms=60_000)
+    assert a.apply(client) == b.apply(client) == SessionResult(session_id=1, ttl_ms=60_000)
     for i, cmd in enumerate(commands):
-        ra = a.apply(cmd, client=b"c", seq=i + 1)
-        rb = b.apply(cmd, client=b"c", seq=i + 1)
+        # Session 1 writes, retries (same seq) and acknowledges out of order.
+        seq = i + 1 if rng.random() < 0.8 else max(1, i - rng.randrange(3))
+        first = max(1, seq - rng.randrange(4))
+        ra = a.apply(cmd, session=1, seq=seq, first=first)
+        rb = b.apply(cmd, session=1, seq=seq, first=first)
         assert ra == rb
         if i == 100:
             restored = MetaStateMachine()

@@ -33,9 +33,17 @@ from quorumlog.meta._commands import (
     TxnResult,
 )
 from quorumlog.meta._leases import LeaseKeeper
+from quorumlog.meta._service import (
+    LEASE_CLOCK_DRIFT_PERCENT,
+    READ_MODES,
+    MetaRequestFailedError,
+    ReadMode,
+)
 from quorumlog.meta._state import CompactedError, MetaLimits, MetaStateMachine
 
 __all__ = [
+    "LEASE_CLOCK_DRIFT_PERCENT",
+    "READ_MODES",
     "BlockingMetaClient",
     "Compact",
     "CompactResult",
@@ -54,12 +62,14 @@ __all__ = [
     "LeaseKeeper",
     "MetaClient",
     "MetaLimits",
+    "MetaRequestFailedError",
     "MetaStateMachine",
     "NextId",
     "PutOp",
     "PutResult",
     "RangeOp",
     "RangeResult",
+    "ReadMode",
     "Request",
     "Result",
     "RevokeSession",

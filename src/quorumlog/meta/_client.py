@@ -2,22 +2,38 @@
 
 A client takes the member addresses, finds the leader by itself (following
 the address carried by NotLeaderError), and retries retriable errors with
-exponential backoff until a deadline. Every write carries this client's id and
-a sequence number that a retry reuses, so a write retried across a leader
-change is applied exactly once.
+exponential backoff until a deadline.
+
+Writes are exactly-once. On its first write a client opens a session (a meta
+session with a lease, ``session_ttl_ms``) and keeps it alive in the
+background; every write carries (session, seq, lowest seq still waiting for
+its answer). A retry reuses its seq, so a write retried across a leader
+change is applied once and answered with its first result, however many
+callers share the client (see ``_client_sessions``). If the session is gone
+when a retry arrives (lease expired, or evicted by the table's byte bound),
+the client cannot know whether the first attempt applied and raises
+``MetaRequestFailedError(code="session_expired")``; a write that was never
+attempted before is sent again in a new session.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from quorumlog import rpc
-from quorumlog.errors import DeadlineExceededError, NotLeaderError, QuorumlogError, UsageError
+from quorumlog.errors import (
+    DeadlineExceededError,
+    NotLeaderError,
+    ProtocolError,
+    QuorumlogError,
+    UsageError,
+)
+from quorumlog.log import get_logger
+from quorumlog.meta._client_sessions import SESSION_EXPIRED
 from quorumlog.meta._commands import (
     REQUEST_ENCODER,
     RESULT_DECODER,
@@ -56,11 +72,19 @@ from quorumlog.meta._service import (
 )
 
 T = TypeVar("T")
+_log = get_logger(__name__)
 
 BACKOFF_INITIAL_S = 0.02
 BACKOFF_MAX_S = 0.5
 REQUEST_TIMEOUT_S = 5.0  # one attempt
 OPERATION_DEADLINE_S = 20.0  # all attempts of one operation
+# Lease of the client's exactly-once session. Longer than any retry window
+# (OPERATION_DEADLINE_S) so a retry finds its session unless the client was
+# cut off from a quorum for this long; a crashed client's session lingers this
+# long (one small table row) before the leader expires it.
+SESSION_TTL_MS = 60_000
+KEEPALIVES_PER_TTL = 3  # keep-alive every third of the TTL: two may be lost
+CLOSE_REVOKE_DEADLINE_S = 1.0  # close() revokes the session, best effort, this long
 
 
 class MetaClient:
@@ -72,6 +96,8 @@ class MetaClient:
         *,
         pool: rpc.Pool | None = None,
         deadline_s: float = OPERATION_DEADLINE_S,
+        session_ttl_ms: int = SESSION_TTL_MS,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
     ) -> None:
         if not addresses:
             raise UsageError("MetaClient needs at least one member address")
@@ -79,10 +105,19 @@ class MetaClient:
         self._pool = pool if pool is not None else rpc.Pool()  # an empty Pool is falsy (len 0)
         self._own_pool = pool is None
         self._leader: str | None = None
-        self._client_id = os.urandom(16)
-        self._seq = 0
         self._deadline_s = deadline_s
+        self._request_timeout_s = request_timeout_s
         self._rng = random.Random()
+        # The exactly-once session: its id (0 = none open), the task opening
+        # one (shared by concurrent callers), its keep-alive task, and per
+        # session the seqs waiting for an answer (a dict keeps insertion
+        # order, and seqs are inserted increasing: the first key is the lowest).
+        self.session_ttl_ms = session_ttl_ms
+        self.session_id = 0
+        self._seq = 0
+        self._opening: asyncio.Task[int] | None = None
+        self._keepalive_task: asyncio.Task[None] | None = None
+        self._outstanding: dict[int, dict[int, None]] = {}
 
     async def __aenter__(self) -> MetaClient:
         return self
@@ -91,14 +126,30 @@ class MetaClient:
         await self.close()
 
     async def close(self) -> None:
+        """Stop keeping the session alive, revoke it (best effort), close the pool."""
+        tasks = [t for t in (self._keepalive_task, self._opening) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        session_id, self.session_id = self.session_id, 0
+        if session_id:
+            try:
+                await self._send(Request(command=RevokeSession(session_id=session_id)),
+                                 deadline_s=CLOSE_REVOKE_DEADLINE_S)
+            except QuorumlogError as exc:  # it expires by its lease instead
+                _log.info("meta_session_revoke_failed", session=session_id, error=exc.message)
         if self._own_pool:
             await self._pool.close()
 
     # ----- plumbing ----------------------------------------------------------
 
-    async def _retrying(self, attempt: Callable[[str], Awaitable[T]], *, leader: bool) -> T:
+    async def _retrying(
+        self, attempt: Callable[[str], Awaitable[T]], *, leader: bool,
+        deadline_s: float | None = None,
+    ) -> T:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._deadline_s
+        budget_s = self._deadline_s if deadline_s is None else deadline_s
+        deadline = loop.time() + budget_s
         backoff = BACKOFF_INITIAL_S
         tried = 0
         while True:
@@ -117,7 +168,7 @@ class MetaClient:
                 error = exc
             if loop.time() + backoff > deadline:
                 raise DeadlineExceededError(
-                    f"meta operation did not succeed within {self._deadline_s:.0f} s; "
+                    f"meta operation did not succeed within {budget_s:.1f} s; "
                     f"last error: {error.message}"
                 ) from error
             if not isinstance(error, NotLeaderError) or error.leader_hint is None:
@@ -129,23 +180,103 @@ class MetaClient:
             return self._leader
         return self.addresses[tried % len(self.addresses)]
 
-    async def _write(self, command: Command) -> Result:
-        self._seq += 1
-        data = REQUEST_ENCODER.encode(
-            Request(client_id=self._client_id, seq=self._seq, command=command)
-        )
+    async def _send(
+        self, request: Request, *, deadline_s: float | None = None
+    ) -> tuple[Result, bool]:
+        """Send one write until it is answered; (result, whether an attempt failed)."""
+        data = REQUEST_ENCODER.encode(request)
+        failed = False
 
         async def attempt(address: str) -> Result:
-            response = await self._pool.call(
-                address, MetaWriteRequest(request=data), timeout_s=REQUEST_TIMEOUT_S
-            )
+            nonlocal failed
+            try:
+                response = await self._pool.call(
+                    address, MetaWriteRequest(request=data), timeout_s=self._request_timeout_s
+                )
+            except QuorumlogError:
+                failed = True  # it may have reached the log: its outcome is unknown
+                raise
             result: Result = RESULT_DECODER.decode(response.result)
             return result
 
-        result = await self._retrying(attempt, leader=True)
-        if isinstance(result, ErrorResult):
-            raise MetaRequestFailedError(result.message, code=result.code)
-        return result
+        result = await self._retrying(attempt, leader=True, deadline_s=deadline_s)
+        return result, failed
+
+    async def _write(self, command: Command) -> Result:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._deadline_s
+        while True:
+            session_id = await self._session()
+            self._seq += 1
+            seq = self._seq
+            outstanding = self._outstanding.setdefault(session_id, {})
+            outstanding[seq] = None
+            request = Request(session_id=session_id, seq=seq,
+                              first_outstanding_seq=next(iter(outstanding)), command=command)
+            try:
+                result, failed = await self._send(request,
+                                                  deadline_s=max(deadline - loop.time(), 0))
+            finally:
+                del outstanding[seq]  # answered or given up: acknowledged either way
+                if not outstanding and session_id != self.session_id:
+                    del self._outstanding[session_id]
+            if not isinstance(result, ErrorResult):
+                return result
+            if result.code != SESSION_EXPIRED:
+                raise MetaRequestFailedError(result.message, code=result.code)
+            self._session_lost(session_id)
+            if failed or loop.time() >= deadline:
+                # An earlier attempt may have applied, and nobody remembers now.
+                raise MetaRequestFailedError(result.message, code=result.code)
+            # Never attempted before and refused now: safe to send in a new session.
+
+    # ----- the exactly-once session ---------------------------------------------
+
+    async def _session(self) -> int:
+        """The open session, opening one if needed (one opener for all callers)."""
+        if self.session_id:
+            return self.session_id
+        if self._opening is None:
+            self._opening = asyncio.get_running_loop().create_task(self._open_session())
+        return await asyncio.shield(self._opening)
+
+    async def _open_session(self) -> int:
+        try:
+            # Not deduplicated (there is no session yet): a retried open may
+            # leave a second session behind, which its lease expires.
+            result, _ = await self._send(Request(command=CreateSession(ttl_ms=self.session_ttl_ms)))
+            if isinstance(result, ErrorResult):
+                raise MetaRequestFailedError(result.message, code=result.code)
+            if not isinstance(result, SessionResult):
+                raise ProtocolError(f"meta answered a session open with {result!r}")
+            self.session_id = result.session_id
+            if self._keepalive_task is None or self._keepalive_task.done():
+                self._keepalive_task = asyncio.get_running_loop().create_task(
+                    self._keep_session_alive())
+            return result.session_id
+        finally:
+            self._opening = None
+
+    def _session_lost(self, session_id: int) -> None:
+        if self.session_id == session_id:
+            self.session_id = 0
+        if not self._outstanding.get(session_id, True):
+            del self._outstanding[session_id]
+
+    async def _keep_session_alive(self) -> None:
+        interval_s = self.session_ttl_ms / 1000 / KEEPALIVES_PER_TTL
+        while True:
+            await asyncio.sleep(interval_s)
+            session_id = self.session_id
+            if not session_id:
+                continue
+            try:
+                alive = await self.keepalive(session_id)
+            except QuorumlogError as exc:
+                _log.info("meta_session_keepalive_failed", session=session_id, error=exc.message)
+                continue
+            if not alive:
+                self._session_lost(session_id)
 
     # ----- KV ----------------------------------------------------------------
 
@@ -192,7 +323,7 @@ class MetaClient:
         )
 
         async def attempt(address: str) -> tuple[RangeResult, int]:
-            response = await self._pool.call(address, request, timeout_s=REQUEST_TIMEOUT_S)
+            response = await self._pool.call(address, request, timeout_s=self._request_timeout_s)
             return response.result, response.revision
 
         return await self._retrying(attempt, leader=not serializable)
@@ -201,8 +332,11 @@ class MetaClient:
         result, _ = await self.range(key, serializable=serializable)
         return result.kvs[0] if result.kvs else None
 
-    async def list_keys(self, prefix: str, *, limit: int = 0) -> list[KeyValue]:
-        result, _ = await self.range(prefix, prefix=True, limit=limit)
+    async def list_keys(
+        self, prefix: str, *, limit: int = 0, serializable: bool = False
+    ) -> list[KeyValue]:
+        result, _ = await self.range(prefix, prefix=True, limit=limit,
+                                     serializable=serializable)
         return list(result.kvs)
 
     # ----- sessions, ids, compaction -----------------------------------------
@@ -217,7 +351,7 @@ class MetaClient:
         request = MetaKeepAliveRequest(session_id=session_id)
 
         async def attempt(address: str) -> int:
-            response = await self._pool.call(address, request, timeout_s=REQUEST_TIMEOUT_S)
+            response = await self._pool.call(address, request, timeout_s=self._request_timeout_s)
             return response.ttl_ms
 
         return await self._retrying(attempt, leader=True) > 0
@@ -246,7 +380,7 @@ class MetaClient:
 
         async def attempt(address: str) -> tuple[list[Event], int]:
             response = await self._pool.call(
-                address, request, timeout_s=REQUEST_TIMEOUT_S + wait_ms / 1000
+                address, request, timeout_s=self._request_timeout_s + wait_ms / 1000
             )
             return response.events, response.revision
 
@@ -272,13 +406,14 @@ class MetaClient:
         request = MetaMemberRequest(action=action, node_id=node_id, address=address)
 
         async def attempt(addr: str) -> tuple[list[int], list[int]]:
-            response = await self._pool.call(addr, request, timeout_s=REQUEST_TIMEOUT_S * 2)
+            response = await self._pool.call(addr, request, timeout_s=self._request_timeout_s * 2)
             return response.voters, response.learners
 
         return await self._retrying(attempt, leader=True)
 
     async def status(self, address: str) -> MetaStatusResponse:
-        return await self._pool.call(address, MetaStatusRequest(), timeout_s=REQUEST_TIMEOUT_S)
+        return await self._pool.call(address, MetaStatusRequest(),
+                                     timeout_s=self._request_timeout_s)
 
 
 class BlockingMetaClient:
@@ -317,8 +452,10 @@ class BlockingMetaClient:
     def get(self, key: str, *, serializable: bool = False) -> KeyValue | None:
         return self._run(self._client.get(key, serializable=serializable))
 
-    def list_keys(self, prefix: str, *, limit: int = 0) -> list[KeyValue]:
-        return self._run(self._client.list_keys(prefix, limit=limit))
+    def list_keys(
+        self, prefix: str, *, limit: int = 0, serializable: bool = False
+    ) -> list[KeyValue]:
+        return self._run(self._client.list_keys(prefix, limit=limit, serializable=serializable))
 
     def delete(self, key: str, *, prefix: bool = False) -> int:
         return self._run(self._client.delete(key, prefix=prefix))

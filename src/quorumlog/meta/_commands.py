@@ -1,7 +1,8 @@
 """Commands of the metadata state machine and their results (typed, frozen).
 
-Every write that goes through Raft is a :class:`Request`: the client's id and
-sequence number (so a retried write is applied once) and one command. Reads
+Every write that goes through Raft is a :class:`Request`: the client's session,
+sequence number and lowest unanswered sequence number (so a retried write is
+applied once and answered with its first result) and one command. Reads
 are served from the state machine without the log (after ReadIndex, or
 serializable on any member), using the same operation types.
 """
@@ -87,8 +88,20 @@ Command = Txn | CreateSession | RevokeSession | NextId | Compact
 
 
 class Request(msgspec.Struct, frozen=True, kw_only=True):
-    client_id: bytes  # 16 random bytes per client process; empty = no dedupe
-    seq: int  # increasing per client; a retry reuses it
+    """One write in the log, with its exactly-once coordinates.
+
+    ``session_id`` names the client's session (a meta session it created and
+    keeps alive; 0 = no deduplication, for the service's own proposals).
+    ``seq`` numbers the client's writes in that session; a retry reuses it.
+    ``first_outstanding_seq`` is the lowest seq of the session whose answer
+    the client has not received yet (at most ``seq``): the client acknowledges
+    every answer below it, so the state machine may forget those (Raft
+    dissertation, section 6.3).
+    """
+
+    session_id: int = 0
+    seq: int = 0
+    first_outstanding_seq: int = 0
     command: Command
 
 

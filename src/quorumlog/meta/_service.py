@@ -2,8 +2,13 @@
 
 Writes (transactions, sessions, ids, compaction) are proposed to the group's
 leader and answered with the state machine's result. Reads are linearizable by
-default (a ReadIndex barrier on the leader, then a local read) or
-serializable on any member on request. Watches are long-polls by revision: a
+default, in the node's ``read_mode``: ``read_index`` (a ReadIndex barrier on
+the leader — one heartbeat round — then a local read) or ``lease`` (the
+leader serves from its own state while its lease holds, see
+``_read_lease``; a ReadIndex round when it does not, which also renews it).
+A read with ``serializable=True`` is served by whichever member receives it,
+from its own state, without asking anyone: it may be stale, and it works
+while that member is cut off from the leader. Watches are long-polls by revision: a
 client asks for the events of a key or prefix from revision ``r``; the member
 answers at once if it has some, or parks the request until one applies or the
 wait times out. Resuming after a reconnect is asking again from the last
@@ -18,12 +23,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
 
 import msgspec
 
 from quorumlog import rpc
-from quorumlog.errors import QuorumlogError, UsageError
+from quorumlog.errors import DeadlineExceededError, QuorumlogError, TransientError, UsageError
 from quorumlog.log import get_logger
 from quorumlog.meta._commands import (
     REQUEST_ENCODER,
@@ -39,6 +45,7 @@ from quorumlog.meta._commands import (
     Txn,
 )
 from quorumlog.meta._leases import LeaseKeeper
+from quorumlog.meta._read_lease import ReadLease, lease_duration_s
 from quorumlog.meta._state import CompactedError, MetaLimits, MetaStateMachine
 from quorumlog.raft._driver import RaftHost
 from quorumlog.raft._types import ConfChange, ConfChangeSingle, ConfChangeType, Role
@@ -47,6 +54,24 @@ META_GROUP_ID = 1
 WATCH_WAIT_MS_MAX = 60_000  # a parked watch answers (maybe empty) within this
 WATCH_EVENTS_MAX = 10_000  # events per watch response
 _log = get_logger(__name__)
+
+ReadMode = Literal["read_index", "lease"]
+READ_MODES: tuple[ReadMode, ...] = ("read_index", "lease")
+# Clocks disagree on rates; the lease is cut by this bound (see _read_lease).
+# Crystal oscillators drift by well under 0.1 %; 10 % also covers NTP slewing
+# and a busy host oversleeping a tick.
+LEASE_CLOCK_DRIFT_PERCENT = 10
+# The boot-time clock keeps counting while the process is stopped or the
+# machine suspended, so a leader never wakes up believing in an old lease.
+LEASE_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
+
+def lease_clock_s() -> float:
+    return time.clock_gettime(LEASE_CLOCK)
+
+# Renew the lease in the background once less than this part of it is left,
+# so steady read traffic never waits for a heartbeat round.
+LEASE_RENEW_FRACTION = 0.5
 
 
 class MetaRequestFailedError(QuorumlogError):
@@ -120,6 +145,10 @@ class MetaStatusResponse(rpc.Message, frozen=True):
     applied_index: int
     revision: int
     voters: list[int]
+    read_mode: str = "read_index"
+    # Linearizable reads this member served, by how leadership was confirmed.
+    lease_reads: int = 0
+    read_index_reads: int = 0
 
 
 class MetaStatusRequest(rpc.Request[MetaStatusResponse], frozen=True):
@@ -170,12 +199,35 @@ class _WatchableMachine(MetaStateMachine):
 class MetaService:
     """The metadata role of one node process."""
 
-    def __init__(self, host: RaftHost, *, limits: MetaLimits | None = None) -> None:
+    def __init__(
+        self,
+        host: RaftHost,
+        *,
+        limits: MetaLimits | None = None,
+        read_mode: ReadMode = "read_index",
+        lease_clock_drift_percent: int = LEASE_CLOCK_DRIFT_PERCENT,
+        lease_clock: Callable[[], float] = lease_clock_s,
+    ) -> None:
+        if read_mode not in READ_MODES:
+            raise UsageError(f"read_mode must be one of {list(READ_MODES)}, got {read_mode!r}")
         self.host = host
         self.machine = _WatchableMachine(self, limits or MetaLimits())
         self.leases = LeaseKeeper()
+        self.read_mode: ReadMode = read_mode
+        self.read_lease = ReadLease(lease_duration_s(
+            election_timeout_ticks=host.config.election_timeout_ticks,
+            tick_interval_ms=host.config.tick_interval_ms,
+            clock_drift_percent=lease_clock_drift_percent,
+        ))
+        self._lease_clock = lease_clock
+        self.lease_reads = 0
+        self.read_index_reads = 0
+        self._started = False  # the Raft group is hosted (see start)
         self._watch_wakeup: asyncio.Future[None] | None = None  # parked watches wait on it
+        self._apply_wakeup: asyncio.Future[None] | None = None  # lease reads wait on it
         self._expiry_task: asyncio.Task[None] | None = None
+        self._start_task: asyncio.Task[None] | None = None
+        self._renewal: asyncio.Task[None] | None = None
 
     def handlers(self) -> dict[type[rpc.Request[Any]], Any]:
         return {
@@ -188,15 +240,47 @@ class MetaService:
         }
 
     def start(self, voters: set[int] | None) -> None:
+        """Host the meta group (in lease mode after a hold-off, see below)."""
         self.host.on_role_change = self._role_changed
         self.host.resolver = self._resolve_member
+        loop = asyncio.get_running_loop()
+        if self.read_mode == "lease":
+            # A member that acknowledged a leader's heartbeat and then restarted
+            # has forgotten it, and would vote at once, inside the lease it
+            # helped grant. So a member in lease mode stays out of the group
+            # (no votes, no acks, requests get a retriable error) for one full
+            # election timeout after it starts: longer than any lease.
+            holdoff_s = self.host.config.election_timeout_ticks * (
+                self.host.config.tick_interval_ms / 1000)
+            self._start_task = loop.create_task(self._start_after(holdoff_s, voters))
+        else:
+            self._host_group(voters)
+        self._expiry_task = loop.create_task(self._expire_sessions())
+
+    async def _start_after(self, holdoff_s: float, voters: set[int] | None) -> None:
+        await asyncio.sleep(holdoff_s)
+        try:
+            self._host_group(voters)
+        except QuorumlogError as exc:  # storage: the node must stop, as for a failed pass
+            if not self.host.failed.done():
+                self.host.failed.set_exception(exc)
+
+    def _host_group(self, voters: set[int] | None) -> None:
         self.host.add_group(META_GROUP_ID, voters, self.machine)
-        self._expiry_task = asyncio.get_running_loop().create_task(self._expire_sessions())
+        self._started = True
+
+    def _require_started(self) -> None:
+        if not self._started:
+            raise TransientError(
+                f"meta on node {self.host.node_id} is starting (lease read mode: a member "
+                "waits one election timeout after a restart before it joins); retry"
+            )
 
     async def close(self) -> None:
-        if self._expiry_task is not None:
-            self._expiry_task.cancel()
-            await asyncio.gather(self._expiry_task, return_exceptions=True)
+        tasks = [t for t in (self._expiry_task, self._start_task, self._renewal) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     # ----- callbacks from the state machine (on the event loop) --------------
 
@@ -208,6 +292,9 @@ class MetaService:
                 self.leases.revoked(result.session_id)
         if events:
             self._wake_watches()
+        wakeup, self._apply_wakeup = self._apply_wakeup, None
+        if wakeup is not None and not wakeup.done():
+            wakeup.set_result(None)
 
     def restored(self) -> None:
         if self.leases.active:
@@ -227,6 +314,7 @@ class MetaService:
             self.leases.promote(_now_ms(), self.machine.sessions())
         else:
             self.leases.demote()
+            self.read_lease.drop()
 
     async def _expire_sessions(self) -> None:
         interval = self.host.config.tick_interval_ms / 1000
@@ -241,7 +329,7 @@ class MetaService:
                     _log.info("session_revoke_retry", session=session_id, error=exc.message)
 
     async def propose(self, command: Command) -> Result:
-        data = REQUEST_ENCODER.encode(Request(client_id=b"", seq=0, command=command))
+        data = REQUEST_ENCODER.encode(Request(command=command))  # no session: not deduplicated
         result, _ = await self.host.propose(META_GROUP_ID, data)
         return result  # type: ignore[no-any-return]
 
@@ -250,6 +338,7 @@ class MetaService:
     async def _on_write(
         self, request: MetaWriteRequest, ctx: rpc.RequestContext
     ) -> MetaWriteResponse:
+        self._require_started()
         try:
             msgspec.msgpack.decode(request.request, type=Request)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -260,15 +349,85 @@ class MetaService:
     async def _on_range(
         self, request: MetaRangeRequest, ctx: rpc.RequestContext
     ) -> MetaRangeResponse:
+        self._require_started()
         if not request.serializable:
-            await self.host.read_barrier(META_GROUP_ID)
+            await self._linearizable()
         return MetaRangeResponse(
             result=self.machine.range(request.op), revision=self.machine.revision
         )
 
+    # ----- linearizable reads ------------------------------------------------
+
+    async def _linearizable(self) -> None:
+        """Return once the local state holds every write acknowledged before the call."""
+        if self.read_mode == "lease":
+            read_index = self._lease_read_index()
+            if read_index is not None:
+                await self._wait_applied(read_index)
+                self.lease_reads += 1
+                return
+        await self._read_index()
+        self.read_index_reads += 1
+
+    def _lease_read_index(self) -> int | None:
+        """The commit index, if this member is the leader and its lease holds."""
+        node = self.host.group(META_GROUP_ID).node
+        if node.role is not Role.LEADER:
+            return None
+        now_s = self._lease_clock()
+        remaining_s = self.read_lease.remaining_s(now_s=now_s, leadership=(node.term, node.epoch))
+        if remaining_s <= 0:
+            return None
+        if remaining_s < self.read_lease.duration_s * LEASE_RENEW_FRACTION and (
+            self._renewal is None or self._renewal.done()
+        ):
+            self._renewal = asyncio.get_running_loop().create_task(self._renew_lease())
+        # A lease is only granted after a ReadIndex round, which waits for the
+        # first commit of the leader's term: the commit index is complete.
+        index: int = node.commit_index
+        return index
+
+    async def _read_index(self) -> None:
+        """A ReadIndex round; in lease mode it also renews the lease."""
+        node = self.host.group(META_GROUP_ID).node
+        start_s, leadership = self._lease_clock(), (node.term, node.epoch)
+        await self.host.read_barrier(META_GROUP_ID)
+        # Confirmed: the round's heartbeats left after start_s, in this term
+        # (a lost leadership fails the barrier instead). A configuration
+        # change meanwhile: the quorum may have been of either; no lease.
+        if (node.term, node.epoch) == leadership:
+            self.read_lease.extend(start_s=start_s, leadership=leadership)
+
+    async def _renew_lease(self) -> None:
+        try:
+            await self._read_index()
+        except QuorumlogError as exc:
+            _log.debug("meta_lease_renewal_failed", error=exc.message)
+
+    async def _wait_applied(self, index: int) -> None:
+        """Wait until this member has applied ``index`` (normally it already has)."""
+        group = self.host.group(META_GROUP_ID)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.host.config.proposal_timeout_ms / 1000
+        # Conf change entries are applied without the state machine (no
+        # wake-up): re-check each tick as well.
+        tick_s = self.host.config.tick_interval_ms / 1000
+        while group.applied_index < index:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise DeadlineExceededError(
+                    f"meta on node {self.host.node_id}: index {index} not applied in time "
+                    f"(applied {group.applied_index}); retry"
+                )
+            if self._apply_wakeup is None:
+                self._apply_wakeup = loop.create_future()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._apply_wakeup), min(remaining, tick_s))
+
     async def _on_keepalive(
         self, request: MetaKeepAliveRequest, ctx: rpc.RequestContext
     ) -> MetaKeepAliveResponse:
+        self._require_started()
         group = self.host.group(META_GROUP_ID)
         self.host.require_leader(group)
         ttl = self.leases.keepalive(request.session_id, _now_ms())
@@ -277,6 +436,7 @@ class MetaService:
     async def _on_watch(
         self, request: MetaWatchRequest, ctx: rpc.RequestContext
     ) -> MetaWatchResponse:
+        self._require_started()
         wait_s = min(max(request.wait_ms, 0), WATCH_WAIT_MS_MAX) / 1000
         deadline = asyncio.get_running_loop().time() + wait_s
         start = max(request.start_revision, 1)
@@ -302,6 +462,7 @@ class MetaService:
     async def _on_member(
         self, request: MetaMemberRequest, ctx: rpc.RequestContext
     ) -> MetaMemberResponse:
+        self._require_started()
         change_type = _MEMBER_ACTIONS.get(request.action)
         if change_type is None:
             raise UsageError(
@@ -319,12 +480,18 @@ class MetaService:
     async def _on_status(
         self, request: MetaStatusRequest, ctx: rpc.RequestContext
     ) -> MetaStatusResponse:
+        if not self._started:
+            return MetaStatusResponse(
+                node_id=self.host.node_id, role="starting", term=0, leader=0, commit_index=0,
+                applied_index=0, revision=0, voters=[], read_mode=self.read_mode,
+            )
         status = self.host.status()[0]
         return MetaStatusResponse(
             node_id=self.host.node_id, role=status["role"], term=status["term"],
             leader=status["leader"], commit_index=status["commit_index"],
             applied_index=status["applied_index"], revision=self.machine.revision,
-            voters=status["voters"],
+            voters=status["voters"], read_mode=self.read_mode, lease_reads=self.lease_reads,
+            read_index_reads=self.read_index_reads,
         )
 
 

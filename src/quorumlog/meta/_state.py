@@ -14,13 +14,15 @@ Semantics follow etcd v3:
   the state machine itself never reads a clock;
 * an event history (bounded) serves watches from a revision; older revisions
   are compacted and a watch starting there gets a clear error;
-* requests carry (client id, seq): a retried write returns the first result
-  instead of applying twice (bounded table, least recently used evicted).
+* requests carry (session, seq, first outstanding seq): a retry of any write
+  the client has not acknowledged returns its first result instead of
+  applying twice (``_client_sessions``: bounded in bytes, expiring with the
+  session's lease).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterator
 
 import msgspec
@@ -28,6 +30,7 @@ from sortedcontainers import SortedDict
 
 from quorumlog.config import Config, require
 from quorumlog.errors import QuorumlogError, invariant
+from quorumlog.meta._client_sessions import SESSION_EXPIRED, ClientSessionTable, SessionRow
 from quorumlog.meta._commands import (
     Command,
     Compact,
@@ -70,7 +73,15 @@ class MetaLimits(Config, frozen=True):
     # Watch history kept for resumption; it is part of every snapshot, so it is
     # kept modest (a watcher further behind re-reads and resumes from now).
     history_events_max: int = 10_000
-    dedupe_clients_max: int = 10_000  # clients whose last result is remembered
+    # Exactly-once client sessions (see _client_sessions): results of writes a
+    # client has not acknowledged are kept for its retries. They are part of
+    # every snapshot, so they are bounded in bytes: a session over its own
+    # bound (a client that never acknowledges) is evicted, and beyond the
+    # total the least recently used sessions are; a larger result is answered
+    # once and retries get a clear error.
+    client_session_bytes_max: int = 1024 * 1024
+    client_sessions_bytes_max: int = 16 * 1024 * 1024
+    client_response_bytes_max: int = 64 * 1024
     session_ttl_ms_min: int = 500
     session_ttl_ms_max: int = 3_600_000
     id_block_max: int = 1_000_000
@@ -81,7 +92,12 @@ class MetaLimits(Config, frozen=True):
         require(self.txn_ops_max >= 1, "txn_ops_max must be >= 1")
         require(self.range_limit_max >= 1, "range_limit_max must be >= 1")
         require(self.history_events_max >= 1, "history_events_max must be >= 1")
-        require(self.dedupe_clients_max >= 1, "dedupe_clients_max must be >= 1")
+        require(
+            0 < self.client_response_bytes_max <= self.client_session_bytes_max
+            <= self.client_sessions_bytes_max,
+            "need 0 < client_response_bytes_max <= client_session_bytes_max "
+            "<= client_sessions_bytes_max",
+        )
         require(
             0 < self.session_ttl_ms_min <= self.session_ttl_ms_max,
             "need 0 < session_ttl_ms_min <= session_ttl_ms_max",
@@ -101,7 +117,7 @@ class _Snapshot(msgspec.Struct, kw_only=True):
     sessions: dict[int, _Session]
     next_session_id: int
     ids: dict[str, int]
-    dedupe: list[tuple[bytes, int, bytes]]
+    client_sessions: list[SessionRow] = []
     history: list[tuple[int, list[Event]]]
 
 
@@ -126,7 +142,11 @@ class MetaStateMachine:
         self._sessions: dict[int, _Session] = {}
         self._next_session_id = 1
         self._ids: dict[str, int] = {}
-        self._dedupe: OrderedDict[bytes, tuple[int, bytes]] = OrderedDict()
+        self._client_sessions = ClientSessionTable(
+            session_bytes_max=self.limits.client_session_bytes_max,
+            sessions_bytes_max=self.limits.client_sessions_bytes_max,
+            response_bytes_max=self.limits.client_response_bytes_max,
+        )
         self._history: deque[tuple[int, list[Event]]] = deque()
         self._history_events = 0
         self._pending_events: list[Event] = []
@@ -141,38 +161,31 @@ class MetaStateMachine:
             request = _REQUEST_DECODER.decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             return ErrorResult(code="malformed", message=f"malformed request: {exc}"), []
-        cached = self._dedupe_lookup(request)
-        if cached is not None:
-            return cached, []
+        if not request.session_id:
+            return self._apply_command(request.command)
+        answered = self._answered(request)
+        if answered is not None:
+            return answered, []
         result, events = self._apply_command(request.command)
-        self._dedupe_store(request, result)
+        self._client_sessions.store(request, result)
         return result, events
 
-    def _dedupe_lookup(self, request: Request) -> Result | None:
-        if not request.client_id:
-            return None
-        seen = self._dedupe.get(request.client_id)
-        if seen is None:
-            return None
-        last_seq, encoded = seen
-        if request.seq == last_seq:
-            self._dedupe.move_to_end(request.client_id)
-            cached: Result = _RESULT_DECODER.decode(encoded)
-            return cached
-        if request.seq < last_seq:
-            return ErrorResult(
-                code="stale_request",
-                message=f"request seq {request.seq} is older than {last_seq} already applied",
+    def _answered(self, request: Request) -> Result | None:
+        """A kept result or an error for a session request, None to apply it."""
+        if request.session_id not in self._client_sessions:
+            why = (
+                "was evicted from the session table (client_session_bytes_max / "
+                "client_sessions_bytes_max)"
+                if request.session_id in self._sessions
+                else "expired or was revoked"
             )
-        return None
-
-    def _dedupe_store(self, request: Request, result: Result) -> None:
-        if not request.client_id:
-            return
-        self._dedupe[request.client_id] = (request.seq, _ENCODER.encode(result))
-        self._dedupe.move_to_end(request.client_id)
-        while len(self._dedupe) > self.limits.dedupe_clients_max:
-            self._dedupe.popitem(last=False)
+            return ErrorResult(
+                code=SESSION_EXPIRED,
+                message=f"client session {request.session_id} {why}; request seq "
+                f"{request.seq} was not applied now, and the outcome of an earlier attempt "
+                "of it is unknown: read the keys it touches, then retry in a new session",
+            )
+        return self._client_sessions.answered(request)
 
     def _apply_command(self, command: Command) -> tuple[Result, list[Event]]:
         self._pending_events = []
@@ -335,10 +348,12 @@ class MetaStateMachine:
         session_id = self._next_session_id
         self._next_session_id += 1
         self._sessions[session_id] = _Session(ttl_ms=cmd.ttl_ms)
+        self._client_sessions.open(session_id)
         return SessionResult(session_id=session_id, ttl_ms=cmd.ttl_ms)
 
     def _revoke_session(self, session_id: int) -> SessionResult:
         session = self._sessions.pop(session_id, None)
+        self._client_sessions.close(session_id)
         if session is None:
             return SessionResult(session_id=session_id, ttl_ms=0, found=False)
         revision = self.revision + 1
@@ -420,7 +435,7 @@ class MetaStateMachine:
             sessions=self._sessions,
             next_session_id=self._next_session_id,
             ids=self._ids,
-            dedupe=[(cid, seq, res) for cid, (seq, res) in self._dedupe.items()],
+            client_sessions=self._client_sessions.snapshot(),
             history=list(self._history),
         )
         return _ENCODER.encode(snap)
@@ -438,7 +453,7 @@ class MetaStateMachine:
         self._sessions = dict(snap.sessions)
         self._next_session_id = snap.next_session_id
         self._ids = dict(snap.ids)
-        self._dedupe = OrderedDict((cid, (seq, res)) for cid, seq, res in snap.dedupe)
+        self._client_sessions.restore(snap.client_sessions)
         self._history = deque(snap.history)
         self._history_events = sum(len(evs) for _, evs in self._history)
 
@@ -465,4 +480,3 @@ def _cmp(op: CompareOp, left: int | bytes, right: int | bytes) -> bool:
 
 _ENCODER = msgspec.msgpack.Encoder()
 _REQUEST_DECODER = msgspec.msgpack.Decoder(Request)
-_RESULT_DECODER = msgspec.msgpack.Decoder(Result)

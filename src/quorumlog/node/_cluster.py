@@ -301,7 +301,8 @@ async def _meta_status(pool: rpc.Pool, info: NodeInfo, row: dict[str, Any]) -> N
         return
     row.update(meta_role=st.role, term=st.term, leader=st.leader,
                commit_index=st.commit_index, applied_index=st.applied_index,
-               revision=st.revision, voters=st.voters)
+               revision=st.revision, voters=st.voters, read_mode=st.read_mode,
+               lease_reads=st.lease_reads, read_index_reads=st.read_index_reads)
 
 
 async def _bookie_status(pool: rpc.Pool, info: NodeInfo, row: dict[str, Any]) -> None:

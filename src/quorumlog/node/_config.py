@@ -14,6 +14,8 @@ Example::
     bootstrap = true                     # a new group with these voters
     tick_interval_ms = 100
     snapshot_entries = 10000
+    read_mode = "read_index"             # or "lease": see docs/meta.md for when it is safe
+    lease_clock_drift_percent = 10       # lease mode: the lease is cut by this clock bound
 
     [bookie]                             # see quorumlog.bookie.BookieConfig
     journal_dir = "/disk1/quorumlog/journal"   # default <data_dir>/journal
@@ -55,6 +57,7 @@ from pathlib import Path
 from quorumlog import config
 from quorumlog.bookie._bookie_config import BookieConfig
 from quorumlog.config import Config, require
+from quorumlog.meta import LEASE_CLOCK_DRIFT_PERCENT, READ_MODES, ReadMode
 from quorumlog.rpc import RpcSecurityConfig
 
 KNOWN_ROLES = frozenset({"meta", "bookie"})
@@ -90,6 +93,12 @@ class MetaSection(Config, frozen=True):
     tick_interval_ms: int = 100
     election_timeout_ticks: int = 10
     snapshot_entries: int = 10_000
+    # How the leader confirms it still leads before a linearizable read:
+    # read_index (a heartbeat round per read batch) or lease (no round trip
+    # while its lease holds; needs clocks whose rates differ by at most
+    # lease_clock_drift_percent). Serializable reads never ask the leader.
+    read_mode: ReadMode = "read_index"
+    lease_clock_drift_percent: int = LEASE_CLOCK_DRIFT_PERCENT
 
     def member_map(self) -> dict[int, str]:
         out: dict[int, str] = {}
@@ -108,6 +117,10 @@ class MetaSection(Config, frozen=True):
         require(self.tick_interval_ms >= 1, "tick_interval_ms must be >= 1")
         require(self.election_timeout_ticks >= 2, "election_timeout_ticks must be >= 2")
         require(self.snapshot_entries >= 1, "snapshot_entries must be >= 1")
+        require(self.read_mode in READ_MODES,
+                f"read_mode must be one of {list(READ_MODES)}, got {self.read_mode!r}")
+        require(0 <= self.lease_clock_drift_percent < 100,
+                "lease_clock_drift_percent must be in [0, 100)")
 
 
 class NodeConfig(Config, frozen=True):

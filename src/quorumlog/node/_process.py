@@ -90,7 +90,10 @@ class _Roles:
                     snapshot_entries=cfg.meta.snapshot_entries,
                 ),
             )
-            self.meta = MetaService(self.host)
+            self.meta = MetaService(
+                self.host, read_mode=cfg.meta.read_mode,
+                lease_clock_drift_percent=cfg.meta.lease_clock_drift_percent,
+            )
         if "bookie" in cfg.node.roles:
             self.bookie = BookieService(cfg.bookie_config, meta_addresses=cfg.meta_addresses)
 
