@@ -21,6 +21,8 @@ import pytest
 from quorumlog import node as cluster
 from quorumlog import rpc
 from quorumlog.bookie._protocol import ledger_key
+from quorumlog.errors import UsageError
+from quorumlog.meta import PutOp
 from quorumlog.stream import (
     BadPositionError,
     ConsumerConfig,
@@ -38,8 +40,28 @@ from quorumlog.stream import (
     WriterBusyError,
 )
 from quorumlog.stream._entry import OutgoingMessage
-from quorumlog.stream._layout import pending_prefix
-from quorumlog.stream._link import JobLedgerWriter, abort_job_ledgers, link_job_ledgers
+from quorumlog.stream._layout import (
+    RUN_LEDGERS_MAX,
+    TAIL_LEDGERS_KEEP,
+    LedgerInfo,
+    LedgerRun,
+    LedgerStats,
+    LedgerStatus,
+    PartitionHead,
+    archive_prefix,
+    config_key,
+    partition_key,
+    pending_prefix,
+    run_key,
+    stream_prefix,
+)
+from quorumlog.stream._ledgers import LedgerList
+from quorumlog.stream._link import (
+    LINK_LEDGERS_MAX,
+    JobLedgerWriter,
+    abort_job_ledgers,
+    link_job_ledgers,
+)
 from quorumlog.stream._reader import PartitionReader
 
 CHILD = Path(__file__).with_name("stream_child.py")
@@ -479,3 +501,203 @@ def test_cli_create_produce_tail_info_trim_delete(meta: list[str]) -> None:
     cli("stream", "delete", "clistream", "--yes")
     result = runner.invoke(app, ["stream", "info", "nope", *members])
     assert result.exit_code != 0
+
+
+# ----- partitions of many ledgers -------------------------------------------------------------
+
+SYNTHETIC_LEDGER_BASE = 10**12  # ids far above the cluster's real ledgers (these have no data)
+SYNTHETIC_ENTRIES = 10
+SYNTHETIC_BYTES = 1000
+LINK_BATCH_LEDGERS = 1500
+SYNTHETIC_RUNS_PER_TXN = 4  # ~1.5 MiB of runs per meta transaction while synthesizing
+ROLLOVER_KEYS_MAX = 2  # the head, and now and then one archive run
+ROLLOVER_BYTES_MAX = 64 * 1024
+WATCH_WAIT_MS = 10_000
+
+
+def _synthetic_stats(first: int, count: int, base_ms: int) -> list[LedgerStats]:
+    return [LedgerStats(ledger_id=SYNTHETIC_LEDGER_BASE + i, entries=SYNTHETIC_ENTRIES,
+                        size_bytes=SYNTHETIC_BYTES, first_publish_ms=base_ms + i,
+                        last_publish_ms=base_ms + i, last_entry_messages=1, created_ms=base_ms)
+            for i in range(first, first + count)]
+
+
+async def _link_synthetic(client: StreamClient, name: str, count: int, base_ms: int) -> None:
+    """``count`` closed ledgers linked into partition 0 the way a Spark commit
+    links them (they hold no entries: nothing here reads them)."""
+    record = await client.get_stream(name)
+    meta = client.ledger_client.meta
+    for first in range(0, count, LINK_BATCH_LEDGERS):
+        stats = _synthetic_stats(first, min(LINK_BATCH_LEDGERS, count - first), base_ms)
+        _, revision = await meta.range(config_key(name))
+        assert await link_job_ledgers(client.ledger_client, record, f"synthetic-{first}",
+                                      {0: stats})
+        # The commit wrote one key of the list (the head) for 1,500 ledgers; the
+        # run that took them over the tail came in the tidy transaction after it.
+        writes = await _list_writes_since(client, name, revision)
+        assert len(writes[min(writes)]) == 1, writes
+
+
+async def _write_synthetic(client: StreamClient, name: str, count: int, base_ms: int) -> None:
+    """``count`` closed ledgers written straight into meta: archive runs in
+    bounded transactions, then the head that makes them part of the list."""
+    meta = client.ledger_client.meta
+    infos = [LedgerInfo(seq=i, ledger_id=SYNTHETIC_LEDGER_BASE + i, status=LedgerStatus.CLOSED,
+                        entries=SYNTHETIC_ENTRIES, size_bytes=SYNTHETIC_BYTES,
+                        first_publish_ms=base_ms + i, last_publish_ms=base_ms + i,
+                        last_entry_messages=1, created_ms=base_ms, closed_ms=base_ms + i,
+                        entries_before=SYNTHETIC_ENTRIES * i, publish_max_ms=base_ms + i)
+             for i in range(count)]
+    archived = infos[:-TAIL_LEDGERS_KEEP]
+    runs = [LedgerRun(ledgers=tuple(archived[i:i + RUN_LEDGERS_MAX]))
+            for i in range(0, len(archived), RUN_LEDGERS_MAX)]
+    for i in range(0, len(runs), SYNTHETIC_RUNS_PER_TXN):
+        await meta.txn(success=[PutOp(key=run_key(name, 0, run.last_seq), value=run.encode())
+                                for run in runs[i:i + SYNTHETIC_RUNS_PER_TXN]])
+    head = PartitionHead(tail=tuple(infos[-TAIL_LEDGERS_KEEP:]), next_seq=count,
+                         entries_total=SYNTHETIC_ENTRIES * count,
+                         kept_bytes=SYNTHETIC_BYTES * count, publish_max_ms=base_ms + count - 1,
+                         ledger_id_max=SYNTHETIC_LEDGER_BASE + count - 1)
+    kv = await meta.get(partition_key(name, 0))
+    assert kv is not None
+    assert await meta.cas(partition_key(name, 0), kv.version, head.encode())
+
+
+async def _list_writes_since(client: StreamClient, name: str,
+                             revision: int) -> dict[int, list[tuple[str, int]]]:
+    """Keys of the partition's list (head and runs) written after ``revision``,
+    per transaction (revision): [(key, value bytes)].
+
+    A watch may be served by a follower that has not applied the last
+    writes yet: it waits (up to WATCH_WAIT_MS) until it has at least one, and
+    a transaction is applied whole, so the first transaction after
+    ``revision`` is always complete in the answer."""
+    events, _ = await client.ledger_client.meta.watch_once(
+        stream_prefix(name), prefix=True, start_revision=revision + 1, wait_ms=WATCH_WAIT_MS)
+    out: dict[int, list[tuple[str, int]]] = {}
+    for event in events:
+        key = event.kv.key
+        if key == partition_key(name, 0) or key.startswith(archive_prefix(name, 0)):
+            out.setdefault(event.kv.mod_revision, []).append((key, len(event.kv.value)))
+    return out
+
+
+async def _exercise_large_partition(client: StreamClient, name: str, count: int,
+                                    base_ms: int) -> dict[str, float]:
+    """Open, roll over, seek and trim a partition of ``count`` (synthetic)
+    ledgers; check that each step reads and writes a bounded part of the
+    list; return the times taken in ms."""
+    times: dict[str, float] = {}
+    meta = client.ledger_client.meta
+    info = (await client.stream_info(name))["partitions"][0]
+    assert info["ledger_count"] == count and info["entries"] == SYNTHETIC_ENTRIES * count
+    assert len(info["ledgers"]) == 1000 and info["ledgers"][-1]["seq"] == count - 1
+
+    started = time.perf_counter()
+    producer = await client.producer(name)
+    times["producer_open_ms"] = (time.perf_counter() - started) * 1000
+    first_real = await producer.send(b"first")
+    writer = producer.writers[0]
+    _, revision = await meta.range(config_key(name))
+    started = time.perf_counter()
+    await writer.roll_over()
+    times["rollover_ms"] = (time.perf_counter() - started) * 1000
+    assert writer.rollovers == 1
+    writes = await _list_writes_since(client, name, revision)
+    assert len(writes) == 1, writes  # one transaction
+    written = writes[min(writes)]
+    assert len(written) <= ROLLOVER_KEYS_MAX and sum(b for _, b in written) <= ROLLOVER_BYTES_MAX
+    second_real = await producer.send(b"second")
+    await producer.close()
+
+    async def open_reader(label: str, start: Any) -> Any:
+        began = time.perf_counter()
+        reader = await client.reader(name, start)
+        times[label] = (time.perf_counter() - began) * 1000
+        [part] = reader.partition_readers
+        await reader.close()
+        return part.next_position
+
+    assert await open_reader("open_earliest_ms", "earliest") == (0, 0)
+    middle = count // 2 + 7
+    in_archive = Position(SYNTHETIC_LEDGER_BASE + middle, 3)
+    assert await open_reader("open_at_position_ms", in_archive) == (middle, 3)
+    assert await open_reader("open_latest_ms", "latest") == (count + 1, 1)
+    ledgers = LedgerList(meta, name, 0)
+    began = time.perf_counter()
+    at_time = await ledgers.first_at_publish(base_ms + middle)
+    times["seek_publish_time_ms"] = (time.perf_counter() - began) * 1000
+    assert at_time is not None and at_time.seq == middle
+    # Reading the real messages after the synthetic ledgers, from a position.
+    got = await read_all(client, name, first_real.position, expect=2)
+    assert [m.value for m in got] == [b"first", b"second"]
+    assert [m.position for m in got] == [first_real.position, second_real.position]
+
+    # Trim the first 300 ledgers (by size): one bounded transaction.
+    kept = (await client.stream_info(name))["partitions"][0]["size_bytes"]
+    _, revision = await meta.range(config_key(name))
+    began = time.perf_counter()
+    report = await client.trim(name, retention=RetentionPolicy(
+        time_ms=-1, size_bytes=kept - 300 * SYNTHETIC_BYTES))
+    times["trim_300_ms"] = (time.perf_counter() - began) * 1000
+    assert report.deleted_ledgers == [SYNTHETIC_LEDGER_BASE + i for i in range(300)]
+    writes = await _list_writes_since(client, name, revision)
+    # One transaction: the head and the first run (rewritten without its first 300).
+    assert len(writes) == 1 and len(writes[min(writes)]) <= 3, writes
+    assert (await client.stream_info(name))["partitions"][0]["first_seq"] == 300
+    # A trimmed ledger's position: the real ledgers after the synthetic ones
+    # have smaller ids, so the search by id cannot be trusted and the miss
+    # walks the whole archive.
+    assert not (await LedgerList(meta, name, 0).refresh()).ids_ascending
+    began = time.perf_counter()
+    with pytest.raises(BadPositionError):
+        await client.reader(name, Position(SYNTHETIC_LEDGER_BASE + 5, 0))
+    times["open_trimmed_position_ms"] = (time.perf_counter() - began) * 1000
+    assert await open_reader("open_earliest_after_trim_ms", "earliest") == (300, 0)
+    return times
+
+
+def test_partition_beyond_one_meta_value(meta: list[str]) -> None:
+    """10,500 ledgers in one partition, linked by commits of 1,500 like Spark's.
+    The old layout kept the list in one meta value and failed at about 6,000
+    (value over meta's 1 MiB limit); each step here reads and writes a
+    bounded part of the list."""
+    async def main() -> dict[str, float]:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("large", small(entries=1000))
+            base_ms = int(time.time() * 1000) - 10**8
+            began = time.perf_counter()
+            await _link_synthetic(client, "large", 10_500, base_ms)
+            build_ms = (time.perf_counter() - began) * 1000
+            # A commit past one transaction's bounds fails before writing anything
+            # (the ledger count checked next is unchanged).
+            record = await client.get_stream("large")
+            too_many = _synthetic_stats(20_000, LINK_LEDGERS_MAX + 1, base_ms)
+            with pytest.raises(UsageError, match=f"links at most {LINK_LEDGERS_MAX}"):
+                await link_job_ledgers(client.ledger_client, record, "too-big", {0: too_many})
+            times = await _exercise_large_partition(client, "large", 10_500, base_ms)
+            return {"build_ms": build_ms, **times}
+
+    times = rpc.run(main())
+    print("\n10,500 ledgers: " + ", ".join(f"{k}={v:.0f}" for k, v in times.items()))
+
+
+@pytest.mark.parametrize("count", [100_000, pytest.param(1_000_000, marks=pytest.mark.slow)])
+def test_partition_of_many_ledgers(meta: list[str], count: int) -> None:
+    """100,000 (and, in the slow run, 1,000,000) ledgers written straight into
+    meta (synthetic records in bounded transactions): open, rollover, seeks
+    and trim each read and write a bounded part of the list."""
+    name = f"huge{count}"
+
+    async def main() -> dict[str, float]:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream(name, small(entries=1000))
+            base_ms = int(time.time() * 1000) - 10**9
+            began = time.perf_counter()
+            await _write_synthetic(client, name, count, base_ms)
+            build_ms = (time.perf_counter() - began) * 1000
+            times = await _exercise_large_partition(client, name, count, base_ms)
+            return {"build_ms": build_ms, **times}
+
+    times = rpc.run(main())
+    print(f"\n{count:,} ledgers: " + ", ".join(f"{k}={v:.0f}" for k, v in times.items()))

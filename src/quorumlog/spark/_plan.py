@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quorumlog.errors import UsageError
+from quorumlog.stream import LedgerInfo, PartitionHead
 from quorumlog.stream._errors import BadPositionError, DataLossError
-from quorumlog.stream._layout import LedgerInfo, PartitionHead
 from quorumlog.stream._position import SeqPosition
 
 

@@ -58,9 +58,9 @@ from quorumlog.spark._plan import (
     position_offset,
     split_limit,
 )
+from quorumlog.stream import LedgerInfo, LedgerList, PartitionHead, first_position
 from quorumlog.stream._entry import ColumnSink, decode_entry_columns
-from quorumlog.stream._layout import LedgerInfo, LedgerStats, PartitionHead, StreamRecord
-from quorumlog.stream._ledgers import LedgerList
+from quorumlog.stream._layout import LedgerStats, StreamRecord
 from quorumlog.stream._link import (
     JobLedgerWriter,
     abort_job_ledgers,
@@ -69,13 +69,7 @@ from quorumlog.stream._link import (
 )
 from quorumlog.stream._meta import now_ms
 from quorumlog.stream._position import EARLIEST, LATEST, Position, SeqPosition, parse_positions
-from quorumlog.stream._reader import (
-    LedgerHandles,
-    StartSpec,
-    end_position,
-    first_position,
-    resolve_start,
-)
+from quorumlog.stream._reader import LedgerHandles, StartSpec, end_position, resolve_start
 from quorumlog.stream._retention import RoundRobin, partition_for_key
 
 log = get_logger(__name__)
@@ -230,7 +224,7 @@ class _PartitionView:
 
         last = min(await self.ledgers.bisect(holds_target), end.seq)
         stretch = await self.ledgers.slice(start.seq, last + 1)
-        return advance(stretch.ledgers, start, end, lac, entries)
+        return advance(stretch, start, end, lac, entries)
 
 
 async def _view(client: LedgerClient, record: StreamRecord, partition: int,
@@ -313,7 +307,7 @@ class QuorumlogReader(DataSourceReader):
                                        fail_on_data_loss=True)
                 end = await _end_of(record, options, partition, view)
                 stretch = await view.ledgers.slice(start.seq, end.seq + 1)
-                part_tasks = plan_partition(record.name, partition, stretch.ledgers, start, end,
+                part_tasks = plan_partition(record.name, partition, stretch, start, end,
                                             open_lac=view.open_lac,
                                             max_entries=options.max_rows_per_partition,
                                             pruning=pruning)
@@ -482,7 +476,7 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 if current is not None and current.seq == stop.seq:
                     lac = max(lac or -1, stop.entry_id - 1)
                 stretch = await view.ledgers.slice(begin.seq, stop.seq + 1)
-                tasks += plan_partition(record.name, partition, stretch.ledgers, begin, stop,
+                tasks += plan_partition(record.name, partition, stretch, begin, stop,
                                         open_lac=lac, max_entries=options.max_rows_per_partition)
             return tasks
 

@@ -56,7 +56,6 @@ from quorumlog.errors import UsageError, invariant
 from quorumlog.meta import MetaLimits
 from quorumlog.stream._config import StreamConfig
 from quorumlog.stream._errors import MessageFormatError
-from quorumlog.stream._position import Position, SeqPosition
 
 STREAMS_PREFIX = "/streams/"
 NAMES_PREFIX = "/stream-names/"
@@ -275,6 +274,11 @@ class PartitionHead(msgspec.Struct, frozen=True, kw_only=True):
     kept_bytes: int = 0  # bytes of the closed ledgers kept
     publish_max_ms: int = 0  # latest last-publish time of any closed ledger
     writer_epoch: int = 0  # how many times a writer took the partition over
+    # Largest ledger id ever added, and whether ids grew with every ledger
+    # added (a writer's do; a Spark commit may link older ones). While they
+    # did, a ledger is found by id with a binary search over the archive.
+    ledger_id_max: int = 0
+    ids_ascending: bool = True
     format_version: int = PARTITION_FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -340,7 +344,16 @@ class PartitionHead(msgspec.Struct, frozen=True, kw_only=True):
         return msgspec.structs.replace(
             self, tail=(*self.tail, info), next_seq=self.next_seq + 1,
             writer_epoch=self.writer_epoch + (1 if takeover else 0),
+            **self._ids_after([ledger_id]),
         )
+
+    def _ids_after(self, ids: Sequence[int]) -> dict[str, int | bool]:
+        ascending = self.ids_ascending
+        last = self.ledger_id_max
+        for ledger_id in ids:
+            ascending = ascending and ledger_id > last
+            last = max(last, ledger_id)
+        return {"ledger_id_max": last, "ids_ascending": ascending}
 
     def with_ledger_closed(self, stats: LedgerStats, closed_ms: int) -> PartitionHead:
         current = self.open_ledger
@@ -378,6 +391,7 @@ class PartitionHead(msgspec.Struct, frozen=True, kw_only=True):
         return msgspec.structs.replace(
             self, tail=(*self.tail, *added), next_seq=self.next_seq + len(added),
             entries_total=entries_total, kept_bytes=kept_bytes, publish_max_ms=publish_max,
+            **self._ids_after([info.ledger_id for info in added]),
         )
 
     def archived(self, tail_max: int = TAIL_LEDGERS_MAX
@@ -511,58 +525,6 @@ def trim_step(head: PartitionHead, runs: Sequence[LedgerRun], count: int) -> Tri
     invariant(len(trimmed) == count, f"cannot trim {count} ledgers, the list has fewer")
     return TrimStep(head=head.without_first(trimmed), trimmed=tuple(trimmed),
                     deleted_runs=tuple(deleted), rewritten=rewritten)
-
-
-class PartitionLedgers(msgspec.Struct, frozen=True, kw_only=True):
-    """A loaded stretch of a partition's list: the head and consecutive ledgers.
-
-    Not stored: readers and planners load what they need (a range of seqs)
-    and hand it to the pure functions that take a list.
-    """
-
-    head: PartitionHead = msgspec.field(default_factory=PartitionHead)
-    ledgers: tuple[LedgerInfo, ...] = ()
-
-    def __post_init__(self) -> None:
-        _check_consecutive(self.ledgers, "ledger list")
-
-    @classmethod
-    def of_head(cls, head: PartitionHead) -> PartitionLedgers:
-        """The list when every ledger kept is in the head."""
-        invariant(head.tail_first_seq == head.first_seq, "the archive is not empty")
-        return cls(head=head, ledgers=head.tail)
-
-    @property
-    def first_seq(self) -> int:
-        """Seq of the first ledger kept (``next_seq`` when the list is empty)."""
-        return self.head.first_seq
-
-    @property
-    def next_seq(self) -> int:
-        return self.head.next_seq
-
-    @property
-    def open_ledger(self) -> LedgerInfo | None:
-        return self.head.open_ledger
-
-    def by_seq(self, seq: int) -> LedgerInfo | None:
-        if not self.ledgers:
-            return None
-        index = seq - self.ledgers[0].seq
-        return self.ledgers[index] if 0 <= index < len(self.ledgers) else None
-
-    def find(self, ledger_id: int) -> LedgerInfo | None:
-        for info in reversed(self.ledgers):
-            if info.ledger_id == ledger_id:
-                return info
-        return None
-
-    def key_of(self, position: Position) -> SeqPosition | None:
-        """The ordered form of ``position``; None if its ledger is not loaded here."""
-        info = self.find(position.ledger_id)
-        if info is None:
-            return None
-        return SeqPosition(info.seq, position.entry_id, position.batch_index, info.ledger_id)
 
 
 class WriterLease(msgspec.Struct, frozen=True, kw_only=True):

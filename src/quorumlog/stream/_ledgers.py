@@ -26,7 +26,6 @@ from quorumlog.stream._layout import (
     LedgerInfo,
     LedgerRun,
     PartitionHead,
-    PartitionLedgers,
     run_key,
 )
 from quorumlog.stream._meta import load_head
@@ -36,7 +35,9 @@ from quorumlog.stream._retention import SeqSearch, holds_publish_at, publish_rea
 # (RUNS_PER_READ * RUN_LEDGERS_MAX * LEDGER_RECORD_BYTES_MAX), well under the
 # rpc frame limit (16 MiB).
 RUNS_PER_READ = 4
-RUNS_CACHED_MAX = 16  # runs one LedgerList keeps (~11 MiB worst, ~6 MiB typical)
+# Runs one LedgerList keeps (a reader walks forward; each partition reader has
+# its own list): at most ~2.8 MiB, typically tens of KiB (rollover runs are small).
+RUNS_CACHED_MAX = RUNS_PER_READ
 # Re-reads of the head when a run vanished under a read (trimmed meanwhile);
 # a run still missing after that is a broken archive.
 STALE_RETRIES_MAX = 3
@@ -159,10 +160,9 @@ class LedgerList:
             if seq <= info.seq < end:
                 yield info
 
-    async def slice(self, start: int, stop: int | None = None) -> PartitionLedgers:
-        """The kept ledgers with seq in ``[start, stop)``, loaded, with the head."""
-        ledgers = tuple([info async for info in self.iterate(start, stop)])
-        return PartitionLedgers(head=self.head, ledgers=ledgers)
+    async def slice(self, start: int, stop: int | None = None) -> tuple[LedgerInfo, ...]:
+        """The kept ledgers with seq in ``[start, stop)``, loaded."""
+        return tuple([info async for info in self.iterate(start, stop)])
 
     # ----- searches ----------------------------------------------------------------------
 
@@ -226,16 +226,16 @@ class LedgerList:
     async def find(self, ledger_id: int) -> LedgerInfo | None:
         """The kept ledger with this id, if any.
 
-        The tail first; then a binary search over the runs assuming ids grow
-        along the list (a writer's ledgers do; ledgers a Spark job linked were
-        created before the writer's current one, so the assumption can fail);
-        then, if that did not find it, a walk over the whole archive."""
+        The tail first; then a binary search over the runs by id, which is
+        the answer while ids grew along the list (``ids_ascending``: a
+        writer's ledgers do). Ledgers a Spark job linked may be older than the
+        ones before them; then a walk over the whole archive follows a miss."""
         head = await self._loaded_head()
         for info in reversed(head.tail):
             if info.ledger_id == ledger_id:
                 return info
         found = await self._find_in_id_order(ledger_id, head)
-        if found is not None:
+        if found is not None or head.ids_ascending:
             return found
         async for info in self.iterate(head.first_seq, head.tail_first_seq):
             if info.ledger_id == ledger_id:

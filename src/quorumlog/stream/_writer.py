@@ -16,7 +16,10 @@ Lifecycle:
 3. **Appends** are pipelined on the open ledger; entry ids are assigned in
    order, so the writer knows the id of every append it issued.
 4. **Rollover** (``RolloverPolicy``): wait for the appends in flight, close the
-   ledger, create the next one, record both in one compare-and-swap.
+   ledger, create the next one, record both in one compare-and-swap of the
+   partition's head (one meta transaction of at most two keys: the head, and
+   now and then an archive run taking the head's oldest ledgers; see
+   ``_layout``), however many ledgers the partition holds.
 5. **Failure or fencing.** When an append fails (the ledger was fenced by a
    new writer or by a Spark commit, or the bookies failed), the writer opens
    its own ledger with recovery to learn its final last entry X. Appends with
