@@ -39,7 +39,9 @@ from quorumlog.stream import (
     StreamNotFoundError,
     WriterBusyError,
 )
+from quorumlog.stream import _admin as stream_admin
 from quorumlog.stream._entry import OutgoingMessage
+from quorumlog.stream._errors import MessageFormatError
 from quorumlog.stream._layout import (
     RUN_LEDGERS_MAX,
     TAIL_LEDGERS_KEEP,
@@ -563,22 +565,30 @@ async def _write_synthetic(client: StreamClient, name: str, count: int, base_ms:
     assert await meta.cas(partition_key(name, 0), kv.version, head.encode())
 
 
-async def _list_writes_since(client: StreamClient, name: str,
-                             revision: int) -> dict[int, list[tuple[str, int]]]:
-    """Keys of the partition's list (head and runs) written after ``revision``,
-    per transaction (revision): [(key, value bytes)].
+async def _list_writes_since(client: StreamClient, name: str, revision: int,
+                             transactions: int = 1) -> dict[int, list[tuple[str, int]]]:
+    """Keys of partition 0's list (head and runs) written after ``revision``,
+    per transaction (revision): [(key, value bytes)], once at least
+    ``transactions`` transactions are seen.
 
-    A watch may be served by a follower that has not applied the last
-    writes yet: it waits (up to WATCH_WAIT_MS) until it has at least one, and
-    a transaction is applied whole, so the first transaction after
-    ``revision`` is always complete in the answer."""
-    events, _ = await client.ledger_client.meta.watch_once(
-        stream_prefix(name), prefix=True, start_revision=revision + 1, wait_ms=WATCH_WAIT_MS)
+    A watch may be served by a follower that has not applied the last writes
+    yet; it waits until it has one, and a transaction is applied whole, so
+    watching on from the last revision seen finds each one complete."""
+    meta = client.ledger_client.meta
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WATCH_WAIT_MS / 1000
     out: dict[int, list[tuple[str, int]]] = {}
-    for event in events:
-        key = event.kv.key
-        if key == partition_key(name, 0) or key.startswith(archive_prefix(name, 0)):
-            out.setdefault(event.kv.mod_revision, []).append((key, len(event.kv.value)))
+    start = revision + 1
+    while len(out) < transactions:
+        remaining_ms = int((deadline - loop.time()) * 1000)
+        assert remaining_ms > 0, f"saw {len(out)} of {transactions} transactions: {out}"
+        events, _ = await meta.watch_once(stream_prefix(name), prefix=True,
+                                          start_revision=start, wait_ms=remaining_ms)
+        for event in events:
+            key = event.kv.key
+            start = max(start, event.kv.mod_revision + 1)
+            if key == partition_key(name, 0) or key.startswith(archive_prefix(name, 0)):
+                out.setdefault(event.kv.mod_revision, []).append((key, len(event.kv.value)))
     return out
 
 
@@ -701,3 +711,82 @@ def test_partition_of_many_ledgers(meta: list[str], count: int) -> None:
 
     times = rpc.run(main())
     print(f"\n{count:,} ledgers: " + ", ".join(f"{k}={v:.0f}" for k, v in times.items()))
+
+
+def test_reading_and_trimming_through_archive_runs(meta: list[str]) -> None:
+    """60 real ledgers of one entry each: the head keeps the last few, the
+    rest move to archive runs while a reader tails. Every read path (tail from
+    earliest, a position and a publish time in the archive) and a trim that
+    deletes a run and rewrites another give the same messages as the walk."""
+    count = 60  # the tail is archived at 33 and 58 ledgers
+
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("archived", small(entries=1))
+            tailing = await client.reader("archived", "earliest")
+            producer = await client.producer("archived")
+            ids = [await producer.send(b"a%d" % i) for i in range(count)]
+            await producer.close()
+            head = await LedgerList(client.ledger_client.meta, "archived", 0).refresh()
+            assert head.tail_first_seq > 2 * (TAIL_LEDGERS_KEEP + 1)  # two runs or more
+            tailed = []
+            while len(tailed) < count:  # it read while ledgers moved into runs
+                message = await tailing.read_next(DEADLINE_S * 1000)
+                assert message is not None
+                tailed.append(message)
+            await tailing.close()
+            assert [m.position for m in tailed] == [i.position for i in ids]
+
+            from_position = await read_all(client, "archived", ids[10].position, expect=count)
+            assert [m.value for m in from_position] == [b"a%d" % i for i in range(10, count)]
+            cut = tailed[20].publish_time_ms
+            by_time = await read_all(client, "archived", cut, expect=count)
+            assert [m.value for m in by_time] == [m.value for m in tailed
+                                                  if m.publish_time_ms >= cut]
+            # A cursor that acknowledged the first 30: retention deletes exactly
+            # those ledgers, from the archive, in steps of 20 (one transaction each).
+            consumer = await client.subscribe("archived", "c", config=ConsumerConfig(
+                initial_position="earliest", ack_flush_ms=0))
+            for _ in range(30):
+                message = await consumer.receive(wait_ms=5000)
+                assert message is not None
+                await consumer.ack(message)
+            await consumer.close()
+            _, revision = await client.ledger_client.meta.range(config_key("archived"))
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(stream_admin, "TRIM_LEDGERS_PER_TXN", 20)
+                report = await client.trim("archived", retention=RetentionPolicy(time_ms=0))
+            assert report.deleted_ledgers == [i.position.ledger_id for i in ids[:30]]
+            writes = await _list_writes_since(client, "archived", revision, transactions=2)
+            assert len(writes) == 2 and all(len(keys) <= 3 for keys in writes.values()), writes
+            rest = await read_all(client, "archived", expect=count)
+            assert [m.value for m in rest] == [b"a%d" % i for i in range(30, count)]
+            with pytest.raises(BadPositionError):
+                await client.reader("archived", ids[5].position)
+
+    rpc.run(main())
+
+
+def test_old_layout_stream_fails_clearly_and_can_be_deleted(meta: list[str]) -> None:
+    """A partition value in the version-1 layout (the whole list in one value)
+    is not read as anything else: opening fails saying what to do, and
+    deleting the stream deletes its ledgers."""
+    import msgspec
+
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            record = await client.create_stream("legacy", small())
+            handle = await client.ledger_client.create_ledger(
+                ensemble=2, write_quorum=2, ack_quorum=2, password=record.password)
+            await handle.close()
+            old = msgspec.msgpack.encode({
+                "ledgers": [{"seq": 0, "ledger_id": handle.id, "status": "closed"}],
+                "next_seq": 1, "trimmed_entries": 0, "writer_epoch": 0, "format_version": 1})
+            await client.ledger_client.meta.put(partition_key("legacy", 0), old)
+            for opening in (client.reader("legacy"), client.producer("legacy")):
+                with pytest.raises(MessageFormatError, match=r"layout version 1.*stream delete"):
+                    await opening
+            assert await client.delete_stream("legacy") == [handle.id]
+            assert await client.ledger_client.meta.get(ledger_key(handle.id)) is None
+
+    rpc.run(main())
