@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 
 import pytest
 from hypothesis import given, settings
@@ -44,7 +45,7 @@ from quorumlog.stream._retention import (
     EntrySearch,
     SeqSearch,
     consumed_by,
-    first_ledger_at,
+    holds_publish_at,
     ledgers_to_trim,
     partition_for_key,
     publish_reached,
@@ -446,6 +447,15 @@ def test_partition_for_key_is_stable_and_spread() -> None:
     assert [partition_for_key(None, 3, i) for i in range(4)] == [0, 1, 2, 0]
 
 
+def first_ledger_at(ledgers: Sequence[LedgerInfo], publish_ms: int) -> int:
+    """Where a reader at ``publish_ms`` starts: the search over the running
+    maximum, then the first ledger from there that may hold the time."""
+    reached = next((i for i, info in enumerate(ledgers) if publish_reached(publish_ms)(info)),
+                   len(ledgers))
+    return next((i for i in range(reached, len(ledgers))
+                 if holds_publish_at(ledgers[i], publish_ms)), len(ledgers))
+
+
 def test_first_ledger_at_handles_unordered_linked_ledgers() -> None:
     pl = PartitionHead()
     for lid, first, last in [(1, 0, 10), (2, 11, 20), (3, 5, 8), (4, 21, 30)]:
@@ -461,6 +471,11 @@ def test_first_ledger_at_handles_unordered_linked_ledgers() -> None:
     assert first_ledger_at(opened.tail, 10**12) == 4  # the open ledger may hold it
     reached = publish_reached(21)
     assert [reached(i) for i in opened.tail] == [False, False, False, True, True]
+    # A trimmed ledger with a late time raised the running maximum: the first
+    # ledger kept "reached" 15 already, but only ledger 4 may hold 25.
+    trimmed = trim_step(pl, [], 2).head.tail
+    assert [publish_reached(15)(i) for i in trimmed] == [True, True]
+    assert first_ledger_at(trimmed, 15) == 1 and first_ledger_at(trimmed, 25) == 1
 
 
 @settings(max_examples=200, deadline=None)

@@ -189,8 +189,9 @@ async def _trim_step(client: LedgerClient, record: StreamRecord, partition: int,
     key = partition_key(record.name, partition)
     for _ in range(CAS_ATTEMPTS_MAX):
         ledgers = LedgerList(client.meta, record.name, partition)
-        head = await ledgers.refresh()
+        await ledgers.refresh()
         runs = await ledgers.leading_runs(TRIM_RUNS_PER_TXN, TRIM_LEDGERS_PER_TXN)
+        head = ledgers.head  # the head the runs were read against (and its version)
         loaded: list[LedgerInfo] = [info for run in runs for info in run.ledgers]
         if not runs or runs[-1].last_seq + 1 == head.tail_first_seq:
             loaded += head.tail  # the walk may go on into the head's ledgers

@@ -187,7 +187,7 @@ class LedgerList:
 
     async def first_at_publish(self, publish_ms: int) -> LedgerInfo | None:
         """The first kept ledger that may hold a message published at or after
-        ``publish_ms`` (see ``_retention.first_ledger_at``); None if none may."""
+        ``publish_ms`` (see ``_retention.holds_publish_at``); None if none may."""
         reached = await self.bisect(publish_reached(publish_ms))
         async for info in self.iterate(reached):  # usually the first one
             if holds_publish_at(info, publish_ms):

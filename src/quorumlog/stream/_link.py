@@ -13,8 +13,10 @@ This is the all-or-nothing write path of Spark jobs:
 
 The commit's transaction writes each touched partition's head (compare and
 put; the linked ledgers go into the head's tail, or also into archive runs
-when one partition gets more than a head holds) plus four keys for the job:
-``LINK_FIXED_OPS + 2 * partitions`` operations for ordinary jobs. Meta bounds
+when one partition gets more than a head holds) plus the job's own
+operations (job mark compare and put, the pending markers' prefix delete, a
+streaming write's sink mark compare and put): ``LINK_FIXED_OPS + 2 *
+partitions`` operations for ordinary jobs. Meta bounds
 one transaction to ``txn_ops_max`` (128) operations and one Raft entry to
 8 MiB, hence ``LINK_LEDGERS_MAX`` and the check in :func:`commit_ops`, which
 fails a commit that would pass them with a clear error before sending it.

@@ -128,25 +128,15 @@ def publish_reached(publish_ms: int) -> Callable[[LedgerInfo], bool]:
     return lambda info: info.is_open or info.publish_max_ms >= publish_ms
 
 
-def first_ledger_at(ledgers: Sequence[LedgerInfo], publish_ms: int) -> int:
-    """Index of the first ledger that may hold a message published at or after
-    ``publish_ms``; ``len(ledgers)`` if none can.
+def holds_publish_at(info: LedgerInfo, publish_ms: int) -> bool:
+    """The ledger may hold a message published at or after ``publish_ms``.
 
     Within a ledger publish times do not decrease (its one writer makes them
     so); across ledgers they may (a Spark write links ledgers written before
-    the writer's current one): the first ledger whose own last time reaches
-    the target (or the open one) is where a reader starts; it then skips the
-    earlier messages of that ledger. ``ledgers`` start at or before the ledger
-    :func:`publish_reached` finds, so the walk is short.
-    """
-    for index, info in enumerate(ledgers):
-        if holds_publish_at(info, publish_ms):
-            return index
-    return len(ledgers)
-
-
-def holds_publish_at(info: LedgerInfo, publish_ms: int) -> bool:
-    """The ledger may hold a message published at or after ``publish_ms``."""
+    the writer's current one). A reader starting at a publish time starts in
+    the first ledger for which this holds (found from the one
+    :func:`publish_reached` finds, usually that very ledger), then skips the
+    earlier messages of that ledger. An open ledger may hold anything."""
     return info.is_open or (info.entries > 0 and info.last_publish_ms >= publish_ms)
 
 
