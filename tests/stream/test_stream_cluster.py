@@ -296,10 +296,14 @@ def test_consumer_resumes_after_crash(meta: list[str]) -> None:
     child = _spawn("consume", ",".join(meta), "subs", "s1")
     lines = _read_lines(child, 1)
     assert lines[0] == {"ready": True}
-    lines = _read_lines(child, 25)
+    lines = _read_lines(child, 50)  # "acking" + "acked" per message
     lines += _kill(child)
     acked = {line["acked"] for line in lines if "acked" in line}
     assert acked
+    # An ack the child was making when it was killed may or may not have been
+    # persisted: that message may come again or not, but nothing else may.
+    in_doubt = {line["acking"] for line in lines if "acking" in line} - acked
+    assert len(in_doubt) <= 1
 
     async def resume() -> None:
         async with await StreamClient.connect(meta) as client:
@@ -315,7 +319,7 @@ def test_consumer_resumes_after_crash(meta: list[str]) -> None:
             await consumer.close()
             values = {m.value.decode() for m in got}
             assert values.isdisjoint(acked)  # acknowledged before the crash: never again
-            assert values | acked == {str(i) for i in range(40)}  # nothing lost
+            assert values | acked | in_doubt == {str(i) for i in range(40)}  # nothing lost
             for partition in (0, 1):
                 keys = [m.seq_position.key for m in got if m.partition == partition]
                 assert keys == sorted(keys)
