@@ -72,7 +72,8 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 LEDGER_RECORD_BYTES_MAX = 350
 VALUE_BYTES_MAX = MetaLimits().value_max_bytes
 # Ledgers the head keeps before its oldest move to the archive. A rollover
-# rewrites the head, so this bounds the bytes a rollover writes (~6 KiB).
+# rewrites the head, so this bounds the bytes a rollover writes (~6 KiB, ~10 KiB
+# with the run it sometimes adds).
 TAIL_LEDGERS_MAX = 32
 # Ledgers left in the head when older ones move to the archive (>= 1: the last
 # ledger, which may be open, always stays in the head).
