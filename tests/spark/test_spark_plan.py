@@ -10,27 +10,31 @@ from quorumlog.spark._plan import (
     Pruning,
     advance,
     check_start,
-    entries_between,
     offset_json,
     parse_offset,
     plan_partition,
+    position_offset,
     split_limit,
 )
 from quorumlog.stream._errors import BadPositionError, DataLossError
-from quorumlog.stream._layout import LedgerStats, PartitionLedgers
+from quorumlog.stream._layout import LedgerInfo, LedgerStats, PartitionHead
 from quorumlog.stream._position import SeqPosition
 
 
-def listing(entries: list[int], *, open_last: bool = False) -> PartitionLedgers:
-    pl = PartitionLedgers()
+def head_of(entries: list[int], *, open_last: bool = False) -> PartitionHead:
+    head = PartitionHead()
     for i, count in enumerate(entries):
-        pl = pl.with_ledger_opened(100 + i, 0)
+        head = head.with_ledger_opened(100 + i, 0)
         if open_last and i == len(entries) - 1:
             break
-        pl = pl.with_ledger_closed(LedgerStats(
+        head = head.with_ledger_closed(LedgerStats(
             ledger_id=100 + i, entries=count, size_bytes=count, first_publish_ms=i * 10,
             last_publish_ms=i * 10 + 9, last_entry_messages=1 if count else 0), 0)
-    return pl
+    return head
+
+
+def listing(entries: list[int], *, open_last: bool = False) -> tuple[LedgerInfo, ...]:
+    return head_of(entries, open_last=open_last).tail
 
 
 def sp(seq: int, entry: int, batch: int = 0) -> SeqPosition:
@@ -67,9 +71,16 @@ def test_plan_batch_boundaries_and_pruning() -> None:
 
 
 def test_advance_and_limits() -> None:
-    pl = listing([3, 0, 4])
+    head = head_of([3, 0, 4])
+    pl = head.tail
     start, end = sp(0, 1), sp(2, 4)
-    assert entries_between(pl, start, end, None) == 6
+
+    def offset(position: SeqPosition) -> int:
+        info = pl[position.seq] if position.seq < len(pl) else None
+        return position_offset(info, head, position, None)
+
+    assert offset(end) - offset(start) == 6  # entries between, from the ledgers' offsets
+    assert offset(SeqPosition(3, 0, 0, 0)) == 7  # past the last ledger: every entry
     assert advance(pl, start, end, None, 2) == sp(0, 3)
     assert advance(pl, start, end, None, 3) == SeqPosition(2, 1, 0, 102)
     assert advance(pl, start, end, None, 100) == end
@@ -88,11 +99,11 @@ def test_offsets_json_roundtrip_and_errors() -> None:
 
 
 def test_check_start_data_loss() -> None:
-    pl = listing([3, 3, 3]).without_head(2)
-    assert check_start("s", 0, pl, sp(2, 1), fail_on_data_loss=True) == (sp(2, 1), None)
+    first = sp(2, 0)  # ledgers 0 and 1 were trimmed
+    assert check_start("s", 0, first, sp(2, 1), fail_on_data_loss=True) == (sp(2, 1), None)
     with pytest.raises(DataLossError, match="failOnDataLoss"):
-        check_start("s", 0, pl, sp(0, 1), fail_on_data_loss=True)
-    moved, warning = check_start("s", 0, pl, sp(0, 1), fail_on_data_loss=False)
+        check_start("s", 0, first, sp(0, 1), fail_on_data_loss=True)
+    moved, warning = check_start("s", 0, first, sp(0, 1), fail_on_data_loss=False)
     assert moved == sp(2, 0) and warning is not None
 
 

@@ -38,6 +38,9 @@ async def consume(meta: list[str], stream: str, subscription: str) -> None:
             assert message is not None
             # Ack every message except those whose value ends in 3 (left unacked).
             if not message.value.endswith(b"3"):
+                # Killed between the two lines, the parent cannot know whether
+                # the ack was persisted: the message may or may not come again.
+                print(json.dumps({"acking": message.value.decode()}), flush=True)
                 await consumer.ack(message)
                 print(json.dumps({"acked": message.value.decode()}), flush=True)
             else:

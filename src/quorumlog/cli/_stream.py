@@ -115,6 +115,10 @@ def info(
                           str(ledger.get("first_publish_ms", "")),
                           str(ledger.get("last_publish_ms", "")))
     console.print(table)
+    for part in data["partitions"]:
+        if part["ledger_count"] > len(part["ledgers"]):
+            console.print(f"partition {part['partition']}: the last {len(part['ledgers'])} of "
+                          f"{part['ledger_count']} ledgers shown")
     for sub, per in data["subscriptions"].items():
         console.print(f"subscription {sub!r}: " + ", ".join(
             f"p{p} mark-delete={state.get('mark_delete')}" for p, state in per.items()))

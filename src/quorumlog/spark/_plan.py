@@ -3,7 +3,9 @@
 Positions here are :class:`SeqPosition` (ordered by the ledger's place in its
 partition). A read covers ``[start, end)``: ``start`` inclusive (may point
 into an entry's batch), ``end`` exclusive. The end of an open ledger is its
-LAC + 1 at planning time, so no task reads past the LAC.
+LAC + 1 at planning time, so no task reads past the LAC. The functions take
+the consecutive ledgers of the stretch they plan (the driver reads only
+those from meta, see ``quorumlog.stream._ledgers``).
 
 Streaming offsets are JSON objects ``{"<partition>": {"seq": s, "ledger": l,
 "entry": e, "batch": b}}`` meaning "the next message to read".
@@ -11,13 +13,13 @@ Streaming offsets are JSON objects ``{"<partition>": {"seq": s, "ledger": l,
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from quorumlog.errors import UsageError
+from quorumlog.stream import LedgerInfo, PartitionHead
 from quorumlog.stream._errors import BadPositionError, DataLossError
-from quorumlog.stream._layout import LedgerInfo, PartitionLedgers
 from quorumlog.stream._position import SeqPosition
 
 
@@ -69,17 +71,18 @@ def ledger_end(info: LedgerInfo, lac: int | None) -> int:
     return info.entries
 
 
-def plan_partition(stream: str, partition: int, listing: PartitionLedgers,
+def plan_partition(stream: str, partition: int, ledgers: Sequence[LedgerInfo],
                    start: SeqPosition, end: SeqPosition, *, open_lac: int | None,
                    max_entries: int, pruning: Pruning | None = None) -> list[ReadTask]:
-    """Tasks covering ``[start, end)`` of one partition, each at most ``max_entries``."""
+    """Tasks covering ``[start, end)`` of one partition, each at most ``max_entries``
+    (``ledgers``: consecutive, covering the seqs of the range)."""
     if max_entries < 1:
         raise UsageError("max entries per task must be >= 1")
     pruning = pruning or Pruning()
     if pruning.partitions is not None and partition not in pruning.partitions:
         return []
     tasks: list[ReadTask] = []
-    for info in listing.ledgers:
+    for info in ledgers:
         if info.seq < start.seq or info.seq > end.seq:
             continue
         if pruning.ledgers is not None and info.ledger_id not in pruning.ledgers:
@@ -123,29 +126,29 @@ def _publish_overlaps(info: LedgerInfo, pruning: Pruning) -> bool:
                 and info.first_publish_ms > pruning.publish_max_ms)
 
 
-def check_start(stream: str, partition: int, listing: PartitionLedgers, start: SeqPosition,
+def check_start(stream: str, partition: int, first: SeqPosition, start: SeqPosition,
                 *, fail_on_data_loss: bool) -> tuple[SeqPosition, str | None]:
-    """A start in a trimmed ledger: DataLossError, or the first kept position and a
-    warning when ``fail_on_data_loss`` is off."""
-    if start.seq >= listing.first_seq:
+    """A start in a trimmed ledger (before ``first``, the partition's first
+    message kept): DataLossError, or ``first`` and a warning when
+    ``fail_on_data_loss`` is off."""
+    if start.seq >= first.seq:
         return start, None
-    first = listing.ledgers[0] if listing.ledgers else None
     message = (f"stream {stream!r} partition {partition}: ledgers from seq {start.seq} "
-               f"(ledger {start.ledger_id}) up to seq {listing.first_seq} were trimmed "
+               f"(ledger {start.ledger_id}) up to seq {first.seq} were trimmed "
                "(retention) before they were read")
     if fail_on_data_loss:
         raise DataLossError(message + "; set failOnDataLoss=false to skip the lost data")
-    return SeqPosition(listing.first_seq, 0, 0, first.ledger_id if first else 0), message
+    return first, message
 
 
-def advance(listing: PartitionLedgers, start: SeqPosition, end: SeqPosition,
+def advance(ledgers: Sequence[LedgerInfo], start: SeqPosition, end: SeqPosition,
             open_lac: int | None, entries: int) -> SeqPosition:
     """The position ``entries`` entries after ``start``, not past ``end``."""
     if entries <= 0:
         return start
     seq, entry = start.seq, start.entry_id
     left = entries
-    for info in listing.ledgers:
+    for info in ledgers:
         if info.seq < seq:
             continue
         if (info.seq, 0) > (end.seq, end.entry_id):
@@ -161,18 +164,15 @@ def advance(listing: PartitionLedgers, start: SeqPosition, end: SeqPosition,
     return end
 
 
-def entries_between(listing: PartitionLedgers, start: SeqPosition, end: SeqPosition,
+def position_offset(info: LedgerInfo | None, head: PartitionHead, position: SeqPosition,
                     open_lac: int | None) -> int:
-    total = 0
-    for info in listing.ledgers:
-        if info.seq < start.seq or info.seq > end.seq:
-            continue
-        stop = ledger_end(info, open_lac if info.is_open else None)
-        if info.seq == end.seq:
-            stop = min(stop, end.entry_id)
-        first = start.entry_id if info.seq == start.seq else 0
-        total += max(0, stop - first)
-    return total
+    """Entries of the partition before ``position`` (trimmed ones included):
+    ``info`` is the ledger at ``position.seq``, None if the list does not
+    keep it. The entries between two positions are the difference."""
+    if info is None:
+        return head.entries_total if position.seq >= head.next_seq else head.trimmed_entries
+    stop = ledger_end(info, open_lac if info.is_open else None)
+    return info.entries_before + min(position.entry_id, stop)
 
 
 def split_limit(lags: Mapping[int, int], limit: int) -> dict[int, int]:

@@ -51,21 +51,23 @@ from quorumlog.spark._plan import (
     ReadTask,
     advance,
     check_start,
-    entries_between,
+    ledger_end,
     offset_json,
     parse_offset,
     plan_partition,
+    position_offset,
     split_limit,
 )
+from quorumlog.stream import LedgerInfo, LedgerList, PartitionHead, first_position
 from quorumlog.stream._entry import ColumnSink, decode_entry_columns
-from quorumlog.stream._layout import LedgerStats, PartitionLedgers, StreamRecord
+from quorumlog.stream._layout import LedgerStats, StreamRecord
 from quorumlog.stream._link import (
     JobLedgerWriter,
     abort_job_ledgers,
     link_job_ledgers,
     new_job_id,
 )
-from quorumlog.stream._meta import load_partition, now_ms
+from quorumlog.stream._meta import now_ms
 from quorumlog.stream._position import EARLIEST, LATEST, Position, SeqPosition, parse_positions
 from quorumlog.stream._reader import LedgerHandles, StartSpec, end_position, resolve_start
 from quorumlog.stream._retention import RoundRobin, partition_for_key
@@ -190,18 +192,48 @@ def _wrap(tasks: list[ReadTask], options: SourceOptions, record: StreamRecord
 
 @dataclass
 class _PartitionView:
-    listing: PartitionLedgers
-    open_lac: int | None
+    """What planning knows of one partition: its head (read once) and where
+    its readable messages start and end. Ledgers are read from ``ledgers``
+    only for the seqs a plan covers."""
+
+    ledgers: LedgerList
+    first: SeqPosition  # the first message kept
     end: SeqPosition  # after the last readable message
+    open_lac: int | None
+
+    @property
+    def head(self) -> PartitionHead:
+        return self.ledgers.head
+
+    async def offset(self, position: SeqPosition) -> int:
+        """Entries of the partition before ``position`` (trimmed ones included)."""
+        info = await self.ledgers.get(position.seq)
+        return position_offset(info, self.head, position, self.open_lac)
+
+    async def advance(self, start: SeqPosition, end: SeqPosition, entries: int) -> SeqPosition:
+        """The position ``entries`` entries after ``start``, not past ``end``:
+        a binary search for the ledger that holds it, then a walk over the
+        ledgers from ``start`` to there."""
+        if entries <= 0:
+            return start
+        target = await self.offset(start) + entries
+        lac = self.open_lac
+
+        def holds_target(info: LedgerInfo) -> bool:
+            return info.entries_before + ledger_end(info, lac if info.is_open else None) >= target
+
+        last = min(await self.ledgers.bisect(holds_target), end.seq)
+        stretch = await self.ledgers.slice(start.seq, last + 1)
+        return advance(stretch, start, end, lac, entries)
 
 
 async def _view(client: LedgerClient, record: StreamRecord, partition: int,
                 handles: LedgerHandles) -> _PartitionView:
-    listing, _ = await load_partition(client.meta, record.name, partition)
-    end = await end_position(handles, listing)
-    current = listing.open_ledger
-    lac = end.entry_id - 1 if current is not None else None
-    return _PartitionView(listing, lac, end)
+    ledgers = LedgerList(client.meta, record.name, partition)
+    head = await ledgers.refresh()
+    end = await end_position(handles, head)
+    lac = end.entry_id - 1 if head.open_ledger is not None else None
+    return _PartitionView(ledgers, await first_position(ledgers), end, lac)
 
 
 def _position_specs(raw: str | None, partitions: int, default: str) -> dict[int, StartSpec]:
@@ -221,24 +253,24 @@ async def _start_of(client: LedgerClient, record: StreamRecord, options: SourceO
         spec = _position_specs(options.starting_positions, record.config.partitions,
                                default)[partition]
     start, skip_ms = await resolve_start(client, handles, record, partition, spec,
-                                         listing=view.listing)
+                                         ledgers=view.ledgers)
     return start, skip_ms or None
 
 
-def _end_of(record: StreamRecord, options: SourceOptions, partition: int,
-            view: _PartitionView) -> SeqPosition:
+async def _end_of(record: StreamRecord, options: SourceOptions, partition: int,
+                  view: _PartitionView) -> SeqPosition:
     spec = _position_specs(options.ending_positions, record.config.partitions,
                            LATEST)[partition]
     if spec == LATEST:
         return view.end
     if spec == EARLIEST:
-        return SeqPosition(view.listing.first_seq, 0, 0, 0)
+        return view.first
     assert isinstance(spec, Position)
-    key = view.listing.key_of(spec)
-    if key is None:
+    info = await view.ledgers.find(spec.ledger_id)
+    if info is None:
         raise UsageError(f"endingPositions: stream {record.name!r} partition {partition} has "
                          f"no ledger {spec.ledger_id}")
-    return min(key, view.end)
+    return min(SeqPosition(info.seq, spec.entry_id, spec.batch_index, info.ledger_id), view.end)
 
 
 class QuorumlogReader(DataSourceReader):
@@ -271,10 +303,11 @@ class QuorumlogReader(DataSourceReader):
                 view = await _view(client, record, partition, handles)
                 start, skip_ms = await _start_of(client, record, options, partition=partition,
                                                  view=view, handles=handles, default=EARLIEST)
-                start, _ = check_start(record.name, partition, view.listing, start,
+                start, _ = check_start(record.name, partition, view.first, start,
                                        fail_on_data_loss=True)
-                end = _end_of(record, options, partition, view)
-                part_tasks = plan_partition(record.name, partition, view.listing, start, end,
+                end = await _end_of(record, options, partition, view)
+                stretch = await view.ledgers.slice(start.seq, end.seq + 1)
+                part_tasks = plan_partition(record.name, partition, stretch, start, end,
                                             open_lac=view.open_lac,
                                             max_entries=options.max_rows_per_partition,
                                             pruning=pruning)
@@ -395,48 +428,60 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802
         partitions = self.record.config.partitions
         starts = parse_offset(start, partitions)
-        _io.ledger_client(self.options.meta)
-        views = self._views()
-        ends: dict[int, SeqPosition] = {}
-        begins: dict[int, SeqPosition] = {}
-        for partition, view in views.items():
-            begin = starts.get(partition, SeqPosition(view.listing.first_seq, 0, 0, 0))
-            begin, _ = check_start(self.record.name, partition, view.listing, begin,
-                                   fail_on_data_loss=self.options.fail_on_data_loss)
-            end = view.end
-            if self._target is not None and partition in self._target:
-                end = min(end, self._target[partition])
-            begins[partition], ends[partition] = begin, max(end, begin)
-        if isinstance(limit, ReadMaxRows):
-            lags = {p: entries_between(views[p].listing, begins[p], ends[p], views[p].open_lac)
-                    for p in views}
-            shares = split_limit(lags, limit.max_rows)
-            ends = {p: advance(views[p].listing, begins[p], ends[p], views[p].open_lac,
-                               shares[p]) for p in views}
-        return offset_json(ends)
+        options, record, target = self.options, self.record, self._target
+
+        async def go() -> dict[int, SeqPosition]:
+            client = await _io._client(options.meta)
+            handles = LedgerHandles(client, record.password)
+            views = {p: await _view(client, record, p, handles) for p in range(partitions)}
+            ends: dict[int, SeqPosition] = {}
+            begins: dict[int, SeqPosition] = {}
+            for partition, view in views.items():
+                begin = starts.get(partition, view.first)
+                begin, _ = check_start(record.name, partition, view.first, begin,
+                                       fail_on_data_loss=options.fail_on_data_loss)
+                end = view.end
+                if target is not None and partition in target:
+                    end = min(end, target[partition])
+                begins[partition], ends[partition] = begin, max(end, begin)
+            if isinstance(limit, ReadMaxRows):
+                lags = {p: max(0, await views[p].offset(ends[p]) - await views[p].offset(begins[p]))
+                        for p in views}
+                shares = split_limit(lags, limit.max_rows)
+                ends = {p: await views[p].advance(begins[p], ends[p], shares[p]) for p in views}
+            return ends
+
+        _io.ledger_client(options.meta)
+        return offset_json(_io.run(go()))
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]
                    ) -> Sequence[InputPartition]:
         partitions = self.record.config.partitions
         starts, ends = parse_offset(start, partitions), parse_offset(end, partitions)
         options, record = self.options, self.record
+
+        async def plan() -> list[ReadTask]:
+            client = await _io._client(options.meta)
+            handles = LedgerHandles(client, record.password)
+            tasks: list[ReadTask] = []
+            for partition, stop in ends.items():
+                view = await _view(client, record, partition, handles)
+                begin = starts.get(partition, view.first)
+                begin, warning = check_start(record.name, partition, view.first, begin,
+                                             fail_on_data_loss=options.fail_on_data_loss)
+                if warning:
+                    log.warning("spark_stream_data_loss_skipped", message=warning)
+                lac = view.open_lac
+                current = view.head.open_ledger
+                if current is not None and current.seq == stop.seq:
+                    lac = max(lac or -1, stop.entry_id - 1)
+                stretch = await view.ledgers.slice(begin.seq, stop.seq + 1)
+                tasks += plan_partition(record.name, partition, stretch, begin, stop,
+                                        open_lac=lac, max_entries=options.max_rows_per_partition)
+            return tasks
+
         _io.ledger_client(options.meta)
-        views = self._views()
-        tasks: list[ReadTask] = []
-        for partition, stop in ends.items():
-            view = views[partition]
-            begin = starts.get(partition, SeqPosition(view.listing.first_seq, 0, 0, 0))
-            begin, warning = check_start(record.name, partition, view.listing, begin,
-                                         fail_on_data_loss=options.fail_on_data_loss)
-            if warning:
-                log.warning("spark_stream_data_loss_skipped", message=warning)
-            lac = view.open_lac
-            current = view.listing.open_ledger
-            if current is not None and current.seq == stop.seq:
-                lac = max(lac or -1, stop.entry_id - 1)
-            tasks += plan_partition(record.name, partition, view.listing, begin, stop,
-                                    open_lac=lac, max_entries=options.max_rows_per_partition)
-        return _wrap(tasks, options, record)
+        return _wrap(_io.run(plan()), options, record)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, QuorumlogInputPartition)

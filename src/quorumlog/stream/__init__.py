@@ -1,7 +1,8 @@
 """Streams made of ledgers, after Pulsar's managed ledger. See docs/stream.md.
 
 A stream has P partitions; each partition is an ordered list of ledgers kept
-in meta (only the last one open), written by one writer at a time that holds
+in meta (only the last one open; a head key plus archive runs, so the list
+grows without bound), written by one writer at a time that holds
 a meta lease and fences the previous writer's ledger when it takes over.
 Entries carry a small header (key, publish time, properties) and may pack a
 batch of messages. Named cursors (subscriptions) persist acknowledgements;
@@ -40,10 +41,16 @@ from quorumlog.stream._errors import (
     SubscriptionBusyError,
     WriterBusyError,
 )
-from quorumlog.stream._layout import LedgerInfo, PartitionLedgers, StreamRecord
+from quorumlog.stream._layout import (
+    LedgerInfo,
+    LedgerRun,
+    PartitionHead,
+    StreamRecord,
+)
+from quorumlog.stream._ledgers import LedgerList
 from quorumlog.stream._position import EARLIEST, LATEST, Position, SeqPosition, parse_positions
 from quorumlog.stream._producer import MessageId, Producer, ProducerConfig
-from quorumlog.stream._reader import Message, Reader
+from quorumlog.stream._reader import Message, Reader, first_position
 
 __all__ = [
     "EARLIEST",
@@ -59,11 +66,13 @@ __all__ = [
     "DecodedMessage",
     "JobEndedError",
     "LedgerInfo",
+    "LedgerList",
+    "LedgerRun",
     "Message",
     "MessageFormatError",
     "MessageId",
     "OutgoingMessage",
-    "PartitionLedgers",
+    "PartitionHead",
     "Position",
     "Producer",
     "ProducerConfig",
@@ -83,5 +92,6 @@ __all__ = [
     "WriterBusyError",
     "decode_entry",
     "encode_entry",
+    "first_position",
     "parse_positions",
 ]

@@ -1,10 +1,13 @@
 """Stream administration: create, list, describe, trim (retention + TTL), delete.
 
-Deletion is meta first: a trimmed ledger leaves the ledger list and gets a
-``trash/<ledger>`` marker in the same transaction; then the ledger is deleted
-(its metadata key goes, bookies garbage-collect its entries) and the marker
-removed. A crash in between leaves the marker, and the next trim finishes the
-job. Ledgers a Spark write created but never linked (a crashed driver) have
+Deletion is meta first: trimmed ledgers leave the ledger list and their ids
+go into a ``trash/<p>-<first seq>`` record in the same transaction; then the
+ledgers are deleted (their metadata keys go, bookies garbage-collect their
+entries) and the record removed. A crash in between leaves the record, and the
+next trim finishes the job. One trim transaction removes at most
+``TRIM_LEDGERS_PER_TXN`` ledgers or ``TRIM_RUNS_PER_TXN`` archive runs; a trim
+call runs up to ``TRIM_STEPS_MAX`` of them per partition and the next call goes
+on. Ledgers a Spark write created but never linked (a crashed driver) have
 ``pending/<job>/<ledger>`` markers; trim deletes those older than
 ``pending_ttl_ms``.
 """
@@ -24,37 +27,48 @@ from quorumlog.meta import DeleteOp, PutOp
 from quorumlog.stream._config import RetentionPolicy, StreamConfig
 from quorumlog.stream._cursor import CursorState
 from quorumlog.stream._entry import first_publish_time_ms
-from quorumlog.stream._errors import StreamExistsError, StreamNotFoundError
+from quorumlog.stream._errors import (
+    MessageFormatError,
+    StreamExistsError,
+    StreamNotFoundError,
+)
 from quorumlog.stream._layout import (
     NAMES_PREFIX,
-    PartitionLedgers,
+    LedgerInfo,
+    PartitionHead,
     PendingLedger,
     StreamRecord,
     StreamState,
+    TrashRecord,
     check_name,
     config_key,
     cursors_prefix,
     name_key,
     partition_key,
     pending_prefix,
+    run_key,
     stream_prefix,
     trash_key,
     trash_prefix,
+    trim_step,
     writer_key,
 )
-from quorumlog.stream._meta import (
-    CAS_ATTEMPTS_MAX,
-    load_partition,
-    load_record,
-    now_ms,
-    version_is,
-)
+from quorumlog.stream._ledgers import LedgerList
+from quorumlog.stream._meta import CAS_ATTEMPTS_MAX, load_record, now_ms, version_is
 from quorumlog.stream._position import SeqPosition
 from quorumlog.stream._retention import EntrySearch, ledgers_to_trim, ttl_mark_delete
 
 log = get_logger(__name__)
 
-TRIM_LEDGERS_PER_TXN = 100  # trash markers + list update stay under meta's txn_ops_max
+# One trim transaction: head compare + put, whole runs deleted, one run
+# rewritten, one trash record: TRIM_RUNS_PER_TXN + 4 operations, under meta's
+# txn_ops_max (128). The trash record lists the ledger ids (~9 bytes each).
+TRIM_LEDGERS_PER_TXN = 4096
+TRIM_RUNS_PER_TXN = 64
+TRIM_STEPS_MAX = 64  # trim transactions per partition per call; the next call goes on
+INFO_LEDGERS_MAX = 1000  # ledgers per partition `stream info` lists (the last ones)
+TRASH_RECORDS_PER_READ = 16
+TTL_WINDOW_LEDGERS = 64  # ledgers before the TTL boundary looked at for the last whole one
 PENDING_TTL_MS = 24 * 3600 * 1000  # a Spark write job's unlinked ledgers are orphans after this
 ENTRY_END = 2**31 - 1  # batch_index meaning "every message of the entry"
 
@@ -65,7 +79,7 @@ async def create_stream(client: LedgerClient, name: str, config: StreamConfig) -
     record = StreamRecord(name=name, config=config, password=os.urandom(16), created_ms=now_ms())
     ops: list[Any] = [PutOp(key=name_key(name), value=b""),
                       PutOp(key=config_key(name), value=record.encode())]
-    empty = PartitionLedgers().encode()
+    empty = PartitionHead().encode()
     ops += [PutOp(key=partition_key(name, p), value=empty) for p in range(config.partitions)]
     result = await client.meta.txn(compares=[version_is(name_key(name), 0)], success=ops)
     if not result.succeeded:
@@ -98,15 +112,21 @@ async def stream_info(client: LedgerClient, name: str) -> dict[str, Any]:
     cursors = await cursor_states(client, name)
     partitions = []
     for p in range(record.config.partitions):
-        listing, _ = await load_partition(client.meta, name, p)
+        ledgers = LedgerList(client.meta, name, p)
+        head = await ledgers.refresh()
+        shown = [msgspec.to_builtins(info) async for info in
+                 ledgers.iterate(max(head.first_seq, head.next_seq - INFO_LEDGERS_MAX))]
         writer = await client.meta.get(writer_key(name, p))
         partitions.append({
             "partition": p,
-            "ledgers": [msgspec.to_builtins(info) for info in listing.ledgers],
-            "entries": listing.closed_entries(),
-            "size_bytes": listing.size_bytes(),
-            "trimmed_entries": listing.trimmed_entries,
-            "writer_epoch": listing.writer_epoch,
+            "ledgers": shown,  # the last INFO_LEDGERS_MAX ledgers
+            "ledger_count": head.ledger_count,
+            "first_seq": head.first_seq,
+            "next_seq": head.next_seq,
+            "entries": head.kept_entries,
+            "size_bytes": head.kept_bytes,
+            "trimmed_entries": head.trimmed_entries,
+            "writer_epoch": head.writer_epoch,
             "writer": writer is not None,
         })
     return {
@@ -148,36 +168,64 @@ async def trim_stream(client: LedgerClient, name: str, *,
 
 async def _trim_partition(client: LedgerClient, record: StreamRecord, partition: int,
                           policy: RetentionPolicy, now: int) -> list[int]:
-    """Remove the ledgers retention frees from the list, with trash markers, in
-    one transaction (the markers depend on the list read, so CAS on its version)."""
+    """Remove the ledgers retention frees from the list, in bounded steps."""
     cursors = await cursor_states(client, record.name)
     states = [per[partition][0] for per in cursors.values() if partition in per]
+    removed: list[int] = []
+    for _ in range(TRIM_STEPS_MAX):
+        chosen = await _trim_step(client, record, partition, states, policy=policy, now=now)
+        if not chosen:
+            break
+        removed += chosen
+    return removed
+
+
+async def _trim_step(client: LedgerClient, record: StreamRecord, partition: int,
+                     states: list[CursorState], *, policy: RetentionPolicy,
+                     now: int) -> list[int]:
+    """One transaction: the first ledgers retention frees leave the list (their
+    runs deleted or rewritten, the head's counters moved) and go to the trash.
+    The trash record depends on the list read, so it compares the head's version."""
     key = partition_key(record.name, partition)
     for _ in range(CAS_ATTEMPTS_MAX):
-        listing, kv = await load_partition(client.meta, record.name, partition)
-        count = min(ledgers_to_trim(listing, states, policy, now), TRIM_LEDGERS_PER_TXN)
+        ledgers = LedgerList(client.meta, record.name, partition)
+        await ledgers.refresh()
+        runs = await ledgers.leading_runs(TRIM_RUNS_PER_TXN, TRIM_LEDGERS_PER_TXN)
+        head = ledgers.head  # the head the runs were read against (and its version)
+        loaded: list[LedgerInfo] = [info for run in runs for info in run.ledgers]
+        if not runs or runs[-1].last_seq + 1 == head.tail_first_seq:
+            loaded += head.tail  # the walk may go on into the head's ledgers
+        count = min(ledgers_to_trim(head, loaded, states, policy, now), TRIM_LEDGERS_PER_TXN)
         if count == 0:
             return []
-        chosen = [info.ledger_id for info in listing.ledgers[:count]]
-        result = await client.meta.txn(
-            compares=[version_is(key, kv.version)],
-            success=[PutOp(key=key, value=listing.without_head(count).encode()),
-                     *(PutOp(key=trash_key(record.name, i), value=b"") for i in chosen)],
-        )
+        step = trim_step(head, runs, count)
+        chosen = [info.ledger_id for info in step.trimmed]
+        ops = [PutOp(key=key, value=step.head.encode()),
+               *(DeleteOp(key=run_key(record.name, partition, last)) for last in step.deleted_runs),
+               PutOp(key=trash_key(record.name, partition, head.first_seq),
+                     value=TrashRecord(ledger_ids=tuple(chosen)).encode())]
+        if step.rewritten is not None:
+            ops.append(PutOp(key=run_key(record.name, partition, step.rewritten.last_seq),
+                             value=step.rewritten.encode()))
+        result = await client.meta.txn(compares=[version_is(key, ledgers.version)], success=ops)
         if result.succeeded:
-            log.info("stream_trimmed", stream=record.name, partition=partition, ledgers=chosen)
+            log.info("stream_trimmed", stream=record.name, partition=partition,
+                     ledgers=len(chosen), first=chosen[0], last=chosen[-1])
             return chosen
     raise DeadlineExceededError(f"stream {record.name!r} partition {partition}: the ledger "
                                 "list kept changing while trimming; try again")
 
 
 async def _empty_trash(client: LedgerClient, name: str) -> list[int]:
+    """Delete the ledgers of every trash record, then the record (a few records
+    per read: each lists up to TRIM_LEDGERS_PER_TXN ids)."""
     deleted = []
-    for kv in await client.meta.list_keys(trash_prefix(name)):
-        ledger_id = int(kv.key.rsplit("/", 1)[1])
-        await _delete_ledger(client, ledger_id)
-        await client.meta.delete(kv.key)
-        deleted.append(ledger_id)
+    while kvs := await client.meta.list_keys(trash_prefix(name), limit=TRASH_RECORDS_PER_READ):
+        for kv in kvs:
+            for ledger_id in TrashRecord.decode(kv.value).ledger_ids:
+                await _delete_ledger(client, ledger_id)
+                deleted.append(ledger_id)
+            await client.meta.delete(kv.key)
     return deleted
 
 
@@ -205,16 +253,25 @@ async def _delete_orphans(client: LedgerClient, name: str, now: int, ttl_ms: int
 
 async def _expire(client: LedgerClient, record: StreamRecord, partition: int, ttl_ms: int,
                   now: int) -> int:
-    """Acknowledge messages older than the TTL on every cursor (CAS per cursor)."""
-    listing, _ = await load_partition(client.meta, record.name, partition)
-    changed = 0
+    """Acknowledge messages older than the TTL on every cursor (CAS per cursor).
+
+    The first ledger not entirely older than the cutoff is found by binary
+    search; the whole ledgers before it expire (the window just before it
+    holds the last of them) and, within it, the entries before the cutoff."""
+    ledgers = LedgerList(client.meta, record.name, partition)
+    head = await ledgers.refresh()
     cutoff = now - ttl_ms
-    partial = await _partial_expiry(client, record, listing, cutoff)
+    boundary = await ledgers.first_at_publish(cutoff)
+    end = head.next_seq if boundary is None else boundary.seq
+    window = [info async for info in
+              ledgers.iterate(max(head.first_seq, end - TTL_WINDOW_LEDGERS), end)]
+    partial = await _partial_expiry(client, record, boundary, cutoff)
+    changed = 0
     for subscription, per in (await cursor_states(client, record.name)).items():
         if partition not in per:
             continue
         state, version = per[partition]
-        target = ttl_mark_delete(listing, state, ttl_ms, now)
+        target = ttl_mark_delete(window, state, ttl_ms, now)
         if partial is not None and (target is None or partial > target):
             target = partial
         if target is None or (state.mark_delete is not None and state.mark_delete >= target):
@@ -229,24 +286,20 @@ async def _expire(client: LedgerClient, record: StreamRecord, partition: int, tt
 
 
 async def _partial_expiry(client: LedgerClient, record: StreamRecord,
-                          listing: PartitionLedgers, cutoff: int) -> SeqPosition | None:
-    """The last whole entry older than ``cutoff`` in the first ledger that is not
-    entirely older (binary search over its entries)."""
-    for info in listing.ledgers:
-        if not info.is_open and info.entries and info.last_publish_ms < cutoff:
-            continue
-        if info.is_open or info.entries == 0 or info.first_publish_ms >= cutoff:
-            return None
-        handle = await client.open_ledger(info.ledger_id, password=record.password,
-                                          recovery=False)
-        search = EntrySearch(0, info.entries - 1, cutoff)
-        while (probe := search.probe()) is not None:
-            [entry] = await handle.read_batch(probe, probe)
-            search.feed(probe, first_publish_time_ms(bytes(entry.payload)))
-        if search.result == 0:
-            return None
-        return SeqPosition(info.seq, search.result - 1, ENTRY_END, info.ledger_id)
-    return None
+                          info: LedgerInfo | None, cutoff: int) -> SeqPosition | None:
+    """The last whole entry older than ``cutoff`` in ``info``, the first ledger
+    that is not entirely older (binary search over its entries)."""
+    if info is None or info.is_open or info.entries == 0 or info.first_publish_ms >= cutoff:
+        return None
+    handle = await client.open_ledger(info.ledger_id, password=record.password,
+                                      recovery=False)
+    search = EntrySearch(0, info.entries - 1, cutoff)
+    while (probe := search.probe()) is not None:
+        [entry] = await handle.read_batch(probe, probe)
+        search.feed(probe, first_publish_time_ms(bytes(entry.payload)))
+    if search.result == 0:
+        return None
+    return SeqPosition(info.seq, search.result - 1, ENTRY_END, info.ledger_id)
 
 
 async def delete_stream(client: LedgerClient, name: str) -> list[int]:
@@ -262,8 +315,7 @@ async def delete_stream(client: LedgerClient, name: str) -> list[int]:
             raise StreamNotFoundError(f"stream {name!r} changed while deleting; try again")
     deleted = []
     for partition in range(record.config.partitions):
-        listing, _ = await load_partition(client.meta, name, partition)
-        for ledger_id in (info.ledger_id for info in listing.ledgers):
+        for ledger_id in await _partition_ledger_ids(client, name, partition):
             await _delete_ledger(client, ledger_id)
             deleted.append(ledger_id)
     deleted += await _empty_trash(client, name)
@@ -272,3 +324,32 @@ async def delete_stream(client: LedgerClient, name: str) -> list[int]:
                                    DeleteOp(key=name_key(name))])
     log.info("stream_deleted", stream=name, ledgers=len(deleted))
     return deleted
+
+
+async def _partition_ledger_ids(client: LedgerClient, name: str, partition: int) -> list[int]:
+    """Every ledger id of the partition's list; also of a list in the old layout
+    (one value, version 1), so that such a stream can still be deleted."""
+    ledgers = LedgerList(client.meta, name, partition)
+    try:
+        await ledgers.refresh()
+    except MessageFormatError:
+        kv = await client.meta.get(partition_key(name, partition))
+        if kv is None:
+            return []
+        try:
+            legacy = msgspec.msgpack.decode(kv.value, type=_LegacyList)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            raise MessageFormatError(f"stream {name!r} partition {partition}: the ledger list "
+                                     "in meta is malformed") from None
+        return [info.ledger_id for info in legacy.ledgers]
+    return [info.ledger_id async for info in ledgers.iterate(ledgers.head.first_seq)]
+
+
+class _LegacyLedger(msgspec.Struct):
+    ledger_id: int
+
+
+class _LegacyList(msgspec.Struct):
+    """The ledger ids of a version-1 partition value (one list of every ledger)."""
+
+    ledgers: list[_LegacyLedger]

@@ -10,11 +10,20 @@ import msgspec
 
 from quorumlog.config import Config, require
 from quorumlog.ledger import DigestType
+from quorumlog.meta import MetaLimits
 
 MINUTE_MS = 60_000
 DAY_MS = 24 * 60 * MINUTE_MS
 MIB = 1024 * 1024
-PARTITIONS_MAX = 64  # one metadata transaction touches every partition (txn_ops_max = 128)
+TXN_OPS_MAX = MetaLimits().txn_ops_max  # meta's bound on one transaction (compares + ops)
+# A Spark commit links into every partition it wrote in one meta transaction:
+# a compare and a put of each partition's head, plus the job's keys (job mark
+# compare + put, the pending markers' prefix delete, a streaming write's sink
+# mark compare + put).
+LINK_FIXED_OPS = 5
+LINK_OPS_PER_PARTITION = 2
+# So a commit that writes to every partition fits in one transaction: 61.
+PARTITIONS_MAX = (TXN_OPS_MAX - LINK_FIXED_OPS) // LINK_OPS_PER_PARTITION
 
 
 class RolloverPolicy(Config, frozen=True):

@@ -29,7 +29,8 @@ from quorumlog.stream._layout import (
     cursor_key,
     cursor_owner_key,
 )
-from quorumlog.stream._meta import created_at, load_partition, load_record, now_ms, version_is
+from quorumlog.stream._ledgers import LedgerList
+from quorumlog.stream._meta import created_at, load_record, now_ms, version_is
 from quorumlog.stream._position import EARLIEST, LATEST, SeqPosition
 from quorumlog.stream._reader import (
     LedgerHandles,
@@ -37,6 +38,7 @@ from quorumlog.stream._reader import (
     PartitionReader,
     Reader,
     end_position,
+    first_position,
 )
 from quorumlog.stream._writer import owner_name
 
@@ -68,11 +70,12 @@ async def load_or_create_cursor(client: LedgerClient, record: StreamRecord, subs
         kv = await client.meta.get(key)
         if kv is not None:
             return CursorState.decode(kv.value), kv.version
-        listing, _ = await load_partition(client.meta, record.name, partition)
+        ledgers = LedgerList(client.meta, record.name, partition)
+        head = await ledgers.refresh()
         if initial == LATEST:
-            start = await end_position(LedgerHandles(client, record.password), listing)
+            start = await end_position(LedgerHandles(client, record.password), head)
         else:
-            start = SeqPosition(listing.first_seq, 0, 0, 0)
+            start = await first_position(ledgers)
         state = CursorState(start=start, updated_ms=now_ms())
         if await client.meta.cas(key, 0, state.encode()):
             return state, 1
@@ -127,16 +130,17 @@ class Consumer:
             tracker = AckTracker(state, ranges_max=self._record.config.cursor_ranges_max,
                                  pending_max=self._config.unacked_messages_max)
             self._trackers[partition] = tracker
-            listing, _ = await load_partition(self._client.meta, self.stream, partition)
+            ledgers = LedgerList(self._client.meta, self.stream, partition)
+            head = await ledgers.refresh()
             if state.mark_delete is not None:
                 md = state.mark_delete
                 start = SeqPosition(md.seq, md.entry_id, md.batch_index + 1, md.ledger_id)
             else:
-                start = state.start or SeqPosition(listing.first_seq, 0, 0, 0)
-            if start.seq < listing.first_seq:
-                start = SeqPosition(listing.first_seq, 0, 0, 0)
+                start = state.start or SeqPosition(head.first_seq, 0, 0, 0)
+            if start.seq < head.first_seq:
+                start = SeqPosition(head.first_seq, 0, 0, 0)
             parts.append(PartitionReader(self._client, self._record, partition, start,
-                                         skip_data_loss=True))
+                                         skip_data_loss=True, ledgers=ledgers))
         self._reader = Reader(parts)
         loop = asyncio.get_running_loop()
         self._keepalive = loop.create_task(self._keep_alive())

@@ -1,44 +1,88 @@
 """Stream metadata in meta: keys, records and the pure edits of a ledger list.
 
-Keys (``<p>`` is the partition number, 4 digits)::
+Keys (``<p>`` is the partition number, 4 digits; ``<seq>`` 20 digits)::
 
     /stream-names/<name>                          empty; lists the streams
     /streams/<name>/config                        StreamRecord (config, ledger password)
-    /streams/<name>/partitions/<p>                PartitionLedgers (the ledger list)
+    /streams/<name>/partitions/<p>                PartitionHead (counters + the last ledgers)
+    /streams/<name>/ledgers/<p>/<last seq>        LedgerRun: older closed ledgers, in order
     /streams/<name>/writers/<p>                   WriterLease, ephemeral (writer's session)
     /streams/<name>/cursors/<sub>/<p>             CursorState
     /streams/<name>/cursors/<sub>/owner           ConsumerLease, ephemeral
     /streams/<name>/pending/<job>/<ledger>        a ledger a Spark task wrote, not linked yet
-    /streams/<name>/trash/<ledger>                a ledger removed from its list, to delete
+    /streams/<name>/trash/<p>-<first seq>         TrashRecord: ledgers trimmed, to delete
     /streams/<name>/sinks/<writer id>             last micro-batch a streaming write committed
 
-A partition's ledger list is one key, like Pulsar's managed-ledger znode: a
-change to it is one compare-and-swap on its version, and its size is bounded
-(``LEDGERS_PER_PARTITION_MAX``). Every ledger in the list has a ``seq`` (its
+A partition is an ordered list of ledgers. Every ledger has a ``seq`` (its
 place; the next ledger gets ``next_seq``); positions order by seq, see
 ``_position``. Only the last ledger may be open. Trimming removes ledgers from
-the head only, so a position in a ledger missing from the list lies before the
-first ledger kept.
+the front only, so a position in a ledger missing from the list lies before
+the first ledger kept.
+
+The list is split so that it can grow without bound while every change
+writes a bounded number of keys:
+
+- the **head** (``partitions/<p>``) holds the counters that change together
+  (next seq, first seq kept, entry and byte totals, writer epoch) and the
+  *tail*: the last ledgers of the list, the open one last. Every change of
+  the list is one compare-and-swap on the head's version, in one meta
+  transaction with the other keys it writes;
+- the **archive** holds the older closed ledgers as *runs* of consecutive
+  ledgers, one key per run (``ledgers/<p>/<seq of the run's last ledger>``,
+  zero-padded so keys sort in stream order). When the tail grows past
+  ``TAIL_LEDGERS_MAX`` its oldest ledgers move into a new run, in the same
+  transaction. A closed ledger's record never changes afterwards; trimming
+  deletes whole runs and rewrites at most one (keeping its key).
+
+A rollover writes the head, and one new run every
+``TAIL_LEDGERS_MAX - TAIL_LEDGERS_KEEP`` rollovers. A Spark commit writes the
+head of each partition it links into (plus runs when it links more than the
+head holds). Runs rather than one key per ledger: a commit links N task
+ledgers in one transaction, and meta bounds a transaction to ``txn_ops_max``
+(128) operations, so with a key per ledger a job of 200 tasks could not
+commit.
 """
 
 from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Sequence
 from typing import TypeVar
 
 import msgspec
 
 from quorumlog.errors import UsageError, invariant
+from quorumlog.meta import MetaLimits
 from quorumlog.stream._config import StreamConfig
 from quorumlog.stream._errors import MessageFormatError
-from quorumlog.stream._position import Position, SeqPosition
 
 STREAMS_PREFIX = "/streams/"
 NAMES_PREFIX = "/stream-names/"
-LEDGERS_PER_PARTITION_MAX = 10_000  # one list stays far below meta's 1 MiB value limit
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # of StreamRecord
+# Version 2: the ledger list is a head plus archive runs. Version 1 kept the
+# whole list in the partition key (at most 10,000 ledgers; it passed meta's
+# value limit at about 6,000). There is no migration: see docs/stream.md.
+PARTITION_FORMAT_VERSION = 2
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+
+# A ledger's record is at most about 350 bytes encoded (12 integer fields of
+# at most 9 bytes plus their names; 180 bytes is typical), so 2,048 of them stay
+# under 720 KiB: below meta's value limit (1 MiB) with room to spare.
+LEDGER_RECORD_BYTES_MAX = 350
+VALUE_BYTES_MAX = MetaLimits().value_max_bytes
+# Ledgers the head keeps before its oldest move to the archive. A rollover
+# rewrites the head, so this bounds the bytes a rollover writes (~6 KiB, ~10 KiB
+# with the run it sometimes adds).
+TAIL_LEDGERS_MAX = 32
+# Ledgers left in the head when older ones move to the archive (>= 1: the last
+# ledger, which may be open, always stays in the head).
+TAIL_LEDGERS_KEEP = 8
+# A Spark commit may leave up to this many ledgers in the head (it writes only
+# the heads, to stay within meta's transaction bound; the tail is archived
+# right after). Bounded by the value limit, like a run.
+HEAD_LEDGERS_MAX = 2048
+RUN_LEDGERS_MAX = 2048  # ledgers in one archive key
 
 # Custom metadata on every ledger a stream writes (finds orphans, helps operators).
 LEDGER_META_STREAM = "quorumlog.stream"
@@ -46,6 +90,13 @@ LEDGER_META_PARTITION = "quorumlog.partition"
 LEDGER_META_JOB = "quorumlog.job"
 
 T = TypeVar("T")
+
+invariant(HEAD_LEDGERS_MAX * LEDGER_RECORD_BYTES_MAX < VALUE_BYTES_MAX,
+          "a full head must fit in one meta value")
+invariant(RUN_LEDGERS_MAX * LEDGER_RECORD_BYTES_MAX < VALUE_BYTES_MAX,
+          "a full run must fit in one meta value")
+invariant(1 <= TAIL_LEDGERS_KEEP < TAIL_LEDGERS_MAX <= HEAD_LEDGERS_MAX,
+          "tail bounds out of order")
 
 
 def check_name(kind: str, name: str) -> str:
@@ -68,7 +119,17 @@ def config_key(stream: str) -> str:
 
 
 def partition_key(stream: str, partition: int) -> str:
+    """The partition's head (:class:`PartitionHead`)."""
     return f"{STREAMS_PREFIX}{stream}/partitions/{partition:04d}"
+
+
+def archive_prefix(stream: str, partition: int) -> str:
+    return f"{STREAMS_PREFIX}{stream}/ledgers/{partition:04d}/"
+
+
+def run_key(stream: str, partition: int, last_seq: int) -> str:
+    """Key of the archive run whose last ledger has ``last_seq`` (sorts in stream order)."""
+    return f"{archive_prefix(stream, partition)}{last_seq:020d}"
 
 
 def writer_key(stream: str, partition: int) -> str:
@@ -108,8 +169,9 @@ def trash_prefix(stream: str) -> str:
     return f"{STREAMS_PREFIX}{stream}/trash/"
 
 
-def trash_key(stream: str, ledger_id: int) -> str:
-    return f"{trash_prefix(stream)}{ledger_id:020d}"
+def trash_key(stream: str, partition: int, first_seq: int) -> str:
+    """The trash record of the ledgers one trim step removed (seqs are never reused)."""
+    return f"{trash_prefix(stream)}{partition:04d}-{first_seq:020d}"
 
 
 def sink_key(stream: str, writer_id: str) -> str:
@@ -160,6 +222,14 @@ class LedgerInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     last_entry_messages: int = 0  # messages in the last entry (to tell a fully acked ledger)
     created_ms: int = 0
     closed_ms: int = 0
+    # Entries of every earlier ledger of the partition, trimmed ones included
+    # (a Kafka-like offset: entries between two positions without the list).
+    entries_before: int = 0
+    # Running maximum of the last publish times of this and every earlier
+    # closed ledger (CLOSED only). It never decreases along the list, so the
+    # first ledger that may hold a publish time is found by binary search,
+    # although linked ledgers may hold older messages than the ones before them.
+    publish_max_ms: int = 0
 
     @property
     def is_open(self) -> bool:
@@ -183,129 +253,279 @@ class LedgerStats(msgspec.Struct, frozen=True, kw_only=True):
     created_ms: int = 0
 
 
-class PartitionLedgers(msgspec.Struct, frozen=True, kw_only=True):
-    """The ordered ledger list of one partition (value of its partition key)."""
+def _check_consecutive(ledgers: Sequence[LedgerInfo], what: str) -> None:
+    for i in range(1, len(ledgers)):
+        if ledgers[i].seq != ledgers[i - 1].seq + 1:
+            raise MessageFormatError(f"{what}: seq numbers are not consecutive")
 
-    ledgers: tuple[LedgerInfo, ...] = ()
+
+class PartitionHead(msgspec.Struct, frozen=True, kw_only=True):
+    """The value of a partition's head key: counters and the last ledgers.
+
+    Ledgers kept are seqs ``first_seq .. next_seq - 1``; the ``tail`` holds
+    the last of them (the open one last), the archive runs the ones before
+    ``tail_first_seq``. Whenever a ledger is kept the tail is not empty.
+    """
+
+    tail: tuple[LedgerInfo, ...] = ()
+    first_seq: int = 0
     next_seq: int = 0
+    entries_total: int = 0  # entries of every closed ledger, trimmed ones included
     trimmed_entries: int = 0
+    kept_bytes: int = 0  # bytes of the closed ledgers kept
+    publish_max_ms: int = 0  # latest last-publish time of any closed ledger
     writer_epoch: int = 0  # how many times a writer took the partition over
-    format_version: int = FORMAT_VERSION
+    # Largest ledger id ever added, and whether ids grew with every ledger
+    # added (a writer's do; a Spark commit may link older ones). While they
+    # did, a ledger is found by id with a binary search over the archive.
+    ledger_id_max: int = 0
+    ids_ascending: bool = True
+    format_version: int = PARTITION_FORMAT_VERSION
 
     def __post_init__(self) -> None:
-        for i, info in enumerate(self.ledgers):
-            if info.is_open and i != len(self.ledgers) - 1:
-                raise MessageFormatError(f"ledger list: ledger {info.ledger_id} is open but "
-                                         "not last")
-            if i and info.seq != self.ledgers[i - 1].seq + 1:
-                raise MessageFormatError("ledger list: seq numbers are not consecutive")
-        if self.ledgers and self.ledgers[-1].seq >= self.next_seq:
-            raise MessageFormatError("ledger list: next_seq is not past the last ledger")
+        if self.format_version != PARTITION_FORMAT_VERSION:
+            raise MessageFormatError(
+                f"partition metadata has layout version {self.format_version}; this quorumlog "
+                f"reads version {PARTITION_FORMAT_VERSION} (a head key plus archive runs). "
+                "Streams created before the change are not migrated: delete the stream "
+                "(`quorumlog stream delete <name> --yes`) and create it again"
+            )
+        if not 0 <= self.first_seq <= self.next_seq:
+            raise MessageFormatError("partition head: first_seq is not within 0..next_seq")
+        _check_consecutive(self.tail, "partition head")
+        for info in self.tail[:-1]:
+            if info.is_open:
+                raise MessageFormatError(f"partition head: ledger {info.ledger_id} is open "
+                                         "but not last")
+        if self.tail and (self.tail[-1].seq != self.next_seq - 1
+                          or self.tail[0].seq < self.first_seq):
+            raise MessageFormatError("partition head: the tail is not the end of the list")
+        if not self.tail and self.first_seq != self.next_seq:
+            raise MessageFormatError("partition head: ledgers are kept but the tail is empty")
 
     # ----- queries -------------------------------------------------------------
 
     @property
     def open_ledger(self) -> LedgerInfo | None:
-        if self.ledgers and self.ledgers[-1].is_open:
-            return self.ledgers[-1]
+        if self.tail and self.tail[-1].is_open:
+            return self.tail[-1]
         return None
 
     @property
-    def first_seq(self) -> int:
-        """Seq of the first ledger kept (``next_seq`` when the list is empty)."""
-        return self.ledgers[0].seq if self.ledgers else self.next_seq
+    def last_ledger(self) -> LedgerInfo | None:
+        return self.tail[-1] if self.tail else None
 
-    def by_seq(self, seq: int) -> LedgerInfo | None:
-        index = seq - self.first_seq
-        if 0 <= index < len(self.ledgers):
-            return self.ledgers[index]
+    @property
+    def tail_first_seq(self) -> int:
+        """Seq of the first ledger in the head; the archive holds the kept ones before it."""
+        return self.tail[0].seq if self.tail else self.next_seq
+
+    @property
+    def ledger_count(self) -> int:
+        return self.next_seq - self.first_seq
+
+    @property
+    def kept_entries(self) -> int:
+        """Entries of the closed ledgers kept."""
+        return self.entries_total - self.trimmed_entries
+
+    def in_tail(self, seq: int) -> LedgerInfo | None:
+        index = seq - self.tail_first_seq
+        if 0 <= index < len(self.tail):
+            return self.tail[index]
         return None
-
-    def find(self, ledger_id: int) -> LedgerInfo | None:
-        for info in reversed(self.ledgers):
-            if info.ledger_id == ledger_id:
-                return info
-        return None
-
-    def key_of(self, position: Position) -> SeqPosition | None:
-        """The ordered form of ``position``; None if its ledger is not in the list."""
-        info = self.find(position.ledger_id)
-        if info is None:
-            return None
-        return SeqPosition(info.seq, position.entry_id, position.batch_index, info.ledger_id)
-
-    def closed_entries(self) -> int:
-        return sum(info.entries for info in self.ledgers)
-
-    def size_bytes(self) -> int:
-        return sum(info.size_bytes for info in self.ledgers)
 
     # ----- edits (each returns a new value) -----------------------------------------
 
     def with_ledger_opened(self, ledger_id: int, created_ms: int, *,
-                           takeover: bool = False) -> PartitionLedgers:
+                           takeover: bool = False) -> PartitionHead:
         invariant(self.open_ledger is None, "a new ledger needs the previous one closed")
-        if len(self.ledgers) >= LEDGERS_PER_PARTITION_MAX:
-            raise UsageError(
-                f"the partition has {len(self.ledgers)} ledgers, the most one list holds; "
-                "lower retention or raise the rollover limits"
-            )
-        info = LedgerInfo(seq=self.next_seq, ledger_id=ledger_id, created_ms=created_ms)
+        info = LedgerInfo(seq=self.next_seq, ledger_id=ledger_id, created_ms=created_ms,
+                          entries_before=self.entries_total)
         return msgspec.structs.replace(
-            self, ledgers=(*self.ledgers, info), next_seq=self.next_seq + 1,
+            self, tail=(*self.tail, info), next_seq=self.next_seq + 1,
             writer_epoch=self.writer_epoch + (1 if takeover else 0),
+            **self._ids_after([ledger_id]),
         )
 
-    def with_ledger_closed(self, stats: LedgerStats, closed_ms: int) -> PartitionLedgers:
+    def _ids_after(self, ids: Sequence[int]) -> dict[str, int | bool]:
+        ascending = self.ids_ascending
+        last = self.ledger_id_max
+        for ledger_id in ids:
+            ascending = ascending and ledger_id > last
+            last = max(last, ledger_id)
+        return {"ledger_id_max": last, "ids_ascending": ascending}
+
+    def with_ledger_closed(self, stats: LedgerStats, closed_ms: int) -> PartitionHead:
         current = self.open_ledger
         invariant(current is not None and current.ledger_id == stats.ledger_id,
                   f"ledger {stats.ledger_id} is not the open ledger of the list")
         assert current is not None
-        closed = _closed_info(current.seq, stats, current.created_ms or stats.created_ms,
-                              closed_ms)
-        return msgspec.structs.replace(self, ledgers=(*self.ledgers[:-1], closed))
+        closed = _closed_info(current.seq, stats, created_ms=current.created_ms or stats.created_ms,
+                              closed_ms=closed_ms, entries_before=current.entries_before,
+                              publish_max_before=self.publish_max_ms)
+        return msgspec.structs.replace(
+            self, tail=(*self.tail[:-1], closed),
+            entries_total=self.entries_total + closed.entries,
+            kept_bytes=self.kept_bytes + closed.size_bytes,
+            publish_max_ms=closed.publish_max_ms,
+        )
 
-    def with_ledgers_linked(self, stats: list[LedgerStats], closed_ms: int) -> PartitionLedgers:
+    def with_ledgers_linked(self, stats: Sequence[LedgerStats],
+                            closed_ms: int) -> PartitionHead:
         """Append closed ledgers (a Spark write's) after the last one, in order."""
         invariant(self.open_ledger is None, "linking needs the open ledger closed first")
-        if len(self.ledgers) + len(stats) > LEDGERS_PER_PARTITION_MAX:
-            raise UsageError(f"linking {len(stats)} ledgers would pass "
-                             f"{LEDGERS_PER_PARTITION_MAX} ledgers in the partition")
-        known = {info.ledger_id for info in self.ledgers}
+        known = {info.ledger_id for info in self.tail}
         added = []
+        entries_total, kept_bytes, publish_max = (self.entries_total, self.kept_bytes,
+                                                  self.publish_max_ms)
         for i, item in enumerate(stats):
             invariant(item.ledger_id not in known, f"ledger {item.ledger_id} is already linked")
-            added.append(_closed_info(self.next_seq + i, item, item.created_ms, closed_ms))
-        return msgspec.structs.replace(self, ledgers=(*self.ledgers, *added),
-                                       next_seq=self.next_seq + len(stats))
-
-    def without_head(self, count: int) -> PartitionLedgers:
-        invariant(0 <= count <= len(self.ledgers), "cannot trim more ledgers than the list has")
-        gone = self.ledgers[:count]
-        invariant(all(not info.is_open for info in gone), "the open ledger is never trimmed")
+            known.add(item.ledger_id)
+            info = _closed_info(self.next_seq + i, item, created_ms=item.created_ms,
+                                closed_ms=closed_ms, entries_before=entries_total,
+                                publish_max_before=publish_max)
+            entries_total += info.entries
+            kept_bytes += info.size_bytes
+            publish_max = info.publish_max_ms
+            added.append(info)
         return msgspec.structs.replace(
-            self, ledgers=self.ledgers[count:],
-            trimmed_entries=self.trimmed_entries + sum(i.entries for i in gone),
+            self, tail=(*self.tail, *added), next_seq=self.next_seq + len(added),
+            entries_total=entries_total, kept_bytes=kept_bytes, publish_max_ms=publish_max,
+            **self._ids_after([info.ledger_id for info in added]),
+        )
+
+    def archived(self, tail_max: int = TAIL_LEDGERS_MAX
+                 ) -> tuple[PartitionHead, tuple[LedgerRun, ...]]:
+        """Move the oldest ledgers of a tail longer than ``tail_max`` into runs
+        (``TAIL_LEDGERS_KEEP`` stay); the list is the same, only stored apart."""
+        if len(self.tail) <= tail_max:
+            return self, ()
+        cut = len(self.tail) - TAIL_LEDGERS_KEEP
+        moving = self.tail[:cut]
+        runs = tuple(LedgerRun(ledgers=moving[i:i + RUN_LEDGERS_MAX])
+                     for i in range(0, cut, RUN_LEDGERS_MAX))
+        return msgspec.structs.replace(self, tail=self.tail[cut:]), runs
+
+    def without_first(self, trimmed: Sequence[LedgerInfo]) -> PartitionHead:
+        """The head after removing ``trimmed`` (the first ledgers kept, in order)."""
+        for i, info in enumerate(trimmed):
+            invariant(info.seq == self.first_seq + i, "trimming must start at the first ledger "
+                      "and go in order")
+            invariant(not info.is_open, "the open ledger is never trimmed")
+        first = self.first_seq + len(trimmed)
+        invariant(first <= self.next_seq, "cannot trim more ledgers than the list has")
+        return msgspec.structs.replace(
+            self, first_seq=first, tail=tuple(i for i in self.tail if i.seq >= first),
+            trimmed_entries=self.trimmed_entries + sum(i.entries for i in trimmed),
+            kept_bytes=self.kept_bytes - sum(i.size_bytes for i in trimmed),
         )
 
     def encode(self) -> bytes:
-        return _PARTITION_ENCODER.encode(self)
+        return _checked_size(_PARTITION_ENCODER.encode(self), "partition head")
 
     @classmethod
-    def decode(cls, data: bytes) -> PartitionLedgers:
-        return _decode(_PARTITION_DECODER, data, "partition ledger list")
+    def decode(cls, data: bytes) -> PartitionHead:
+        return _decode(_PARTITION_DECODER, data, "partition head")
 
 
-def _closed_info(seq: int, stats: LedgerStats, created_ms: int, closed_ms: int) -> LedgerInfo:
+def _closed_info(seq: int, stats: LedgerStats, *, created_ms: int, closed_ms: int,
+                 entries_before: int, publish_max_before: int) -> LedgerInfo:
     if stats.entries < 0 or (stats.entries > 0) != (stats.last_entry_messages > 0):
         raise UsageError(f"ledger {stats.ledger_id}: impossible counts {stats}")
+    publish_max = (max(publish_max_before, stats.last_publish_ms) if stats.entries
+                   else publish_max_before)
     return LedgerInfo(
         seq=seq, ledger_id=stats.ledger_id, status=LedgerStatus.CLOSED, entries=stats.entries,
         size_bytes=stats.size_bytes,
         first_publish_ms=stats.first_publish_ms, last_publish_ms=stats.last_publish_ms,
         last_entry_messages=stats.last_entry_messages, created_ms=created_ms,
-        closed_ms=closed_ms,
+        closed_ms=closed_ms, entries_before=entries_before, publish_max_ms=publish_max,
     )
+
+
+class LedgerRun(msgspec.Struct, frozen=True, kw_only=True):
+    """An archive key's value: consecutive closed ledgers of one partition."""
+
+    ledgers: tuple[LedgerInfo, ...]
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.ledgers) <= RUN_LEDGERS_MAX:
+            raise MessageFormatError(f"ledger run: {len(self.ledgers)} ledgers, expected "
+                                     f"1..{RUN_LEDGERS_MAX}")
+        _check_consecutive(self.ledgers, "ledger run")
+        if any(info.is_open for info in self.ledgers):
+            raise MessageFormatError("ledger run: an archived ledger is open")
+
+    @property
+    def first_seq(self) -> int:
+        return self.ledgers[0].seq
+
+    @property
+    def last_seq(self) -> int:
+        return self.ledgers[-1].seq
+
+    def get(self, seq: int) -> LedgerInfo | None:
+        index = seq - self.first_seq
+        return self.ledgers[index] if 0 <= index < len(self.ledgers) else None
+
+    def encode(self) -> bytes:
+        return _checked_size(_RUN_ENCODER.encode(self), "ledger run")
+
+    @classmethod
+    def decode(cls, data: bytes) -> LedgerRun:
+        return _decode(_RUN_DECODER, data, "ledger run")
+
+
+class TrashRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """Ledgers one trim step removed from the list; deleted, then the record."""
+
+    ledger_ids: tuple[int, ...]
+
+    def encode(self) -> bytes:
+        return _checked_size(msgspec.msgpack.encode(self), "trash record")
+
+    @classmethod
+    def decode(cls, data: bytes) -> TrashRecord:
+        return _decode(msgspec.msgpack.Decoder(TrashRecord), data, "trash record")
+
+
+class TrimStep(msgspec.Struct, frozen=True, kw_only=True):
+    """One bounded trim transaction, decided from the head and the first runs."""
+
+    head: PartitionHead
+    trimmed: tuple[LedgerInfo, ...]
+    deleted_runs: tuple[int, ...]  # last seqs of the runs removed whole
+    rewritten: LedgerRun | None  # what is left of a run trimmed in part (same key)
+
+
+def trim_step(head: PartitionHead, runs: Sequence[LedgerRun], count: int) -> TrimStep:
+    """Remove the first ``count`` ledgers: whole runs, part of one run, then
+    ledgers of the tail. ``runs`` are the archive's first runs, in order,
+    covering at least the ledgers to remove that are not in the tail."""
+    trimmed: list[LedgerInfo] = []
+    deleted: list[int] = []
+    rewritten: LedgerRun | None = None
+    for run in runs:
+        left = count - len(trimmed)
+        if left <= 0:
+            break
+        invariant(run.first_seq == head.first_seq + len(trimmed),
+                  f"archive run {run.first_seq}..{run.last_seq} does not continue the list")
+        if left >= len(run.ledgers):
+            trimmed += run.ledgers
+            deleted.append(run.last_seq)
+        else:
+            trimmed += run.ledgers[:left]
+            rewritten = LedgerRun(ledgers=run.ledgers[left:])
+    left = count - len(trimmed)
+    if left > 0:
+        start = head.first_seq + len(trimmed)
+        invariant(start >= head.tail_first_seq, "trim needs every archive run it removes")
+        trimmed += [info for info in head.tail if start <= info.seq < start + left]
+    invariant(len(trimmed) == count, f"cannot trim {count} ledgers, the list has fewer")
+    return TrimStep(head=head.without_first(trimmed), trimmed=tuple(trimmed),
+                    deleted_runs=tuple(deleted), rewritten=rewritten)
 
 
 class WriterLease(msgspec.Struct, frozen=True, kw_only=True):
@@ -373,7 +593,15 @@ def _decode(decoder: msgspec.msgpack.Decoder[T], data: bytes, what: str) -> T:
         raise MessageFormatError(f"{what} in meta is malformed: {exc}") from None
 
 
+def _checked_size(data: bytes, what: str) -> bytes:
+    invariant(len(data) <= VALUE_BYTES_MAX,
+              f"{what} encodes to {len(data)} bytes, more than a meta value holds")
+    return data
+
+
 _RECORD_ENCODER = msgspec.msgpack.Encoder()
 _RECORD_DECODER = msgspec.msgpack.Decoder(StreamRecord)
 _PARTITION_ENCODER = msgspec.msgpack.Encoder()
-_PARTITION_DECODER = msgspec.msgpack.Decoder(PartitionLedgers)
+_PARTITION_DECODER = msgspec.msgpack.Decoder(PartitionHead)
+_RUN_ENCODER = msgspec.msgpack.Encoder()
+_RUN_DECODER = msgspec.msgpack.Decoder(LedgerRun)

@@ -3,13 +3,25 @@
 This is the all-or-nothing write path of Spark jobs:
 
 1. each task writes its rows into its own new ledger per stream partition
-   (:func:`write_job_ledger`), after putting a ``pending/<job>/<ledger>``
+   (:class:`JobLedgerWriter`), after putting a ``pending/<job>/<ledger>``
    marker, and closes it;
 2. the driver's commit (:func:`link_job_ledgers`) links every task's ledgers
    into the partitions' ledger lists in **one** meta transaction, which also
    removes the job's pending markers (and, for a streaming write, records the
    micro-batch id, so a batch committed once is never linked again);
 3. abort (:func:`abort_job_ledgers`) deletes them.
+
+The commit's transaction writes each touched partition's head (compare and
+put; the linked ledgers go into the head's tail, or also into archive runs
+when one partition gets more than a head holds) plus the job's own
+operations (job mark compare and put, the pending markers' prefix delete, a
+streaming write's sink mark compare and put): ``LINK_FIXED_OPS + 2 *
+partitions`` operations for ordinary jobs. Meta bounds
+one transaction to ``txn_ops_max`` (128) operations and one Raft entry to
+8 MiB, hence ``LINK_LEDGERS_MAX`` and the check in :func:`commit_ops`, which
+fails a commit that would pass them with a clear error before sending it.
+After the commit each touched head is tidied (its long tail archived) in
+its own transaction: that changes how the list is stored, not the list.
 
 Commit and abort both end the job by writing its ``jobs/<job>`` mark in the
 same step that decides its fate; a pending marker can only be put while that
@@ -38,16 +50,19 @@ from quorumlog.ledger import LedgerClient, WriteHandle
 from quorumlog.log import get_logger
 from quorumlog.meta import Compare, DeleteOp, PutOp
 from quorumlog.meta._commands import Op
+from quorumlog.stream._config import LINK_FIXED_OPS, LINK_OPS_PER_PARTITION, TXN_OPS_MAX
 from quorumlog.stream._entry import OutgoingMessage, encode_entry
 from quorumlog.stream._errors import JobEndedError
 from quorumlog.stream._layout import (
+    HEAD_LEDGERS_MAX,
     LEDGER_META_JOB,
     LEDGER_META_PARTITION,
     LEDGER_META_STREAM,
+    RUN_LEDGERS_MAX,
     JobMark,
     JobState,
     LedgerStats,
-    PartitionLedgers,
+    PartitionHead,
     PendingLedger,
     SinkMark,
     StreamRecord,
@@ -57,9 +72,16 @@ from quorumlog.stream._layout import (
     partition_key,
     pending_key,
     pending_prefix,
+    run_key,
     sink_key,
 )
-from quorumlog.stream._meta import CAS_ATTEMPTS_MAX, load_partition, now_ms, version_is
+from quorumlog.stream._meta import (
+    CAS_ATTEMPTS_MAX,
+    load_head,
+    now_ms,
+    tidy_partition,
+    version_is,
+)
 from quorumlog.stream._writer import recover_ledger_stats
 
 log = get_logger(__name__)
@@ -72,6 +94,9 @@ ENTRY_MESSAGES_MAX = 1000
 JOB_MARK_RETENTION_MS = 24 * 3600 * 1000
 JOB_MARKS_FORGET_MAX = 100
 JOB_MARKS_SCAN_MAX = 1000
+# Ledgers one commit links: their records (~180 bytes each, at most
+# LEDGER_RECORD_BYTES_MAX) ride in one Raft entry, which meta caps at 8 MiB.
+LINK_LEDGERS_MAX = 16_384
 
 
 class JobLedgerWriter:
@@ -206,14 +231,11 @@ async def link_job_ledgers(client: LedgerClient, record: StreamRecord, job: str,
             compares.append(version_is(key, kv.version if kv else 0))
             ops.append(PutOp(key=key, value=SinkMark(batch_id=batch_id,
                                                      committed_ms=now_ms()).encode()))
+        heads = {}
         for partition, stats in sorted(ledgers.items()):
-            if not stats:
-                continue
-            listing, kv = await load_partition(client.meta, stream, partition)
-            listing = await _closed_for_link(client, record, listing)
-            linked = listing.with_ledgers_linked(list(stats), now_ms())
-            compares.append(version_is(partition_key(stream, partition), kv.version))
-            ops.append(PutOp(key=partition_key(stream, partition), value=linked.encode()))
+            if stats:
+                head, kv = await load_head(client.meta, stream, partition)
+                heads[partition] = (await _closed_for_link(client, record, head), kv.version)
         linked_ids = {s.ledger_id for stats in ledgers.values() for s in stats}
         # Ledgers of failed task attempts of this job: marked pending, never linked.
         leftovers = [int(kv.key.rsplit("/", 1)[1])
@@ -223,33 +245,90 @@ async def link_job_ledgers(client: LedgerClient, record: StreamRecord, job: str,
         compares.append(version_is(job_key(stream, job), 0))
         ops.append(PutOp(key=job_key(stream, job),
                          value=JobMark(state=JobState.COMMITTED, ended_ms=now_ms()).encode()))
-        result = await client.meta.txn(compares=compares, success=ops)
+        link_compares, link_ops = commit_ops(stream, job, heads, ledgers, now_ms(),
+                                             fixed_ops=len(compares) + len(ops))
+        result = await client.meta.txn(compares=[*compares, *link_compares],
+                                       success=[*ops, *link_ops])
         if not result.succeeded and await _job_state(client, stream, job) is not None:
             raise UsageError(f"write job {job} of stream {stream!r} has already ended; "
                              "a job is committed or aborted once")
         if result.succeeded:
             log.info("stream_job_linked", stream=stream, job=job, ledgers=len(linked_ids),
                      discarded=len(leftovers))
-            for ledger_id in leftovers:
-                try:
-                    await client.delete_ledger(ledger_id)
-                except QuorumlogError as exc:
-                    log.warning("job_ledger_leftover_not_deleted", ledger_id=ledger_id,
-                                error=exc.message)
-            await _forget_old_jobs(client, stream)
+            await _after_link(client, stream, heads, leftovers)
             return True
         await asyncio.sleep(min(0.2, 0.002 * 2**min(attempt, 7)) * rng.random())
     raise DeadlineExceededError(f"stream {stream!r}: the ledger lists kept changing while "
                                 f"linking job {job}; it was not linked (abort deletes it)")
 
 
+def commit_ops(stream: str, job: str, heads: dict[int, tuple[PartitionHead, int]],
+               ledgers: dict[int, list[LedgerStats]], closed_ms: int, *,
+               fixed_ops: int = LINK_FIXED_OPS) -> tuple[list[Compare], list[Op]]:
+    """The heads' compares and puts that link ``ledgers`` (pure).
+
+    ``heads`` maps partition -> (head with no open ledger, its version).
+    Raises UsageError when the commit would pass meta's bounds on one
+    transaction (``LINK_LEDGERS_MAX`` ledgers, ``TXN_OPS_MAX`` operations
+    with the job's own ``fixed_ops``)."""
+    total = sum(len(stats) for stats in ledgers.values())
+    if total > LINK_LEDGERS_MAX:
+        raise UsageError(
+            f"write job {job} of stream {stream!r} wrote {total} ledgers; one commit links at "
+            f"most {LINK_LEDGERS_MAX} (they go into one meta transaction): write the data in "
+            "several jobs, or with fewer Spark tasks (coalesce the DataFrame)")
+    compares: list[Compare] = []
+    ops: list[Op] = []
+    for partition, stats in sorted(ledgers.items()):
+        if not stats:
+            continue
+        head, version = heads[partition]
+        linked, runs = head.with_ledgers_linked(stats, closed_ms).archived(HEAD_LEDGERS_MAX)
+        compares.append(version_is(partition_key(stream, partition), version))
+        ops.append(PutOp(key=partition_key(stream, partition), value=linked.encode()))
+        ops += [PutOp(key=run_key(stream, partition, run.last_seq), value=run.encode())
+                for run in runs]
+    needed = fixed_ops + len(compares) + len(ops)
+    if needed > TXN_OPS_MAX:
+        most = (TXN_OPS_MAX - LINK_FIXED_OPS) // LINK_OPS_PER_PARTITION
+        raise UsageError(
+            f"write job {job} of stream {stream!r} links ledgers into {len(compares)} "
+            f"partitions: that needs {needed} meta operations in one transaction, more than "
+            f"meta's txn_ops_max {TXN_OPS_MAX}. A commit links into at most {most} partitions "
+            f"(one more operation per {RUN_LEDGERS_MAX} ledgers past {HEAD_LEDGERS_MAX} in one "
+            "partition): write the partitions in several jobs (filter the DataFrame by its "
+            "`partition` column)")
+    return compares, ops
+
+
+async def _after_link(client: LedgerClient, stream: str,
+                      heads: dict[int, tuple[PartitionHead, int]], leftovers: list[int]) -> None:
+    """Tidy the heads the commit grew, delete failed attempts' ledgers, forget old jobs.
+
+    None of it changes what the stream holds; what a crash leaves here is
+    done by the next writer or trim (tails), or ``stream trim`` (orphans)."""
+    for partition in heads:
+        try:
+            await tidy_partition(client.meta, stream, partition)
+        except QuorumlogError as exc:
+            log.warning("stream_tidy_after_link_failed", stream=stream, partition=partition,
+                        error=exc.message)
+    for ledger_id in leftovers:
+        try:
+            await client.delete_ledger(ledger_id)
+        except QuorumlogError as exc:
+            log.warning("job_ledger_leftover_not_deleted", ledger_id=ledger_id,
+                        error=exc.message)
+    await _forget_old_jobs(client, stream)
+
+
 async def _closed_for_link(client: LedgerClient, record: StreamRecord,
-                           listing: PartitionLedgers) -> PartitionLedgers:
-    current = listing.open_ledger
+                           head: PartitionHead) -> PartitionHead:
+    current = head.open_ledger
     if current is None:
-        return listing
+        return head
     stats = await recover_ledger_stats(client, record, current.ledger_id, current.created_ms)
-    return listing.with_ledger_closed(stats, now_ms())
+    return head.with_ledger_closed(stats, now_ms())
 
 
 async def abort_job_ledgers(client: LedgerClient, record: StreamRecord, job: str,

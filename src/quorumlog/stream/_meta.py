@@ -13,12 +13,14 @@ from quorumlog.meta._client import MetaClient
 from quorumlog.meta._commands import Op
 from quorumlog.stream._errors import StreamNotFoundError
 from quorumlog.stream._layout import (
-    PartitionLedgers,
+    TAIL_LEDGERS_MAX,
+    PartitionHead,
     StreamRecord,
     StreamState,
     check_name,
     config_key,
     partition_key,
+    run_key,
 )
 
 CAS_ATTEMPTS_MAX = 64  # conflicting writers of one list (writer, trimmer, Spark commit)
@@ -42,12 +44,13 @@ async def load_record(meta: MetaClient, stream: str) -> StreamRecord:
     return record
 
 
-async def load_partition(meta: MetaClient, stream: str, partition: int
-                         ) -> tuple[PartitionLedgers, KeyValue]:
+async def load_head(meta: MetaClient, stream: str, partition: int
+                    ) -> tuple[PartitionHead, KeyValue]:
+    """The partition's head (counters and last ledgers) and its key-value."""
     kv = await meta.get(partition_key(stream, partition))
     if kv is None:
         raise StreamNotFoundError(f"stream {stream!r} has no partition {partition}")
-    return PartitionLedgers.decode(kv.value), kv
+    return PartitionHead.decode(kv.value), kv
 
 
 def version_is(key: str, version: int) -> Compare:
@@ -61,27 +64,32 @@ def created_at(key: str, revision: int) -> Compare:
 
 async def update_partition(
     meta: MetaClient, stream: str, partition: int,
-    edit: Callable[[PartitionLedgers], PartitionLedgers | None],
+    edit: Callable[[PartitionHead], PartitionHead | None],
     *, compares: Sequence[Compare] = (), ops: Sequence[Op] = (),
     on_conflict: Callable[[], object] | None = None,
-) -> PartitionLedgers | None:
-    """Read-edit-CAS the partition's ledger list until it applies.
+) -> PartitionHead | None:
+    """Read-edit-CAS the partition's head until it applies.
 
-    ``edit`` returns the new list, or None to stop without writing (returns
-    None then). ``compares`` and ``ops`` ride in the same transaction;
-    ``on_conflict`` runs after a failed attempt (it may raise to give up, e.g.
-    when the caller lost its writer lease).
+    ``edit`` returns the new head, or None to stop without writing (returns
+    None then). A tail longer than ``TAIL_LEDGERS_MAX`` moves to a new archive
+    run in the same transaction (one more key). ``compares`` and ``ops`` ride
+    in the same transaction; ``on_conflict`` runs after a failed attempt (it
+    may raise to give up, e.g. when the caller lost its writer lease).
     """
     key = partition_key(stream, partition)
     rng = random.Random()
     for attempt in range(CAS_ATTEMPTS_MAX):
-        current, kv = await load_partition(meta, stream, partition)
+        current, kv = await load_head(meta, stream, partition)
         new = edit(current)
         if new is None:
             return None
+        new, runs = new.archived(TAIL_LEDGERS_MAX)
         result = await meta.txn(
             compares=[version_is(key, kv.version), *compares],
-            success=[PutOp(key=key, value=new.encode()), *ops],
+            success=[PutOp(key=key, value=new.encode()),
+                     *(PutOp(key=run_key(stream, partition, run.last_seq), value=run.encode())
+                       for run in runs),
+                     *ops],
         )
         if result.succeeded:
             return new
@@ -94,3 +102,10 @@ async def update_partition(
         f"stream {stream!r} partition {partition}: the ledger list kept changing; "
         f"gave up after {CAS_ATTEMPTS_MAX} attempts"
     )
+
+
+async def tidy_partition(meta: MetaClient, stream: str, partition: int) -> None:
+    """Archive a tail longer than ``TAIL_LEDGERS_MAX`` (a Spark commit leaves
+    one: it writes only heads, to stay within meta's transaction bound)."""
+    await update_partition(meta, stream, partition,
+                           lambda head: head if len(head.tail) > TAIL_LEDGERS_MAX else None)

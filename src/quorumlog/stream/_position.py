@@ -9,7 +9,7 @@ sequence number ``seq`` (its place in the list, never reused), so the order of
 two positions is the order of ``(seq, entry_id, batch_index)``. Ledger ids are
 *not* ordered along the list: a Spark batch write links ledgers created by its
 tasks, which may have smaller ids than the writer's current ledger. The
-partition's ledger list (``PartitionLedgers.key_of``) turns a position into
+partition's ledger list (``LedgerList.find``) turns a position into
 that sort key; a :class:`SeqPosition` carries the key with the position, so
 cursors and offsets compare without meta.
 

@@ -3,10 +3,13 @@
 A :class:`PartitionReader` walks the partition's ledger list from a start
 position: closed ledgers are read to their recorded end, the open ledger up
 to its LAC (never past it), then it waits: a long-poll on the bookies for the
-next entry of the open ledger, or a watch on the ledger list for a new ledger.
-Start positions: a :class:`Position`, ``"earliest"``, ``"latest"``, or a
-publish time (first message published at or after it: a search over the
-ledgers' publish times, then a binary search over entries).
+next entry of the open ledger, or a watch on the partition's head for a new
+ledger. It looks ledgers up one at a time (:class:`LedgerList`: the head, or
+one archive run), never loading the whole list.
+Start positions: a :class:`Position` (or a :class:`SeqPosition`, found
+without a search), ``"earliest"``, ``"latest"``, or a publish time (first
+message published at or after it: a binary search over the ledgers' running
+maximum of publish times, then over the entries of one ledger).
 """
 
 from __future__ import annotations
@@ -26,10 +29,10 @@ from quorumlog.stream._entry import (
     first_publish_time_ms,
 )
 from quorumlog.stream._errors import BadPositionError, DataLossError
-from quorumlog.stream._layout import LedgerInfo, PartitionLedgers, StreamRecord, partition_key
-from quorumlog.stream._meta import load_partition
+from quorumlog.stream._layout import LedgerInfo, PartitionHead, StreamRecord, partition_key
+from quorumlog.stream._ledgers import LedgerList
 from quorumlog.stream._position import EARLIEST, LATEST, Position, SeqPosition
-from quorumlog.stream._retention import EntrySearch, first_ledger_at
+from quorumlog.stream._retention import EntrySearch
 
 log = get_logger(__name__)
 
@@ -37,7 +40,8 @@ READ_BATCH_ENTRIES = 256  # entries per bookie read while catching up
 TAIL_POLL_MS = 500  # one long-poll (bookie LAC or meta watch) while tailing
 HANDLES_MAX = 16  # cached ledger read handles per reader
 
-StartSpec = Position | str | int  # position, "earliest" / "latest", or publish time in ms
+# A position, "earliest" / "latest", or a publish time in ms.
+StartSpec = Position | SeqPosition | str | int
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,38 +107,46 @@ def decode_messages(stream: str, partition: int, info: LedgerInfo, entries: list
 
 async def resolve_start(client: LedgerClient, handles: LedgerHandles, record: StreamRecord,
                         partition: int, spec: StartSpec, *,
-                        listing: PartitionLedgers | None = None) -> tuple[SeqPosition, int]:
+                        ledgers: LedgerList | None = None) -> tuple[SeqPosition, int]:
     """The first position to read for ``spec``, and a publish time to skip before."""
-    if listing is None:
-        listing, _ = await load_partition(client.meta, record.name, partition)
+    if ledgers is None:
+        ledgers = LedgerList(client.meta, record.name, partition)
+    head = ledgers.head if ledgers.loaded else await ledgers.refresh()
     if spec == EARLIEST:
-        return _start_of(listing, listing.first_seq), 0
+        return await first_position(ledgers), 0
     if spec == LATEST:
-        return await end_position(handles, listing), 0
+        return await end_position(handles, head), 0
+    if isinstance(spec, SeqPosition):
+        info = await ledgers.get(spec.seq)
+        if info is not None and info.ledger_id == spec.ledger_id:
+            return spec, 0
+        spec = spec.position
     if isinstance(spec, Position):
-        key = listing.key_of(spec)
-        if key is None:
+        found = await ledgers.find(spec.ledger_id)
+        if found is None:
             raise BadPositionError(
                 f"stream {record.name!r} partition {partition} has no ledger {spec.ledger_id} "
                 "(trimmed, or never part of this partition)"
             )
-        return key, 0
+        return SeqPosition(found.seq, spec.entry_id, spec.batch_index, found.ledger_id), 0
     if isinstance(spec, int) and not isinstance(spec, bool):
-        return await _seek_time(handles, listing, spec), spec
+        return await _seek_time(handles, ledgers, spec), spec
     raise UsageError(f"a start position is a Position, 'earliest', 'latest' or a publish time "
                      f"in ms, got {spec!r}")
 
 
-def _start_of(listing: PartitionLedgers, seq: int) -> SeqPosition:
-    info = listing.by_seq(seq)
-    return SeqPosition(seq, 0, 0, info.ledger_id if info else 0)
+async def first_position(ledgers: LedgerList) -> SeqPosition:
+    """The position of the first message kept (where "earliest" starts)."""
+    head = ledgers.head if ledgers.loaded else await ledgers.refresh()
+    info = await ledgers.get(head.first_seq)
+    return SeqPosition(head.first_seq, 0, 0, info.ledger_id if info else 0)
 
 
-async def end_position(handles: LedgerHandles, listing: PartitionLedgers) -> SeqPosition:
+async def end_position(handles: LedgerHandles, head: PartitionHead) -> SeqPosition:
     """The position after the last readable message (where "latest" starts)."""
-    if not listing.ledgers:
-        return SeqPosition(listing.next_seq, 0, 0, 0)
-    last = listing.ledgers[-1]
+    last = head.last_ledger
+    if last is None:
+        return SeqPosition(head.next_seq, 0, 0, 0)
     if not last.is_open:
         return SeqPosition(last.seq, last.entries, 0, last.ledger_id)
     handle = await handles.get(last)
@@ -142,12 +154,11 @@ async def end_position(handles: LedgerHandles, listing: PartitionLedgers) -> Seq
     return SeqPosition(last.seq, lac + 1, 0, last.ledger_id)
 
 
-async def _seek_time(handles: LedgerHandles, listing: PartitionLedgers,
+async def _seek_time(handles: LedgerHandles, ledgers: LedgerList,
                      publish_ms: int) -> SeqPosition:
-    index = first_ledger_at(listing, publish_ms)
-    if index >= len(listing.ledgers):
-        return await end_position(handles, listing)
-    info = listing.ledgers[index]
+    info = await ledgers.first_at_publish(publish_ms)
+    if info is None:
+        return await end_position(handles, ledgers.head)
     handle = await handles.get(info)
     last_entry = info.entries - 1
     if info.is_open:
@@ -166,7 +177,7 @@ class PartitionReader:
 
     def __init__(self, client: LedgerClient, record: StreamRecord, partition: int,
                  start: SeqPosition, *, skip_before_ms: int = 0, skip_data_loss: bool = False,
-                 handles: LedgerHandles | None = None) -> None:
+                 handles: LedgerHandles | None = None, ledgers: LedgerList | None = None) -> None:
         self._client = client
         self._record = record
         self.stream = record.name
@@ -177,8 +188,7 @@ class PartitionReader:
         self._skip_before_ms = skip_before_ms
         self._skip_data_loss = skip_data_loss
         self._handles = handles or LedgerHandles(client, record.password)
-        self._listing: PartitionLedgers | None = None
-        self._listing_revision = 0
+        self._ledgers = ledgers or LedgerList(client.meta, record.name, partition)
         self._lac: dict[int, int] = {}
 
     @property
@@ -186,33 +196,30 @@ class PartitionReader:
         """(seq, entry_id) of the next entry to read."""
         return (self._seq, self._entry)
 
-    async def _refresh(self) -> PartitionLedgers:
-        listing, kv = await load_partition(self._client.meta, self.stream, self.partition)
-        self._listing, self._listing_revision = listing, kv.mod_revision
-        return listing
-
     async def next_batch(self, wait_ms: int = 0) -> list[Message]:
         """The next messages in order; [] if none arrived within ``wait_ms``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
-        listing = self._listing or await self._refresh()
+        ledgers = self._ledgers
+        if not ledgers.loaded:
+            await ledgers.refresh()
         while True:
-            info = listing.by_seq(self._seq)
+            info = await ledgers.get(self._seq)
             if info is None:
-                if self._seq < listing.first_seq:
-                    self._data_loss(listing)
+                if self._seq < ledgers.head.first_seq:
+                    self._data_loss(ledgers.head)
                     continue
-                listing = await self._refresh()
-                if listing.by_seq(self._seq) is not None:
+                head = await ledgers.refresh()
+                if self._seq < head.next_seq:
                     continue
                 remaining = int((deadline - loop.time()) * 1000)
                 if remaining <= 0:
                     return []
                 await self._client.meta.watch_once(
                     partition_key(self.stream, self.partition),
-                    start_revision=self._listing_revision + 1,
+                    start_revision=ledgers.revision + 1,
                     wait_ms=min(remaining, TAIL_POLL_MS))
-                listing = await self._refresh()
+                await ledgers.refresh()
                 continue
             if not info.is_open:
                 if self._entry >= info.entries:
@@ -227,23 +234,23 @@ class PartitionReader:
                 continue
             batch = await self._read_open(info, deadline)
             if batch is None:
-                listing = await self._refresh()
+                await ledgers.refresh()
                 if loop.time() >= deadline and (
-                        (now := listing.by_seq(self._seq)) is None or now.is_open):
+                        (now := await ledgers.get(self._seq)) is None or now.is_open):
                     return []
                 continue
             if batch:
                 return batch
 
-    def _data_loss(self, listing: PartitionLedgers) -> None:
+    def _data_loss(self, head: PartitionHead) -> None:
         message = (f"stream {self.stream!r} partition {self.partition}: the next ledger to read "
                    f"(seq {self._seq}) was trimmed; the partition now starts at seq "
-                   f"{listing.first_seq}")
+                   f"{head.first_seq}")
         if not self._skip_data_loss:
             raise DataLossError(message)
         log.warning("stream_data_loss_skipped", stream=self.stream, partition=self.partition,
-                    from_seq=self._seq, to_seq=listing.first_seq)
-        self._seq, self._entry, self._start = listing.first_seq, 0, None
+                    from_seq=self._seq, to_seq=head.first_seq)
+        self._seq, self._entry, self._start = head.first_seq, 0, None
 
     async def _read(self, info: LedgerInfo, last: int) -> list[Message]:
         handle = await self._handles.get(info)
@@ -319,10 +326,12 @@ class Reader:
                 raise UsageError(f"stream {record.name!r} has no partition {partition}")
             spec = start.get(partition, EARLIEST) if isinstance(start, Mapping) else start
             handles = LedgerHandles(client, record.password)
-            position, skip_ms = await resolve_start(client, handles, record, partition, spec)
+            ledgers = LedgerList(client.meta, record.name, partition)
+            position, skip_ms = await resolve_start(client, handles, record, partition, spec,
+                                                    ledgers=ledgers)
             parts.append(PartitionReader(client, record, partition, position,
                                          skip_before_ms=skip_ms, skip_data_loss=skip_data_loss,
-                                         handles=handles))
+                                         handles=handles, ledgers=ledgers))
         return cls(parts)
 
     def _start(self) -> None:

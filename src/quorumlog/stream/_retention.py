@@ -6,15 +6,15 @@ functions what they read from meta and bookies.
 
 from __future__ import annotations
 
-import bisect
 import itertools
+from collections.abc import Callable, Sequence
 
 import crc32c
 
-from quorumlog.errors import UsageError
+from quorumlog.errors import UsageError, invariant
 from quorumlog.stream._config import RetentionPolicy
 from quorumlog.stream._cursor import CursorState
-from quorumlog.stream._layout import LedgerInfo, PartitionLedgers
+from quorumlog.stream._layout import LedgerInfo, PartitionHead
 from quorumlog.stream._position import SeqPosition
 
 # ----- retention ------------------------------------------------------------------------
@@ -33,21 +33,27 @@ def consumed_by(info: LedgerInfo, cursor: CursorState) -> bool:
     return cursor.mark_delete.key >= info.end_key
 
 
-def ledgers_to_trim(ledgers: PartitionLedgers, cursors: list[CursorState],
-                    policy: RetentionPolicy, now_ms: int) -> int:
-    """How many ledgers at the head of the list may be deleted now.
+def ledgers_to_trim(head: PartitionHead, ledgers: Sequence[LedgerInfo],
+                    cursors: list[CursorState], policy: RetentionPolicy, now_ms: int) -> int:
+    """How many ledgers at the front of the list may be deleted now.
 
-    After Pulsar's ManagedLedgerImpl.internalTrimLedgers: walk the ledgers
-    oldest first; stop at the last ledger (never deleted: it anchors "latest"),
-    at an open ledger, and at the first ledger some cursor still needs; a
-    consumed ledger goes if retention no longer needs it: it closed more than
-    ``time_ms`` ago, or the stream still holds more than ``size_bytes`` without
-    it. With both limits -1 nothing is deleted.
+    ``ledgers`` are the first ledgers kept, in order (as many as the caller
+    loaded: the answer is at most their number). After Pulsar's
+    ManagedLedgerImpl.internalTrimLedgers: walk the ledgers oldest first; stop
+    at the last ledger (never deleted: it anchors "latest"), at an open
+    ledger, and at the first ledger some cursor still needs; a consumed ledger
+    goes if retention no longer needs it: it closed more than ``time_ms`` ago,
+    or the stream still holds more than ``size_bytes`` without it. With both
+    limits -1 nothing is deleted.
     """
-    total = ledgers.size_bytes()
+    invariant(not ledgers or ledgers[0].seq == head.first_seq,
+              "retention walks the list from its first ledger")
+    total = head.kept_bytes
     trimmed_bytes = 0
     count = 0
-    for info in ledgers.ledgers[:-1]:
+    for info in ledgers:
+        if info.seq >= head.next_seq - 1:
+            break
         if info.is_open or not all(consumed_by(info, c) for c in cursors):
             break
         ended_ms = info.closed_ms or info.last_publish_ms or info.created_ms
@@ -60,19 +66,22 @@ def ledgers_to_trim(ledgers: PartitionLedgers, cursors: list[CursorState],
     return count
 
 
-def ttl_mark_delete(ledgers: PartitionLedgers, cursor: CursorState, ttl_ms: int,
+def ttl_mark_delete(ledgers: Sequence[LedgerInfo], cursor: CursorState, ttl_ms: int,
                     now_ms: int) -> SeqPosition | None:
     """A new mark-delete for ``cursor`` after expiring whole ledgers older than the TTL.
 
     Returns None if nothing changes. Only closed ledgers whose last message is
     older than ``now - ttl`` expire here (ledger granularity); the partial
-    ledger is expired by the trimmer with a publish-time search.
+    ledger is expired by the trimmer with a publish-time search. ``ledgers``
+    are consecutive ledgers of the list ending at (or past) the first one that
+    is not entirely older: the trimmer finds it by :class:`SeqSearch` and
+    passes the ledgers just before it.
     """
     if ttl_ms <= 0:
         return None
     cutoff = now_ms - ttl_ms
     target: SeqPosition | None = None
-    for info in ledgers.ledgers:
+    for info in ledgers:
         if info.is_open or info.last_publish_ms >= cutoff:
             break
         if info.entries and not consumed_by(info, cursor):
@@ -111,23 +120,69 @@ class RoundRobin:
 # ----- publish-time search --------------------------------------------------------------
 
 
-def first_ledger_at(ledgers: PartitionLedgers, publish_ms: int) -> int:
-    """Index of the first ledger that may hold a message published at or after
-    ``publish_ms``; ``len(ledgers)`` if none can.
+def publish_reached(publish_ms: int) -> Callable[[LedgerInfo], bool]:
+    """Predicate for :class:`SeqSearch`: the list has reached ``publish_ms`` at
+    this ledger (its running maximum of last publish times, which never
+    decreases along the list; an open ledger's last time is unknown: it may
+    hold anything)."""
+    return lambda info: info.is_open or info.publish_max_ms >= publish_ms
+
+
+def holds_publish_at(info: LedgerInfo, publish_ms: int) -> bool:
+    """The ledger may hold a message published at or after ``publish_ms``.
 
     Within a ledger publish times do not decrease (its one writer makes them
     so); across ledgers they may (a Spark write links ledgers written before
-    the writer's current one), so the search runs over the running maximum of
-    each ledger's last publish time, which does not decrease. An open ledger's
-    last time is unknown: it may hold anything.
+    the writer's current one). A reader starting at a publish time starts in
+    the first ledger for which this holds (found from the one
+    :func:`publish_reached` finds, usually that very ledger), then skips the
+    earlier messages of that ledger. An open ledger may hold anything."""
+    return info.is_open or (info.entries > 0 and info.last_publish_ms >= publish_ms)
+
+
+class SeqSearch:
+    """Binary search over a partition's archive runs for the first seq whose
+    ledger satisfies a predicate that, once true, stays true along the list.
+
+    Sans-IO: ask :meth:`probe` for a seq, read the archive run holding it and
+    :meth:`feed` its ledgers; when ``probe`` returns None, :attr:`result` is
+    the first seq in ``[low, high)`` where the predicate holds, or ``high``.
+    A whole run decides each step, so a search over R runs reads about
+    log2(R) runs.
     """
-    running: list[int] = []
-    best = -(2**63)
-    for info in ledgers.ledgers:
-        last = 2**63 - 1 if info.is_open else (info.last_publish_ms if info.entries else best)
-        best = max(best, last)
-        running.append(best)
-    return bisect.bisect_left(running, publish_ms)
+
+    def __init__(self, low: int, high: int, predicate: Callable[[LedgerInfo], bool]) -> None:
+        if high < low:
+            raise UsageError("SeqSearch needs low <= high")
+        self._low = low  # every seq < low fails the predicate
+        self._high = high  # every seq >= high (within the list) holds it
+        self._predicate = predicate
+        self.probes = 0
+
+    def probe(self) -> int | None:
+        if self._low >= self._high:
+            return None
+        return (self._low + self._high) // 2
+
+    def feed(self, ledgers: Sequence[LedgerInfo]) -> None:
+        """The consecutive ledgers of the run that holds the last probe."""
+        probe = self.probe()
+        inside = [info for info in ledgers if self._low <= info.seq < self._high]
+        invariant(probe is not None and any(info.seq == probe for info in inside),
+                  f"the ledgers fed do not hold the probed seq {probe}")
+        self.probes += 1
+        if not self._predicate(inside[-1]):
+            self._low = inside[-1].seq + 1
+        elif self._predicate(inside[0]):
+            self._high = inside[0].seq
+        else:
+            found = next(info.seq for info in inside if self._predicate(info))
+            self._low = self._high = found
+
+    @property
+    def result(self) -> int:
+        invariant(self._low >= self._high, "the search is not finished")
+        return self._high
 
 
 class EntrySearch:

@@ -16,7 +16,10 @@ Lifecycle:
 3. **Appends** are pipelined on the open ledger; entry ids are assigned in
    order, so the writer knows the id of every append it issued.
 4. **Rollover** (``RolloverPolicy``): wait for the appends in flight, close the
-   ledger, create the next one, record both in one compare-and-swap.
+   ledger, create the next one, record both in one compare-and-swap of the
+   partition's head (one meta transaction of at most two keys: the head, and
+   now and then an archive run taking the head's oldest ledgers; see
+   ``_layout``), however many ledgers the partition holds.
 5. **Failure or fencing.** When an append fails (the ledger was fenced by a
    new writer or by a Spark commit, or the bookies failed), the writer opens
    its own ledger with recovery to learn its final last entry X. Appends with
@@ -47,14 +50,14 @@ from quorumlog.stream._layout import (
     LEDGER_META_PARTITION,
     LEDGER_META_STREAM,
     LedgerStats,
-    PartitionLedgers,
+    PartitionHead,
     StreamRecord,
     WriterLease,
     writer_key,
 )
 from quorumlog.stream._meta import (
     created_at,
-    load_partition,
+    load_head,
     now_ms,
     update_partition,
     version_is,
@@ -201,8 +204,8 @@ class PartitionWriter:
                                         wait_ms=min(remaining_ms, LEASE_POLL_WAIT_MS))
 
     async def _take_over(self) -> None:
-        listing, _ = await load_partition(self._meta, self.stream, self.partition)
-        previous = listing.open_ledger
+        head, _ = await load_head(self._meta, self.stream, self.partition)
+        previous = head.open_ledger
         recovered: LedgerStats | None = None
         if previous is not None:
             recovered = await recover_ledger_stats(self._client, self._record,
@@ -223,16 +226,16 @@ class PartitionWriter:
         )
         ledger_id: int = handle.id
 
-        def edit(listing: PartitionLedgers) -> PartitionLedgers:
-            current = listing.open_ledger
+        def edit(head: PartitionHead) -> PartitionHead:
+            current = head.open_ledger
             if current is not None:
                 if closing is None or current.ledger_id != closing.ledger_id:
                     raise ProducerFencedError(
                         f"stream {self.stream!r} partition {self.partition}: ledger "
                         f"{current.ledger_id} is open in the list and is not this writer's"
                     )
-                listing = listing.with_ledger_closed(closing, now_ms())
-            return listing.with_ledger_opened(ledger_id, created, takeover=takeover)
+                head = head.with_ledger_closed(closing, now_ms())
+            return head.with_ledger_opened(ledger_id, created, takeover=takeover)
 
         try:
             await update_partition(self._meta, self.stream, self.partition, edit,
@@ -455,8 +458,8 @@ class PartitionWriter:
             self._fail(exc)
             return
         self._pending.clear()
-        listing, _ = await load_partition(self._meta, self.stream, self.partition)
-        still_open = listing.open_ledger
+        head, _ = await load_head(self._meta, self.stream, self.partition)
+        still_open = head.open_ledger
         closing = (current.totals.stats(current.ledger_id, current.created_ms)
                    if still_open is not None and still_open.ledger_id == current.ledger_id
                    else None)
@@ -501,11 +504,11 @@ class PartitionWriter:
                     await current.handle.close()
                     stats = current.totals.stats(current.ledger_id, current.created_ms)
 
-                    def edit(listing: PartitionLedgers) -> PartitionLedgers | None:
-                        now = listing.open_ledger
+                    def edit(head: PartitionHead) -> PartitionHead | None:
+                        now = head.open_ledger
                         if now is None or now.ledger_id != current.ledger_id:
                             return None
-                        return listing.with_ledger_closed(stats, now_ms())
+                        return head.with_ledger_closed(stats, now_ms())
 
                     await update_partition(self._meta, self.stream, self.partition, edit,
                                            compares=[created_at(self._key, self._token)],
