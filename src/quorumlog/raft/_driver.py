@@ -15,6 +15,12 @@ id (the tables' copysets need many; the metadata service uses one). It owns:
 
 The order inside a pass is the one :class:`~quorumlog.raft.Ready` demands:
 nothing leaves this process before the state it promises is durable.
+
+A local proposal is matched to its result by the log position the core
+appended it at, (term, index), as etcd's applications do: the proposal was
+applied if and only if the entry applied at that index has that term. (Ids
+counted per process repeated after a restart, so a restarted leader could hand
+one client the result of another's command.)
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from quorumlog.raft._node import RaftNode
 from quorumlog.raft._types import (
     ConfChange,
     ConfState,
+    Entry,
     EntryType,
     Ready,
     Role,
@@ -57,7 +64,6 @@ from quorumlog.raft._wal_storage import WalRaftStorage
 _log = get_logger(__name__)
 
 T = TypeVar("T")
-_PROPOSAL_HEADER = struct.Struct("<Q")  # proposal id, so the proposer finds its result
 
 
 class StateMachine(Protocol):
@@ -109,6 +115,75 @@ class RaftMessagesRequest(rpc.Request[RaftMessagesResponse], frozen=True):
     messages: list[tuple[int, bytes]]
 
 
+@dataclass(slots=True, eq=False)
+class Proposal:
+    """A local proposal: its future, and where the core appended it (0 = not yet)."""
+
+    future: asyncio.Future[Any]
+    data: bytes = b""
+    term: int = 0
+    index: int = 0
+
+
+class ProposalWaiters:
+    """Local proposals by the log position the core appended them at.
+
+    When the entry at a proposal's index is applied, :meth:`take` returns the
+    proposal if the entry has the proposal's term (it is that proposal: the
+    caller resolves it with the result), and otherwise fails it with a
+    retriable ProposalDroppedError: a later leader put another entry at that
+    index, and an entry is applied at one index only, so the proposal never
+    applies. Log positions stay unique across restarts; ids counted per
+    process did not.
+    """
+
+    __slots__ = ("_by_index", "group_id")
+
+    def __init__(self, group_id: int) -> None:
+        self.group_id = group_id
+        self._by_index: dict[int, Proposal] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_index)
+
+    def add(self, proposal: Proposal, outcome_unknown: QuorumlogError) -> None:
+        """Wait for ``proposal`` at its (term, index)."""
+        invariant(proposal.term > 0 and proposal.index > 0,
+                  "a proposal waits only once the core appended it")
+        previous = self._by_index.get(proposal.index)
+        if previous is not None:
+            # Leadership was lost and won again at the same index without the
+            # role change being seen: whether the old entry commits is unknown.
+            _fail(previous.future, outcome_unknown)
+        self._by_index[proposal.index] = proposal
+
+    def discard(self, proposal: Proposal) -> None:
+        """Stop waiting for ``proposal`` (its caller gave up)."""
+        if self._by_index.get(proposal.index) is proposal:
+            del self._by_index[proposal.index]
+
+    def take(self, entry: Entry) -> Proposal | None:
+        """The proposal that ``entry`` (being applied) is, if any; see the class doc."""
+        proposal = self._by_index.pop(entry.index, None)
+        if proposal is None or proposal.term == entry.term:
+            return proposal
+        _fail(proposal.future, ProposalDroppedError(
+            f"group {self.group_id}: the proposal appended at index {entry.index} in term "
+            f"{proposal.term} was replaced by an entry of term {entry.term} (a new leader's "
+            "log won); it was not applied, retry it"))
+        return None
+
+    def fail_up_to(self, index: int, error: QuorumlogError) -> None:
+        """Fail every proposal at or below ``index`` (a snapshot jumped past them)."""
+        for position in [i for i in self._by_index if i <= index]:
+            _fail(self._by_index.pop(position).future, error)
+
+    def fail_all(self, error: QuorumlogError) -> None:
+        for proposal in self._by_index.values():
+            _fail(proposal.future, error)
+        self._by_index.clear()
+
+
 @dataclass(slots=True)
 class _Group:
     group_id: int
@@ -117,10 +192,10 @@ class _Group:
     machine: StateMachine
     applied_index: int
     snapshot_index: int
-    proposals: dict[int, asyncio.Future[Any]] = field(default_factory=dict)
+    proposals: ProposalWaiters
     # Proposals of this pass, handed to the core together (one append, one
     # round of AppendEntries) at the start of the next ready pass.
-    queued: list[tuple[int, bytes]] = field(default_factory=list)
+    queued: list[Proposal] = field(default_factory=list)
     reads: dict[bytes, asyncio.Future[int]] = field(default_factory=dict)
     waiting_reads: list[tuple[int, asyncio.Future[int]]] = field(default_factory=list)
     role: Role = Role.FOLLOWER
@@ -153,7 +228,6 @@ class RaftHost:
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"raft-io-{node_id}")
         self._work = asyncio.Event()  # hosts are created inside the running loop
         self._tasks: list[asyncio.Task[None]] = []
-        self._proposal_ids = itertools.count((node_id & 0xFFFF) << 48)
         self._read_ids = itertools.count(1)
         self._closed = False
         # Set when the ready loop dies; the node process exits on it.
@@ -190,7 +264,8 @@ class RaftHost:
             heartbeat_interval_ticks=self.config.heartbeat_interval_ticks,
         )
         node = RaftNode(raft_config, storage, random.Random(self._rng.random()), applied=applied)
-        self._groups[group_id] = _Group(group_id, node, storage, machine, applied, applied)
+        self._groups[group_id] = _Group(
+            group_id, node, storage, machine, applied, applied, ProposalWaiters(group_id))
         self._kick()
 
     async def start(self) -> None:
@@ -231,24 +306,29 @@ class RaftHost:
         return self.address_of(leader) if leader else None
 
     async def propose(self, group_id: int, data: bytes, *, timeout_s: float | None = None) -> Any:
-        """Replicate ``data``; return what the state machine's apply returned."""
+        """Replicate ``data``; return what the state machine's apply returned.
+
+        Raises NotLeaderError or ProposalDroppedError (retriable) when the
+        proposal was not, or may not have been, applied.
+        """
         group = self.group(group_id)
+        if not isinstance(data, bytes) or not data:
+            # Empty entries are the leaders' own (never applied): a proposal has data.
+            raise UsageError("a proposal must be non-empty bytes")
         self.require_leader(group)
         if len(group.queued) >= self.config.queued_proposals_max:
             raise ProposalDroppedError(
                 f"group {group_id}: {len(group.queued)} proposals already queued; retry later"
             )
-        proposal_id = next(self._proposal_ids)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        group.queued.append((proposal_id, _PROPOSAL_HEADER.pack(proposal_id) + data))
-        group.proposals[proposal_id] = future
+        proposal = Proposal(asyncio.get_running_loop().create_future(), data)
+        group.queued.append(proposal)
         self._kick()
         try:
             return await _with_deadline(
-                future, self._timeout(timeout_s),
+                proposal.future, self._timeout(timeout_s),
                 f"group {group_id}: proposal not applied within the deadline")
         finally:
-            group.proposals.pop(proposal_id, None)
+            group.proposals.discard(proposal)
 
     async def read_barrier(self, group_id: int, *, timeout_s: float | None = None) -> int:
         """Wait until a linearizable read may be served (ReadIndex); return the index."""
@@ -272,16 +352,17 @@ class RaftHost:
         """Propose a configuration change and wait until it is applied here."""
         group = self.group(group_id)
         self.require_leader(group)
-        group.node.propose_conf_change(change)
+        term, index = group.node.propose_conf_change(change)
+        proposal = Proposal(asyncio.get_running_loop().create_future(), term=term, index=index)
+        group.proposals.add(proposal, self._outcome_unknown(group, "leadership changed"))
         self._kick()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._timeout(timeout_s)
-        target = group.node.last_index
-        while group.applied_index < target:
-            if loop.time() > deadline:
-                raise DeadlineExceededError(f"group {group_id}: conf change not applied in time")
-            await asyncio.sleep(self.config.tick_interval_ms / 1000)
-        return group.node.conf_state
+        try:
+            conf_state: ConfState = await _with_deadline(
+                proposal.future, self._timeout(timeout_s),
+                f"group {group_id}: conf change not applied within the deadline")
+            return conf_state
+        finally:
+            group.proposals.discard(proposal)
 
     def transfer_leader(self, group_id: int, target: int) -> None:
         self.group(group_id).node.transfer_leader(target)
@@ -316,6 +397,14 @@ class RaftHost:
     def _timeout(self, timeout_s: float | None) -> float:
         return timeout_s if timeout_s is not None else self.config.proposal_timeout_ms / 1000
 
+    def _outcome_unknown(self, group: _Group, why: str) -> NotLeaderError:
+        leader = group.node.leader_id
+        return NotLeaderError(
+            f"node {self.node_id}, group {group.group_id}: {why}; the outcome of the "
+            "proposal is unknown, retry with the same request id",
+            leader_hint=self.address_of(leader) if leader else None,
+        )
+
     # ----- the loops ----------------------------------------------------------
 
     def _kick(self) -> None:
@@ -345,17 +434,23 @@ class RaftHost:
 
     def _propose_queued(self, group: _Group) -> None:
         queued, group.queued = group.queued, []
+        live = [p for p in queued if not p.future.done()]  # not timed out meanwhile
+        if not live:
+            return
         try:
-            group.node.propose_batch([data for _, data in queued])
+            term, first = group.node.propose_batch([p.data for p in live])
         except QuorumlogError as exc:
             error = exc
             if isinstance(exc, ProposalDroppedError) and group.node.role is not Role.LEADER:
                 error = NotLeaderError(exc.message, leader_hint=self.address_of(
                     group.node.leader_id) if group.node.leader_id else None)
-            for proposal_id, _ in queued:
-                future = group.proposals.pop(proposal_id, None)
-                if future is not None and not future.done():
-                    future.set_exception(error)
+            for proposal in live:
+                _fail(proposal.future, error)
+            return
+        unknown = self._outcome_unknown(group, "leadership changed")
+        for offset, proposal in enumerate(live):
+            proposal.term, proposal.index, proposal.data = term, first + offset, b""
+            group.proposals.add(proposal, unknown)
 
     async def _ready_pass(self) -> None:
         for group in self._groups.values():
@@ -381,8 +476,10 @@ class RaftHost:
             group.storage.install(ready.hard_state, ready.entries, ready.snapshot)
         self._send_all(others)
         for group, ready in batch:
-            self._apply(group, ready)
-            group.node.advance(ready)
+            conf_changes = self._apply(group, ready)
+            group.node.advance(ready)  # the core applies conf changes here
+            for proposal in conf_changes:
+                _resolve(proposal.future, group.node.conf_state)
         for group, _ in batch:
             await self._maybe_snapshot(group)
         if any(g.node.has_ready() for g in self._groups.values()):
@@ -458,33 +555,41 @@ class RaftHost:
 
     # ----- applying -------------------------------------------------------------
 
-    def _apply(self, group: _Group, ready: Ready) -> None:
+    def _apply(self, group: _Group, ready: Ready) -> list[Proposal]:
+        """Install the snapshot, apply committed entries, resolve their proposals;
+        return the conf change proposals to resolve once the core applied them."""
         if ready.soft_state is not None:
             self._role_changed(group, ready.soft_state.role, ready.soft_state.leader_id)
         if ready.snapshot is not None and ready.snapshot.meta.index > group.applied_index:
+            index = ready.snapshot.meta.index
             group.machine.restore(ready.snapshot.data)
-            group.applied_index = ready.snapshot.meta.index
-            group.snapshot_index = ready.snapshot.meta.index
+            group.applied_index = group.snapshot_index = index
+            group.proposals.fail_up_to(index, self._outcome_unknown(
+                group, "a snapshot from the leader replaced the log"))
+        proposals = group.proposals
+        conf_changes: list[Proposal] = []
         for entry in ready.committed_entries:
             if entry.index <= group.applied_index:
                 continue
+            proposal = proposals.take(entry) if proposals else None
             # The core switches configuration itself in advance(); a conf
             # change entry has nothing for the state machine.
-            if entry.type is not EntryType.CONF_CHANGE and entry.data:
-                self._apply_normal(group, entry.index, entry.data)
+            if entry.type is EntryType.CONF_CHANGE:
+                if proposal is not None:
+                    conf_changes.append(proposal)
+            elif entry.data:
+                result = group.machine.apply(entry.index, entry.data)
+                if proposal is not None:
+                    _resolve(proposal.future, result)
+            else:
+                invariant(proposal is None, "a proposal matched a leader's empty entry")
             group.applied_index = entry.index
         for read in ready.read_states:
             future = group.reads.pop(read.context, None)
             if future is not None:
                 group.waiting_reads.append((read.index, future))
         self._release_reads(group)
-
-    def _apply_normal(self, group: _Group, index: int, data: bytes) -> None:
-        (proposal_id,) = _PROPOSAL_HEADER.unpack_from(data)
-        result = group.machine.apply(index, data[_PROPOSAL_HEADER.size :])
-        future = group.proposals.pop(proposal_id, None)
-        if future is not None and not future.done():
-            future.set_result(result)
+        return conf_changes
 
     def _release_reads(self, group: _Group) -> None:
         still: list[tuple[int, asyncio.Future[int]]] = []
@@ -553,11 +658,21 @@ def _persist_all(batch: list[tuple[_Group, Ready]]) -> None:
         )
 
 
+def _resolve(future: asyncio.Future[Any], result: Any) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _fail(future: asyncio.Future[Any], error: QuorumlogError) -> None:
+    if not future.done():
+        future.set_exception(error)
+
+
 def _fail_all(group: _Group, error: QuorumlogError) -> None:
-    for future in group.proposals.values():
-        if not future.done():
-            future.set_exception(error)
-    group.proposals.clear()
+    group.proposals.fail_all(error)
+    for proposal in group.queued:
+        _fail(proposal.future, error)
+    group.queued.clear()
     for future in group.reads.values():
         if not future.done():
             future.set_exception(error)
