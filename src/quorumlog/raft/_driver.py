@@ -11,7 +11,10 @@ id (the tables' copysets need many; the metadata service uses one). It owns:
   request per peer process — then apply committed entries, then advance;
 * the state machines (one per group) and the futures of local proposals and
   linearizable reads;
-* snapshots every ``snapshot_entries`` applied entries, then log compaction.
+* snapshots every ``snapshot_entries`` applied entries, then log compaction;
+* snapshot transfers: a SNAP message the core emits is not sent as a message
+  but streamed to the follower in chunks (``_snapshot_transfer``), and the
+  outcome is reported to the core with ``report_snapshot``.
 
 The order inside a pass is the one :class:`~quorumlog.raft.Ready` demands:
 nothing leaves this process before the state it promises is durable.
@@ -36,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, TypeVar
 
+import msgspec
+
 from quorumlog import rpc
 from quorumlog.config import Config, require
 from quorumlog.errors import (
@@ -46,14 +51,22 @@ from quorumlog.errors import (
     invariant,
 )
 from quorumlog.log import get_logger
-from quorumlog.raft._config import RaftConfig
+from quorumlog.raft._config import MIB, RaftConfig
 from quorumlog.raft._errors import ProposalDroppedError
 from quorumlog.raft._node import RaftNode
+from quorumlog.raft._snapshot_transfer import (
+    ReceiveStats,
+    SnapshotReceiver,
+    SnapshotSender,
+    SnapshotTransferConfig,
+)
 from quorumlog.raft._types import (
     ConfChange,
     ConfState,
     Entry,
     EntryType,
+    Message,
+    MessageType,
     Ready,
     Role,
     decode_message,
@@ -64,6 +77,9 @@ from quorumlog.raft._wal_storage import WalRaftStorage
 _log = get_logger(__name__)
 
 T = TypeVar("T")
+
+INCOMING_SNAPSHOTS_DIR_NAME = "incoming-snapshots"
+"""Staging directory of snapshot transfers under the host's data directory."""
 
 
 class StateMachine(Protocol):
@@ -87,11 +103,22 @@ class HostConfig(Config, frozen=True):
     compaction_margin_entries: int = 1_000
     # How long a proposal may wait for its entry to apply.
     proposal_timeout_ms: int = 5_000
-    # Raft messages to one peer are sent as one request; bounded in count.
+    # Raft messages to one peer are sent as one request, bounded in count and in
+    # bytes: one request must stay within the rpc frame limit (16 MiB), and a
+    # batch of large APP messages would not (a message alone always fits: APP
+    # carries at most max_entries_per_message_bytes or one entry).
     messages_per_send_max: int = 4096
+    message_bytes_per_send_max: int = 4 * MIB
     # Proposals waiting for the next ready pass, per group (backpressure bound).
     queued_proposals_max: int = 10_000
     send_timeout_ms: int = 2_000
+    # A follower sent a snapshot gets nothing else until the transfer is
+    # reported; this is the core's safety net should no report come (the driver
+    # reports every transfer, and keeps one transfer per follower running even
+    # when the core asks again meanwhile).
+    snapshot_wait_ticks_max: int = 100
+    snapshot_transfer: SnapshotTransferConfig = msgspec.field(
+        default_factory=SnapshotTransferConfig)
 
     def validate(self) -> None:
         require(self.tick_interval_ms >= 1, "tick_interval_ms must be >= 1")
@@ -99,7 +126,13 @@ class HostConfig(Config, frozen=True):
         require(self.compaction_margin_entries >= 0, "compaction_margin_entries must be >= 0")
         require(self.proposal_timeout_ms >= 1, "proposal_timeout_ms must be >= 1")
         require(self.messages_per_send_max >= 1, "messages_per_send_max must be >= 1")
+        require(self.message_bytes_per_send_max >= 1, "message_bytes_per_send_max must be >= 1")
         require(self.queued_proposals_max >= 1, "queued_proposals_max must be >= 1")
+        require(
+            self.snapshot_wait_ticks_max > self.election_timeout_ticks,
+            "snapshot_wait_ticks_max must exceed election_timeout_ticks",
+        )
+        self.snapshot_transfer.validate()
 
 
 class RaftMessagesResponse(rpc.Message, frozen=True):
@@ -185,6 +218,13 @@ class ProposalWaiters:
 
 
 @dataclass(slots=True)
+class SnapshotSendStats:
+    transfers_completed: int = 0
+    transfers_failed: int = 0
+    bytes_sent: int = 0
+
+
+@dataclass(slots=True)
 class _Group:
     group_id: int
     node: RaftNode
@@ -226,6 +266,22 @@ class RaftHost:
         self._rng = rng or random.Random()
         self._groups: dict[int, _Group] = {}
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"raft-io-{node_id}")
+        # Snapshot transfers write and read staging files on a thread of their
+        # own, so a large transfer never delays the WAL's fsyncs.
+        self._snapshot_io = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"raft-snap-{node_id}")
+        # A pool of its own for snapshot streams: chunks never queue in front
+        # of heartbeats on the Raft message connections.
+        self._snapshot_pool = rpc.Pool(config=self._pool.config, security=self._pool.security)
+        self._snapshot_sender = SnapshotSender(
+            node_id, self.config.snapshot_transfer, self._snapshot_pool,
+            lambda: self._rng.getrandbits(63))
+        self._snapshot_receiver = SnapshotReceiver(
+            self.data_dir / INCOMING_SNAPSHOTS_DIR_NAME, self.config.snapshot_transfer,
+            self._snapshot_io, hosts_group=self._groups.__contains__,
+            deliver=self._deliver_snapshot)
+        self._snapshot_sends: dict[tuple[int, int], asyncio.Task[None]] = {}
+        self.snapshot_send_stats = SnapshotSendStats()
         self._work = asyncio.Event()  # hosts are created inside the running loop
         self._tasks: list[asyncio.Task[None]] = []
         self._read_ids = itertools.count(1)
@@ -241,7 +297,12 @@ class RaftHost:
 
     def handlers(self) -> dict[type[rpc.Request[Any]], Any]:
         """The rpc handlers this host serves (add them to the process's server)."""
-        return {RaftMessagesRequest: self._on_messages}
+        return {RaftMessagesRequest: self._on_messages, **self._snapshot_receiver.handlers()}
+
+    @property
+    def snapshot_receive_stats(self) -> ReceiveStats:
+        """Counters of snapshots received (completed and refused transfers, bytes)."""
+        return self._snapshot_receiver.stats
 
     def add_group(
         self, group_id: int, voters: set[int] | None, machine: StateMachine
@@ -262,6 +323,7 @@ class RaftHost:
             node_id=self.node_id,
             election_timeout_ticks=self.config.election_timeout_ticks,
             heartbeat_interval_ticks=self.config.heartbeat_interval_ticks,
+            max_snapshot_wait_ticks=self.config.snapshot_wait_ticks_max,
         )
         node = RaftNode(raft_config, storage, random.Random(self._rng.random()), applied=applied)
         self._groups[group_id] = _Group(
@@ -277,14 +339,18 @@ class RaftHost:
 
     async def close(self) -> None:
         self._closed = True
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._snapshot_sends.values()]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         for group in self._groups.values():
             _fail_all(group, ProposalDroppedError("the raft host is shutting down"))
             group.storage.close()
         if self._own_pool:
             await self._pool.close()
+        await self._snapshot_pool.close()
+        self._snapshot_io.shutdown(wait=True)
+        self._snapshot_receiver.close()
         self._io.shutdown(wait=True)
 
     # ----- client operations -----------------------------------------------
@@ -491,11 +557,15 @@ class RaftHost:
         per_peer: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
         for group, ready in batch:
             for message in ready.messages:
-                per_peer[message.to].append((group.group_id, encode_message(message)))
+                if message.type is MessageType.SNAP:
+                    self._start_snapshot_send(group, message)
+                else:
+                    per_peer[message.to].append((group.group_id, encode_message(message)))
+        count_max = self.config.messages_per_send_max
+        bytes_max = self.config.message_bytes_per_send_max
         for peer, messages in per_peer.items():
-            step = self.config.messages_per_send_max
-            for start in range(0, len(messages), step):
-                self._send(peer, messages[start : start + step])
+            for request in split_messages(messages, count_max, bytes_max):
+                self._send(peer, request)
 
     def _send(self, peer: int, messages: list[tuple[int, bytes]]) -> None:
         address = self.address_of(peer)
@@ -530,6 +600,54 @@ class RaftHost:
             group = self._groups.get(group_id)
             if group is not None:
                 group.node.report_unreachable(peer)
+        self._kick()
+
+    # ----- snapshot transfers ------------------------------------------------------
+
+    def _start_snapshot_send(self, group: _Group, message: Message) -> None:
+        """Stream the snapshot of a SNAP message the core emitted (one transfer per
+        follower and group at a time: a running one reports when it ends)."""
+        key = (group.group_id, message.to)
+        if key in self._snapshot_sends:
+            return
+        self._snapshot_sends[key] = asyncio.get_running_loop().create_task(
+            self._send_snapshot(group.group_id, message),
+            name=f"raft-snapshot-{self.node_id}-{group.group_id}-{message.to}")
+
+    async def _send_snapshot(self, group_id: int, message: Message) -> None:
+        peer, ok = message.to, False
+        loop = asyncio.get_running_loop()
+        try:
+            delay_s = self._snapshot_sender.delay_s(group_id, peer, loop.time())
+            if delay_s > 0:
+                await asyncio.sleep(delay_s)  # backoff after a failed transfer
+            address = self.address_of(peer)
+            if address is None:
+                raise UsageError(f"no address known for node {peer}")
+            sent_bytes = await self._snapshot_sender.send(address, group_id, message)
+            self.snapshot_send_stats.transfers_completed += 1
+            self.snapshot_send_stats.bytes_sent += sent_bytes
+            ok = True
+            _log.info("raft_snapshot_sent", node=self.node_id, group=group_id, peer=peer,
+                      bytes=sent_bytes)
+        except (QuorumlogError, OSError, TimeoutError) as exc:
+            self.snapshot_send_stats.transfers_failed += 1
+            _log.warning("raft_snapshot_send_failed", node=self.node_id, group=group_id,
+                         peer=peer, error=str(exc))
+        finally:
+            del self._snapshot_sends[(group_id, peer)]
+            self._snapshot_sender.finished(group_id, peer, ok=ok, now=loop.time())
+            group = self._groups.get(group_id)
+            if group is not None and not self._closed:
+                # Success: the core waits for the follower's answer; failure: it
+                # probes again (and the next transfer waits out the backoff).
+                group.node.report_snapshot(peer, ok)
+                self._kick()
+
+    def _deliver_snapshot(self, group_id: int, message: Message) -> None:
+        """Step a complete incoming SNAP message (the receiver verified it)."""
+        group = self.group(group_id)
+        group.node.step(message)
         self._kick()
 
     async def _on_messages(
@@ -630,6 +748,23 @@ class RaftHost:
         if compact_to >= group.storage.first_index():
             group.storage.compact(compact_to)
             await loop.run_in_executor(self._io, group.storage.release_wal, compact_to)
+
+
+def split_messages(
+    messages: list[tuple[int, bytes]], count_max: int, bytes_max: int
+) -> list[list[tuple[int, bytes]]]:
+    """Cut encoded messages, in order, into requests of at most ``count_max``
+    messages and ``bytes_max`` bytes (a single larger message goes alone)."""
+    requests: list[list[tuple[int, bytes]]] = []
+    start = size = 0
+    for position, (_, data) in enumerate(messages):
+        if position > start and (position - start >= count_max or size + len(data) > bytes_max):
+            requests.append(messages[start:position])
+            start, size = position, 0
+        size += len(data)
+    if start < len(messages):
+        requests.append(messages[start:])
+    return requests
 
 
 async def _with_deadline(future: asyncio.Future[T], timeout_s: float, message: str) -> T:
