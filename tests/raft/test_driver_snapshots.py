@@ -61,6 +61,11 @@ async def lagging_follower(members: list[Member], mib: int) -> tuple[Member, Mem
     return leader, follower
 
 
+def sent(members: list[Member], field: str) -> int:
+    """A snapshot send counter summed over the members (leadership may move)."""
+    return sum(getattr(m.host.snapshot_send_stats, field) for m in members if m.host is not None)
+
+
 async def caught_up(
     follower: Member, leader: Member, timeout_s: float = CATCH_UP_DEADLINE_S
 ) -> None:
@@ -76,7 +81,9 @@ def test_a_follower_catches_up_from_a_snapshot_larger_than_a_frame(tmp_path: Pat
         assert follower.host is not None and leader.host is not None
         assert follower.host.snapshot_receive_stats.transfers_completed >= 1
         assert follower.host.snapshot_receive_stats.bytes_received > FRAME_LIMIT_BYTES
-        assert leader.host.snapshot_send_stats.transfers_completed >= 1
+        # The sender counts once the follower's answer to the commit is in.
+        await wait_until(lambda: sent(members, "transfers_completed") >= 1,
+                         what="the sender saw the transfer complete")
         assert follower.host.group(GROUP).snapshot_index > 3
         assert follower.machine.total_bytes() >= 40 * MIB
         # Replication goes on from the snapshot.
@@ -90,23 +97,26 @@ def test_a_transfer_cut_mid_way_is_reported_and_retried(tmp_path: Path) -> None:
     async def body(members: list[Member]) -> None:
         leader, follower = await lagging_follower(members, 40)
         await follower.start(None)
-        assert follower.host is not None and leader.host is not None
-        receiver, sender = follower.host, leader.host
+        assert follower.host is not None
+        receiver = follower.host
         await wait_until(lambda: receiver.snapshot_receive_stats.bytes_received > 0,
                          timeout_s=30, what="the transfer started")
         assert receiver.snapshot_receive_stats.transfers_completed == 0
         # Drop every connection to the follower mid-transfer (its host stays up).
         assert follower.server is not None
         await follower.server.close()
-        await wait_until(lambda: sender.snapshot_send_stats.transfers_failed >= 1,
+        await wait_until(lambda: sent(members, "transfers_failed") >= 1,
                          timeout_s=30, what="the failed transfer reported")
         await follower.start_server(receiver)
         await caught_up(follower, leader)
-        assert sender.snapshot_send_stats.transfers_completed >= 1
+        await wait_until(lambda: sent(members, "transfers_completed") >= 1,
+                         what="the sender saw the transfer complete")
         assert receiver.snapshot_receive_stats.transfers_completed >= 1
         staging = follower.root / f"n{follower.node_id}" / "incoming-snapshots"
         assert list(staging.iterdir()) == []
-        progress = sender.group(GROUP).node.status()["progress"][follower.node_id]
+        leader = await wait_leader(members)
+        assert leader.host is not None
+        progress = leader.host.group(GROUP).node.status()["progress"][follower.node_id]
         assert progress["state"] != "SNAPSHOT"
 
     # Small chunks, one in flight: the transfer takes long enough to be cut.

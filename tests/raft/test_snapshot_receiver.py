@@ -31,6 +31,7 @@ from quorumlog.raft._snapshot_transfer import (
 from rpc.support import run
 
 GROUP = 7
+OTHER_GROUP = 8
 LEADER = 1
 DATA = bytes(range(256)) * 1000  # 256,000 bytes
 CHUNK = 100_000
@@ -80,7 +81,7 @@ def with_receiver(
         executor = ThreadPoolExecutor(max_workers=1)
         receiver = SnapshotReceiver(
             tmp_path / "incoming", SnapshotTransferConfig(**config), executor,
-            hosts_group=lambda group_id: group_id == GROUP,
+            hosts_group=lambda group_id: group_id in (GROUP, OTHER_GROUP),
             deliver=lambda group_id, message: delivered.append((group_id, message)))
         server = rpc.Server(receiver.handlers())
         await server.start("127.0.0.1", 0)
@@ -161,7 +162,7 @@ def test_bad_offers_are_refused(tmp_path: Path) -> None:
              ProtocolError, "must name"),
             ({"parts": [SnapshotPartInfo(STATE_PART, 2000)]}, ProtocolError,
              "snapshot_bytes_max"),
-            ({"group_id": GROUP + 1}, SnapshotTransferError, "not hosted"),
+            ({"group_id": OTHER_GROUP + 1}, SnapshotTransferError, "not hosted"),
         ]
         for kwargs, error, match in cases:
             with pytest.raises(error, match=match):
@@ -175,20 +176,21 @@ def test_a_new_offer_supersedes_the_unfinished_one_and_receives_are_bounded(
     tmp_path: Path,
 ) -> None:
     async def body(h: Harness, delivered: list[tuple[int, Message]]) -> None:
-        await h.offer(transfer_id=1)
-        await h.chunk(0, DATA[:CHUNK], transfer_id=1)
-        await h.offer(transfer_id=2)  # the leader started again
+        await h.offer(transfer_id=1, from_node=LEADER + 5)  # a leader that lost its lead
+        await h.offer(transfer_id=2)  # one transfer per group: the new one wins
+        await h.chunk(0, DATA[:CHUNK], transfer_id=2)
+        await h.offer(transfer_id=3)  # the leader started again
         with pytest.raises(SnapshotTransferError, match="superseded"):
-            await h.chunk(CHUNK, DATA[CHUNK : 2 * CHUNK], transfer_id=1)
+            await h.chunk(CHUNK, DATA[CHUNK : 2 * CHUNK], transfer_id=2)
         assert len([p for p in h.staged() if p.is_dir()]) == 1
         error = None
         try:
-            await h.offer(transfer_id=3, from_node=LEADER + 5)
+            await h.offer(transfer_id=4, group_id=OTHER_GROUP)
         except SnapshotTransferError as exc:
             error = exc
         assert error is not None and error.retriable and "receives_max" in error.message
-        await h.all_chunks(transfer_id=2)
-        await h.commit(transfer_id=2)
-        assert len(delivered) == 1
+        await h.all_chunks(transfer_id=3)
+        await h.commit(transfer_id=3)
+        assert len(delivered) == 1 and h.staged() == []
 
     with_receiver(tmp_path, body, receives_max=1)

@@ -126,7 +126,7 @@ class SnapshotOfferResponse(rpc.Message, frozen=True):
 
 
 class SnapshotOfferRequest(rpc.Request[SnapshotOfferResponse], frozen=True):
-    """Start a transfer; replaces any unfinished one from the same sender and group."""
+    """Start a transfer; replaces any unfinished one of the same group."""
 
     type_id: ClassVar[int] = 100
     from_node: int
@@ -345,7 +345,7 @@ class SnapshotReceiver:
         self._executor = executor
         self._hosts_group = hosts_group
         self._deliver = deliver
-        self._incoming: dict[tuple[int, int], _Incoming] = {}
+        self._incoming: dict[int, _Incoming] = {}  # by group: one transfer per group
         self.stats = ReceiveStats()
         # Transfers cut short by a crash are worthless: start from an empty directory.
         shutil.rmtree(directory, ignore_errors=True)
@@ -373,10 +373,11 @@ class SnapshotReceiver:
         self, request: SnapshotOfferRequest, ctx: rpc.RequestContext
     ) -> SnapshotOfferResponse:
         self._check_offer(request)
-        key = (request.from_node, request.group_id)
-        previous = self._incoming.get(key)
+        previous = self._incoming.get(request.group_id)
         if previous is not None:
-            self._drop(previous)  # the sender gave up on it and starts again
+            # One transfer per group: the newest offer wins (its sender gave up
+            # on the old one and starts again, or a new leader took over).
+            self._drop(previous)
         self._drop_idle()
         if len(self._incoming) >= self._config.receives_max:
             self.stats.transfers_refused += 1
@@ -396,7 +397,7 @@ class SnapshotReceiver:
             transfer_id=request.transfer_id, term=request.term, index=request.index,
             directory=directory, parts=parts, last_request_s=time.monotonic(),
         )
-        self._incoming[key] = incoming
+        self._incoming[request.group_id] = incoming
         try:
             await asyncio.get_running_loop().run_in_executor(
                 self._executor, _create_files, incoming)
@@ -504,8 +505,9 @@ class SnapshotReceiver:
     # ----- bookkeeping --------------------------------------------------------------
 
     def _current(self, from_node: int, group_id: int, transfer_id: int) -> _Incoming:
-        incoming = self._incoming.get((from_node, group_id))
-        if incoming is None or incoming.transfer_id != transfer_id:
+        incoming = self._incoming.get(group_id)
+        expected = (from_node, transfer_id)
+        if incoming is None or (incoming.from_node, incoming.transfer_id) != expected:
             raise SnapshotTransferError(
                 f"no snapshot transfer {transfer_id} from node {from_node} for group "
                 f"{group_id} in progress (superseded or dropped); the leader starts again")
@@ -519,9 +521,8 @@ class SnapshotReceiver:
                 self._drop(incoming)
 
     def _drop(self, incoming: _Incoming) -> None:
-        key = (incoming.from_node, incoming.group_id)
-        if self._incoming.get(key) is incoming:
-            del self._incoming[key]
+        if self._incoming.get(incoming.group_id) is incoming:
+            del self._incoming[incoming.group_id]
         # Chunk writes of a dropped transfer may still be running: they open
         # the file without O_CREAT, so once it is gone they fail harmlessly.
         shutil.rmtree(incoming.directory, ignore_errors=True)
