@@ -610,9 +610,16 @@ class RaftHost:
         key = (group.group_id, message.to)
         if key in self._snapshot_sends:
             return
-        self._snapshot_sends[key] = asyncio.get_running_loop().create_task(
+        task = asyncio.get_running_loop().create_task(
             self._send_snapshot(group.group_id, message),
             name=f"raft-snapshot-{self.node_id}-{group.group_id}-{message.to}")
+        self._snapshot_sends[key] = task
+        # A task cancelled before it ran never reaches its finally: forget it here.
+        task.add_done_callback(lambda done: self._forget_snapshot_send(key, done))
+
+    def _forget_snapshot_send(self, key: tuple[int, int], task: asyncio.Task[None]) -> None:
+        if self._snapshot_sends.get(key) is task:
+            del self._snapshot_sends[key]
 
     async def _send_snapshot(self, group_id: int, message: Message) -> None:
         peer, ok = message.to, False
@@ -635,7 +642,9 @@ class RaftHost:
             _log.warning("raft_snapshot_send_failed", node=self.node_id, group=group_id,
                          peer=peer, error=str(exc))
         finally:
-            del self._snapshot_sends[(group_id, peer)]
+            # Forget the transfer before reporting: the core may ask for the
+            # next one in the very next pass.
+            self._snapshot_sends.pop((group_id, peer), None)
             self._snapshot_sender.finished(group_id, peer, ok=ok, now=loop.time())
             group = self._groups.get(group_id)
             if group is not None and not self._closed:
@@ -729,6 +738,10 @@ class RaftHost:
                 "outcome of in-flight proposals is unknown, retry with the same request id",
                 leader_hint=hint,
             ))
+            # Snapshots for followers are the leader's business: stop sending.
+            for (group_id, _), task in self._snapshot_sends.items():
+                if group_id == group.group_id:
+                    task.cancel()
         if self.on_role_change is not None:
             self.on_role_change(group.group_id, role, leader_id)
 
