@@ -631,12 +631,13 @@ class RaftHost:
             address = self.address_of(peer)
             if address is None:
                 raise UsageError(f"no address known for node {peer}")
+            started = loop.time()
             sent_bytes = await self._snapshot_sender.send(address, group_id, message)
             self.snapshot_send_stats.transfers_completed += 1
             self.snapshot_send_stats.bytes_sent += sent_bytes
             ok = True
             _log.info("raft_snapshot_sent", node=self.node_id, group=group_id, peer=peer,
-                      bytes=sent_bytes)
+                      bytes=sent_bytes, duration_ms=round((loop.time() - started) * 1000))
         except (QuorumlogError, OSError, TimeoutError) as exc:
             self.snapshot_send_stats.transfers_failed += 1
             _log.warning("raft_snapshot_send_failed", node=self.node_id, group=group_id,
