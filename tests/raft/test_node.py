@@ -11,6 +11,7 @@ from quorumlog.raft import (
     ConfChangeSingle,
     ConfChangeType,
     ConfState,
+    EntryType,
     MemoryStorage,
     Message,
     MessageType,
@@ -292,3 +293,24 @@ def test_commit_waits_for_an_entry_of_the_current_term() -> None:
     assert leader.commit_index == 2  # index 3 is on a majority, but of term 2
     leader.step(Message(type=MT.APP_RESP, to=1, from_=2, term=3, index=4))
     assert leader.commit_index == 4  # the new term's entry commits, and 3 with it
+
+
+def test_proposals_tell_the_position_they_were_appended_at() -> None:
+    # The driver matches results to proposals by (term, index), as etcd's
+    # applications do; the core says where each proposal went.
+    net = Network([1, 2, 3], seed=45)
+    net.elect(1)
+    leader = net.nodes[1]
+    term, index = leader.propose(b"a")
+    assert (term, index) == (leader.term, leader.last_index)
+    assert leader.propose_batch([b"b", b"c", b"d"]) == (term, index + 1)
+    assert leader.last_index == index + 3
+    change = ConfChange(changes=(ConfChangeSingle(type=ConfChangeType.ADD_LEARNER, node_id=4),))
+    assert leader.propose_conf_change(change) == (term, index + 4)
+    net.deliver()
+    entries = net.storages[2].entries(index, index + 5, 1 << 20)
+    assert [(e.term, e.index, e.type, e.data) for e in entries[:4]] == [
+        (term, index + i, EntryType.NORMAL, data) for i, data in enumerate([b"a", b"b", b"c", b"d"])
+    ]
+    assert (entries[4].term, entries[4].index, entries[4].type) == (
+        term, index + 4, EntryType.CONF_CHANGE)

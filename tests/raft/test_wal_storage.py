@@ -8,7 +8,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from quorumlog.errors import CorruptionError, UsageError
+from quorumlog.errors import CorruptionError, StorageError, UsageError
 from quorumlog.raft import (
     ConfChange,
     ConfChangeSingle,
@@ -152,6 +152,14 @@ def test_entry_record_with_the_wrong_index_is_corruption(tmp_path: Path) -> None
 def test_not_a_raft_wal(tmp_path: Path) -> None:
     Wal.create(tmp_path / "g" / "wal", b"bookie-journal").close()
     with pytest.raises(CorruptionError, match="not a Raft WAL"):
+        WalRaftStorage.open(tmp_path / "g")
+
+
+def test_a_version_1_wal_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    # Version 1 entries began with the driver's 8-byte proposal id; handing
+    # them to a state machine as they are would apply garbage.
+    Wal.create(tmp_path / "g" / "wal", b"quorumlog-raft/1").close()
+    with pytest.raises(StorageError, match=r"older quorumlog.*add it again"):
         WalRaftStorage.open(tmp_path / "g")
 
 

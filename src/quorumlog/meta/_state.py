@@ -12,8 +12,9 @@ Semantics follow etcd v3:
 * sessions (etcd leases) own ephemeral keys; revoking a session deletes them.
   Expiry is decided by the leader's clock and replicated as RevokeSession, so
   the state machine itself never reads a clock;
-* an event history (bounded) serves watches from a revision; older revisions
-  are compacted and a watch starting there gets a clear error;
+* an event history (bounded in events and in bytes) serves watches from a
+  revision; older revisions are compacted and a watch starting there gets a
+  clear error;
 * requests carry (session, seq, first outstanding seq): a retry of any write
   the client has not acknowledged returns its first result instead of
   applying twice (``_client_sessions``: bounded in bytes, expiring with the
@@ -60,6 +61,10 @@ from quorumlog.meta._commands import (
     TxnResult,
 )
 
+EVENT_OVERHEAD_BYTES = 64
+"""What one history event costs beyond its keys and values (revisions, version,
+session, framing), for the history's byte bound."""
+
 
 class CompactedError(QuorumlogError):
     """A watch or read asked for a revision older than the compacted history."""
@@ -72,7 +77,10 @@ class MetaLimits(Config, frozen=True):
     range_limit_max: int = 10_000  # one response stays bounded
     # Watch history kept for resumption; it is part of every snapshot, so it is
     # kept modest (a watcher further behind re-reads and resumes from now).
+    # Bounded by events and by bytes (keys and values of each event and of its
+    # previous version): 10,000 events of 1 MiB values would be 20 GiB.
     history_events_max: int = 10_000
+    history_bytes_max: int = 32 * 1024 * 1024
     # Exactly-once client sessions (see _client_sessions): results of writes a
     # client has not acknowledged are kept for its retries. They are part of
     # every snapshot, so they are bounded in bytes: a session over its own
@@ -98,6 +106,7 @@ class MetaLimits(Config, frozen=True):
             "need 0 < client_response_bytes_max <= client_session_bytes_max "
             "<= client_sessions_bytes_max",
         )
+        require(self.history_bytes_max >= 1, "history_bytes_max must be >= 1")
         require(
             0 < self.session_ttl_ms_min <= self.session_ttl_ms_max,
             "need 0 < session_ttl_ms_min <= session_ttl_ms_max",
@@ -149,6 +158,7 @@ class MetaStateMachine:
         )
         self._history: deque[tuple[int, list[Event]]] = deque()
         self._history_events = 0
+        self._history_bytes = 0
         self._pending_events: list[Event] = []
 
     # ----- applying -------------------------------------------------------
@@ -399,13 +409,24 @@ class MetaStateMachine:
     def _record_history(self, events: list[Event]) -> None:
         self._history.append((self.revision, events))
         self._history_events += len(events)
-        while self._history_events > self.limits.history_events_max and len(self._history) > 1:
+        self._history_bytes += _events_bytes(events)
+        limits = self.limits
+        while len(self._history) > 1 and (
+            self._history_events > limits.history_events_max
+            or self._history_bytes > limits.history_bytes_max
+        ):
             self._drop_oldest_history()
 
     def _drop_oldest_history(self) -> None:
         revision, events = self._history.popleft()
         self._history_events -= len(events)
+        self._history_bytes -= _events_bytes(events)
         self.compacted_revision = max(self.compacted_revision, revision)
+
+    @property
+    def history_bytes(self) -> int:
+        """Bytes the watch history counts against ``history_bytes_max``."""
+        return self._history_bytes
 
     def events_since(self, start_revision: int, key: str, *, prefix: bool) -> list[Event]:
         """Events with revision >= start for a key or prefix, in revision order."""
@@ -456,9 +477,19 @@ class MetaStateMachine:
         self._client_sessions.restore(snap.client_sessions)
         self._history = deque(snap.history)
         self._history_events = sum(len(evs) for _, evs in self._history)
+        self._history_bytes = sum(_events_bytes(evs) for _, evs in self._history)
 
     def __len__(self) -> int:
         return len(self._kvs)
+
+
+def _events_bytes(events: list[Event]) -> int:
+    total = 0
+    for event in events:
+        total += EVENT_OVERHEAD_BYTES + len(event.kv.key.encode()) + len(event.kv.value)
+        if event.prev is not None:
+            total += len(event.prev.key.encode()) + len(event.prev.value)
+    return total
 
 
 def _check_key(key: str, key_max_bytes: int) -> None:

@@ -11,10 +11,19 @@ id (the tables' copysets need many; the metadata service uses one). It owns:
   request per peer process — then apply committed entries, then advance;
 * the state machines (one per group) and the futures of local proposals and
   linearizable reads;
-* snapshots every ``snapshot_entries`` applied entries, then log compaction.
+* snapshots every ``snapshot_entries`` applied entries, then log compaction;
+* snapshot transfers: a SNAP message the core emits is not sent as a message
+  but streamed to the follower in chunks (``_snapshot_transfer``), and the
+  outcome is reported to the core with ``report_snapshot``.
 
 The order inside a pass is the one :class:`~quorumlog.raft.Ready` demands:
 nothing leaves this process before the state it promises is durable.
+
+A local proposal is matched to its result by the log position the core
+appended it at, (term, index), as etcd's applications do: the proposal was
+applied if and only if the entry applied at that index has that term. (Ids
+counted per process repeated after a restart, so a restarted leader could hand
+one client the result of another's command.)
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, TypeVar
 
+import msgspec
+
 from quorumlog import rpc
 from quorumlog.config import Config, require
 from quorumlog.errors import (
@@ -40,13 +51,22 @@ from quorumlog.errors import (
     invariant,
 )
 from quorumlog.log import get_logger
-from quorumlog.raft._config import RaftConfig
+from quorumlog.raft._config import MIB, RaftConfig
 from quorumlog.raft._errors import ProposalDroppedError
 from quorumlog.raft._node import RaftNode
+from quorumlog.raft._snapshot_transfer import (
+    ReceiveStats,
+    SnapshotReceiver,
+    SnapshotSender,
+    SnapshotTransferConfig,
+)
 from quorumlog.raft._types import (
     ConfChange,
     ConfState,
+    Entry,
     EntryType,
+    Message,
+    MessageType,
     Ready,
     Role,
     decode_message,
@@ -57,7 +77,9 @@ from quorumlog.raft._wal_storage import WalRaftStorage
 _log = get_logger(__name__)
 
 T = TypeVar("T")
-_PROPOSAL_HEADER = struct.Struct("<Q")  # proposal id, so the proposer finds its result
+
+INCOMING_SNAPSHOTS_DIR_NAME = "incoming-snapshots"
+"""Staging directory of snapshot transfers under the host's data directory."""
 
 
 class StateMachine(Protocol):
@@ -81,11 +103,22 @@ class HostConfig(Config, frozen=True):
     compaction_margin_entries: int = 1_000
     # How long a proposal may wait for its entry to apply.
     proposal_timeout_ms: int = 5_000
-    # Raft messages to one peer are sent as one request; bounded in count.
+    # Raft messages to one peer are sent as one request, bounded in count and in
+    # bytes: one request must stay within the rpc frame limit (16 MiB), and a
+    # batch of large APP messages would not (a message alone always fits: APP
+    # carries at most max_entries_per_message_bytes or one entry).
     messages_per_send_max: int = 4096
+    message_bytes_per_send_max: int = 4 * MIB
     # Proposals waiting for the next ready pass, per group (backpressure bound).
     queued_proposals_max: int = 10_000
     send_timeout_ms: int = 2_000
+    # A follower sent a snapshot gets nothing else until the transfer is
+    # reported; this is the core's safety net should no report come (the driver
+    # reports every transfer, and keeps one transfer per follower running even
+    # when the core asks again meanwhile).
+    snapshot_wait_ticks_max: int = 100
+    snapshot_transfer: SnapshotTransferConfig = msgspec.field(
+        default_factory=SnapshotTransferConfig)
 
     def validate(self) -> None:
         require(self.tick_interval_ms >= 1, "tick_interval_ms must be >= 1")
@@ -93,7 +126,13 @@ class HostConfig(Config, frozen=True):
         require(self.compaction_margin_entries >= 0, "compaction_margin_entries must be >= 0")
         require(self.proposal_timeout_ms >= 1, "proposal_timeout_ms must be >= 1")
         require(self.messages_per_send_max >= 1, "messages_per_send_max must be >= 1")
+        require(self.message_bytes_per_send_max >= 1, "message_bytes_per_send_max must be >= 1")
         require(self.queued_proposals_max >= 1, "queued_proposals_max must be >= 1")
+        require(
+            self.snapshot_wait_ticks_max > self.election_timeout_ticks,
+            "snapshot_wait_ticks_max must exceed election_timeout_ticks",
+        )
+        self.snapshot_transfer.validate()
 
 
 class RaftMessagesResponse(rpc.Message, frozen=True):
@@ -109,6 +148,82 @@ class RaftMessagesRequest(rpc.Request[RaftMessagesResponse], frozen=True):
     messages: list[tuple[int, bytes]]
 
 
+@dataclass(slots=True, eq=False)
+class Proposal:
+    """A local proposal: its future, and where the core appended it (0 = not yet)."""
+
+    future: asyncio.Future[Any]
+    data: bytes = b""
+    term: int = 0
+    index: int = 0
+
+
+class ProposalWaiters:
+    """Local proposals by the log position the core appended them at.
+
+    When the entry at a proposal's index is applied, :meth:`take` returns the
+    proposal if the entry has the proposal's term (it is that proposal: the
+    caller resolves it with the result), and otherwise fails it with a
+    retriable ProposalDroppedError: a later leader put another entry at that
+    index, and an entry is applied at one index only, so the proposal never
+    applies. Log positions stay unique across restarts; ids counted per
+    process did not.
+    """
+
+    __slots__ = ("_by_index", "group_id")
+
+    def __init__(self, group_id: int) -> None:
+        self.group_id = group_id
+        self._by_index: dict[int, Proposal] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_index)
+
+    def add(self, proposal: Proposal, outcome_unknown: QuorumlogError) -> None:
+        """Wait for ``proposal`` at its (term, index)."""
+        invariant(proposal.term > 0 and proposal.index > 0,
+                  "a proposal waits only once the core appended it")
+        previous = self._by_index.get(proposal.index)
+        if previous is not None:
+            # Leadership was lost and won again at the same index without the
+            # role change being seen: whether the old entry commits is unknown.
+            _fail(previous.future, outcome_unknown)
+        self._by_index[proposal.index] = proposal
+
+    def discard(self, proposal: Proposal) -> None:
+        """Stop waiting for ``proposal`` (its caller gave up)."""
+        if self._by_index.get(proposal.index) is proposal:
+            del self._by_index[proposal.index]
+
+    def take(self, entry: Entry) -> Proposal | None:
+        """The proposal that ``entry`` (being applied) is, if any; see the class doc."""
+        proposal = self._by_index.pop(entry.index, None)
+        if proposal is None or proposal.term == entry.term:
+            return proposal
+        _fail(proposal.future, ProposalDroppedError(
+            f"group {self.group_id}: the proposal appended at index {entry.index} in term "
+            f"{proposal.term} was replaced by an entry of term {entry.term} (a new leader's "
+            "log won); it was not applied, retry it"))
+        return None
+
+    def fail_up_to(self, index: int, error: QuorumlogError) -> None:
+        """Fail every proposal at or below ``index`` (a snapshot jumped past them)."""
+        for position in [i for i in self._by_index if i <= index]:
+            _fail(self._by_index.pop(position).future, error)
+
+    def fail_all(self, error: QuorumlogError) -> None:
+        for proposal in self._by_index.values():
+            _fail(proposal.future, error)
+        self._by_index.clear()
+
+
+@dataclass(slots=True)
+class SnapshotSendStats:
+    transfers_completed: int = 0
+    transfers_failed: int = 0
+    bytes_sent: int = 0
+
+
 @dataclass(slots=True)
 class _Group:
     group_id: int
@@ -117,10 +232,10 @@ class _Group:
     machine: StateMachine
     applied_index: int
     snapshot_index: int
-    proposals: dict[int, asyncio.Future[Any]] = field(default_factory=dict)
+    proposals: ProposalWaiters
     # Proposals of this pass, handed to the core together (one append, one
     # round of AppendEntries) at the start of the next ready pass.
-    queued: list[tuple[int, bytes]] = field(default_factory=list)
+    queued: list[Proposal] = field(default_factory=list)
     reads: dict[bytes, asyncio.Future[int]] = field(default_factory=dict)
     waiting_reads: list[tuple[int, asyncio.Future[int]]] = field(default_factory=list)
     role: Role = Role.FOLLOWER
@@ -151,9 +266,24 @@ class RaftHost:
         self._rng = rng or random.Random()
         self._groups: dict[int, _Group] = {}
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"raft-io-{node_id}")
+        # Snapshot transfers write and read staging files on a thread of their
+        # own, so a large transfer never delays the WAL's fsyncs.
+        self._snapshot_io = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"raft-snap-{node_id}")
+        # A pool of its own for snapshot streams: chunks never queue in front
+        # of heartbeats on the Raft message connections.
+        self._snapshot_pool = rpc.Pool(config=self._pool.config, security=self._pool.security)
+        self._snapshot_sender = SnapshotSender(
+            node_id, self.config.snapshot_transfer, self._snapshot_pool,
+            lambda: self._rng.getrandbits(63))
+        self._snapshot_receiver = SnapshotReceiver(
+            self.data_dir / INCOMING_SNAPSHOTS_DIR_NAME, self.config.snapshot_transfer,
+            self._snapshot_io, hosts_group=self._groups.__contains__,
+            deliver=self._deliver_snapshot)
+        self._snapshot_sends: dict[tuple[int, int], asyncio.Task[None]] = {}
+        self.snapshot_send_stats = SnapshotSendStats()
         self._work = asyncio.Event()  # hosts are created inside the running loop
         self._tasks: list[asyncio.Task[None]] = []
-        self._proposal_ids = itertools.count((node_id & 0xFFFF) << 48)
         self._read_ids = itertools.count(1)
         self._closed = False
         # Set when the ready loop dies; the node process exits on it.
@@ -167,7 +297,12 @@ class RaftHost:
 
     def handlers(self) -> dict[type[rpc.Request[Any]], Any]:
         """The rpc handlers this host serves (add them to the process's server)."""
-        return {RaftMessagesRequest: self._on_messages}
+        return {RaftMessagesRequest: self._on_messages, **self._snapshot_receiver.handlers()}
+
+    @property
+    def snapshot_receive_stats(self) -> ReceiveStats:
+        """Counters of snapshots received (completed and refused transfers, bytes)."""
+        return self._snapshot_receiver.stats
 
     def add_group(
         self, group_id: int, voters: set[int] | None, machine: StateMachine
@@ -188,9 +323,11 @@ class RaftHost:
             node_id=self.node_id,
             election_timeout_ticks=self.config.election_timeout_ticks,
             heartbeat_interval_ticks=self.config.heartbeat_interval_ticks,
+            max_snapshot_wait_ticks=self.config.snapshot_wait_ticks_max,
         )
         node = RaftNode(raft_config, storage, random.Random(self._rng.random()), applied=applied)
-        self._groups[group_id] = _Group(group_id, node, storage, machine, applied, applied)
+        self._groups[group_id] = _Group(
+            group_id, node, storage, machine, applied, applied, ProposalWaiters(group_id))
         self._kick()
 
     async def start(self) -> None:
@@ -202,14 +339,18 @@ class RaftHost:
 
     async def close(self) -> None:
         self._closed = True
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._snapshot_sends.values()]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         for group in self._groups.values():
             _fail_all(group, ProposalDroppedError("the raft host is shutting down"))
             group.storage.close()
         if self._own_pool:
             await self._pool.close()
+        await self._snapshot_pool.close()
+        self._snapshot_io.shutdown(wait=True)
+        self._snapshot_receiver.close()
         self._io.shutdown(wait=True)
 
     # ----- client operations -----------------------------------------------
@@ -231,24 +372,29 @@ class RaftHost:
         return self.address_of(leader) if leader else None
 
     async def propose(self, group_id: int, data: bytes, *, timeout_s: float | None = None) -> Any:
-        """Replicate ``data``; return what the state machine's apply returned."""
+        """Replicate ``data``; return what the state machine's apply returned.
+
+        Raises NotLeaderError or ProposalDroppedError (retriable) when the
+        proposal was not, or may not have been, applied.
+        """
         group = self.group(group_id)
+        if not isinstance(data, bytes) or not data:
+            # Empty entries are the leaders' own (never applied): a proposal has data.
+            raise UsageError("a proposal must be non-empty bytes")
         self.require_leader(group)
         if len(group.queued) >= self.config.queued_proposals_max:
             raise ProposalDroppedError(
                 f"group {group_id}: {len(group.queued)} proposals already queued; retry later"
             )
-        proposal_id = next(self._proposal_ids)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        group.queued.append((proposal_id, _PROPOSAL_HEADER.pack(proposal_id) + data))
-        group.proposals[proposal_id] = future
+        proposal = Proposal(asyncio.get_running_loop().create_future(), data)
+        group.queued.append(proposal)
         self._kick()
         try:
             return await _with_deadline(
-                future, self._timeout(timeout_s),
+                proposal.future, self._timeout(timeout_s),
                 f"group {group_id}: proposal not applied within the deadline")
         finally:
-            group.proposals.pop(proposal_id, None)
+            group.proposals.discard(proposal)
 
     async def read_barrier(self, group_id: int, *, timeout_s: float | None = None) -> int:
         """Wait until a linearizable read may be served (ReadIndex); return the index."""
@@ -272,16 +418,17 @@ class RaftHost:
         """Propose a configuration change and wait until it is applied here."""
         group = self.group(group_id)
         self.require_leader(group)
-        group.node.propose_conf_change(change)
+        term, index = group.node.propose_conf_change(change)
+        proposal = Proposal(asyncio.get_running_loop().create_future(), term=term, index=index)
+        group.proposals.add(proposal, self._outcome_unknown(group, "leadership changed"))
         self._kick()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._timeout(timeout_s)
-        target = group.node.last_index
-        while group.applied_index < target:
-            if loop.time() > deadline:
-                raise DeadlineExceededError(f"group {group_id}: conf change not applied in time")
-            await asyncio.sleep(self.config.tick_interval_ms / 1000)
-        return group.node.conf_state
+        try:
+            conf_state: ConfState = await _with_deadline(
+                proposal.future, self._timeout(timeout_s),
+                f"group {group_id}: conf change not applied within the deadline")
+            return conf_state
+        finally:
+            group.proposals.discard(proposal)
 
     def transfer_leader(self, group_id: int, target: int) -> None:
         self.group(group_id).node.transfer_leader(target)
@@ -316,6 +463,14 @@ class RaftHost:
     def _timeout(self, timeout_s: float | None) -> float:
         return timeout_s if timeout_s is not None else self.config.proposal_timeout_ms / 1000
 
+    def _outcome_unknown(self, group: _Group, why: str) -> NotLeaderError:
+        leader = group.node.leader_id
+        return NotLeaderError(
+            f"node {self.node_id}, group {group.group_id}: {why}; the outcome of the "
+            "proposal is unknown, retry with the same request id",
+            leader_hint=self.address_of(leader) if leader else None,
+        )
+
     # ----- the loops ----------------------------------------------------------
 
     def _kick(self) -> None:
@@ -345,17 +500,23 @@ class RaftHost:
 
     def _propose_queued(self, group: _Group) -> None:
         queued, group.queued = group.queued, []
+        live = [p for p in queued if not p.future.done()]  # not timed out meanwhile
+        if not live:
+            return
         try:
-            group.node.propose_batch([data for _, data in queued])
+            term, first = group.node.propose_batch([p.data for p in live])
         except QuorumlogError as exc:
             error = exc
             if isinstance(exc, ProposalDroppedError) and group.node.role is not Role.LEADER:
                 error = NotLeaderError(exc.message, leader_hint=self.address_of(
                     group.node.leader_id) if group.node.leader_id else None)
-            for proposal_id, _ in queued:
-                future = group.proposals.pop(proposal_id, None)
-                if future is not None and not future.done():
-                    future.set_exception(error)
+            for proposal in live:
+                _fail(proposal.future, error)
+            return
+        unknown = self._outcome_unknown(group, "leadership changed")
+        for offset, proposal in enumerate(live):
+            proposal.term, proposal.index, proposal.data = term, first + offset, b""
+            group.proposals.add(proposal, unknown)
 
     async def _ready_pass(self) -> None:
         for group in self._groups.values():
@@ -381,8 +542,10 @@ class RaftHost:
             group.storage.install(ready.hard_state, ready.entries, ready.snapshot)
         self._send_all(others)
         for group, ready in batch:
-            self._apply(group, ready)
-            group.node.advance(ready)
+            conf_changes = self._apply(group, ready)
+            group.node.advance(ready)  # the core applies conf changes here
+            for proposal in conf_changes:
+                _resolve(proposal.future, group.node.conf_state)
         for group, _ in batch:
             await self._maybe_snapshot(group)
         if any(g.node.has_ready() for g in self._groups.values()):
@@ -394,11 +557,15 @@ class RaftHost:
         per_peer: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
         for group, ready in batch:
             for message in ready.messages:
-                per_peer[message.to].append((group.group_id, encode_message(message)))
+                if message.type is MessageType.SNAP:
+                    self._start_snapshot_send(group, message)
+                else:
+                    per_peer[message.to].append((group.group_id, encode_message(message)))
+        count_max = self.config.messages_per_send_max
+        bytes_max = self.config.message_bytes_per_send_max
         for peer, messages in per_peer.items():
-            step = self.config.messages_per_send_max
-            for start in range(0, len(messages), step):
-                self._send(peer, messages[start : start + step])
+            for request in split_messages(messages, count_max, bytes_max):
+                self._send(peer, request)
 
     def _send(self, peer: int, messages: list[tuple[int, bytes]]) -> None:
         address = self.address_of(peer)
@@ -435,6 +602,64 @@ class RaftHost:
                 group.node.report_unreachable(peer)
         self._kick()
 
+    # ----- snapshot transfers ------------------------------------------------------
+
+    def _start_snapshot_send(self, group: _Group, message: Message) -> None:
+        """Stream the snapshot of a SNAP message the core emitted (one transfer per
+        follower and group at a time: a running one reports when it ends)."""
+        key = (group.group_id, message.to)
+        if key in self._snapshot_sends:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._send_snapshot(group.group_id, message),
+            name=f"raft-snapshot-{self.node_id}-{group.group_id}-{message.to}")
+        self._snapshot_sends[key] = task
+        # A task cancelled before it ran never reaches its finally: forget it here.
+        task.add_done_callback(lambda done: self._forget_snapshot_send(key, done))
+
+    def _forget_snapshot_send(self, key: tuple[int, int], task: asyncio.Task[None]) -> None:
+        if self._snapshot_sends.get(key) is task:
+            del self._snapshot_sends[key]
+
+    async def _send_snapshot(self, group_id: int, message: Message) -> None:
+        peer, ok = message.to, False
+        loop = asyncio.get_running_loop()
+        try:
+            delay_s = self._snapshot_sender.delay_s(group_id, peer, loop.time())
+            if delay_s > 0:
+                await asyncio.sleep(delay_s)  # backoff after a failed transfer
+            address = self.address_of(peer)
+            if address is None:
+                raise UsageError(f"no address known for node {peer}")
+            started = loop.time()
+            sent_bytes = await self._snapshot_sender.send(address, group_id, message)
+            self.snapshot_send_stats.transfers_completed += 1
+            self.snapshot_send_stats.bytes_sent += sent_bytes
+            ok = True
+            _log.info("raft_snapshot_sent", node=self.node_id, group=group_id, peer=peer,
+                      bytes=sent_bytes, duration_ms=round((loop.time() - started) * 1000))
+        except (QuorumlogError, OSError, TimeoutError) as exc:
+            self.snapshot_send_stats.transfers_failed += 1
+            _log.warning("raft_snapshot_send_failed", node=self.node_id, group=group_id,
+                         peer=peer, error=str(exc))
+        finally:
+            # Forget the transfer before reporting: the core may ask for the
+            # next one in the very next pass.
+            self._snapshot_sends.pop((group_id, peer), None)
+            self._snapshot_sender.finished(group_id, peer, ok=ok, now=loop.time())
+            group = self._groups.get(group_id)
+            if group is not None and not self._closed:
+                # Success: the core waits for the follower's answer; failure: it
+                # probes again (and the next transfer waits out the backoff).
+                group.node.report_snapshot(peer, ok)
+                self._kick()
+
+    def _deliver_snapshot(self, group_id: int, message: Message) -> None:
+        """Step a complete incoming SNAP message (the receiver verified it)."""
+        group = self.group(group_id)
+        group.node.step(message)
+        self._kick()
+
     async def _on_messages(
         self, request: RaftMessagesRequest, ctx: rpc.RequestContext
     ) -> RaftMessagesResponse:
@@ -458,33 +683,41 @@ class RaftHost:
 
     # ----- applying -------------------------------------------------------------
 
-    def _apply(self, group: _Group, ready: Ready) -> None:
+    def _apply(self, group: _Group, ready: Ready) -> list[Proposal]:
+        """Install the snapshot, apply committed entries, resolve their proposals;
+        return the conf change proposals to resolve once the core applied them."""
         if ready.soft_state is not None:
             self._role_changed(group, ready.soft_state.role, ready.soft_state.leader_id)
         if ready.snapshot is not None and ready.snapshot.meta.index > group.applied_index:
+            index = ready.snapshot.meta.index
             group.machine.restore(ready.snapshot.data)
-            group.applied_index = ready.snapshot.meta.index
-            group.snapshot_index = ready.snapshot.meta.index
+            group.applied_index = group.snapshot_index = index
+            group.proposals.fail_up_to(index, self._outcome_unknown(
+                group, "a snapshot from the leader replaced the log"))
+        proposals = group.proposals
+        conf_changes: list[Proposal] = []
         for entry in ready.committed_entries:
             if entry.index <= group.applied_index:
                 continue
+            proposal = proposals.take(entry) if proposals else None
             # The core switches configuration itself in advance(); a conf
             # change entry has nothing for the state machine.
-            if entry.type is not EntryType.CONF_CHANGE and entry.data:
-                self._apply_normal(group, entry.index, entry.data)
+            if entry.type is EntryType.CONF_CHANGE:
+                if proposal is not None:
+                    conf_changes.append(proposal)
+            elif entry.data:
+                result = group.machine.apply(entry.index, entry.data)
+                if proposal is not None:
+                    _resolve(proposal.future, result)
+            else:
+                invariant(proposal is None, "a proposal matched a leader's empty entry")
             group.applied_index = entry.index
         for read in ready.read_states:
             future = group.reads.pop(read.context, None)
             if future is not None:
                 group.waiting_reads.append((read.index, future))
         self._release_reads(group)
-
-    def _apply_normal(self, group: _Group, index: int, data: bytes) -> None:
-        (proposal_id,) = _PROPOSAL_HEADER.unpack_from(data)
-        result = group.machine.apply(index, data[_PROPOSAL_HEADER.size :])
-        future = group.proposals.pop(proposal_id, None)
-        if future is not None and not future.done():
-            future.set_result(result)
+        return conf_changes
 
     def _release_reads(self, group: _Group) -> None:
         still: list[tuple[int, asyncio.Future[int]]] = []
@@ -506,6 +739,10 @@ class RaftHost:
                 "outcome of in-flight proposals is unknown, retry with the same request id",
                 leader_hint=hint,
             ))
+            # Snapshots for followers are the leader's business: stop sending.
+            for (group_id, _), task in self._snapshot_sends.items():
+                if group_id == group.group_id:
+                    task.cancel()
         if self.on_role_change is not None:
             self.on_role_change(group.group_id, role, leader_id)
 
@@ -525,6 +762,23 @@ class RaftHost:
         if compact_to >= group.storage.first_index():
             group.storage.compact(compact_to)
             await loop.run_in_executor(self._io, group.storage.release_wal, compact_to)
+
+
+def split_messages(
+    messages: list[tuple[int, bytes]], count_max: int, bytes_max: int
+) -> list[list[tuple[int, bytes]]]:
+    """Cut encoded messages, in order, into requests of at most ``count_max``
+    messages and ``bytes_max`` bytes (a single larger message goes alone)."""
+    requests: list[list[tuple[int, bytes]]] = []
+    start = size = 0
+    for position, (_, data) in enumerate(messages):
+        if position > start and (position - start >= count_max or size + len(data) > bytes_max):
+            requests.append(messages[start:position])
+            start, size = position, 0
+        size += len(data)
+    if start < len(messages):
+        requests.append(messages[start:])
+    return requests
 
 
 async def _with_deadline(future: asyncio.Future[T], timeout_s: float, message: str) -> T:
@@ -553,11 +807,21 @@ def _persist_all(batch: list[tuple[_Group, Ready]]) -> None:
         )
 
 
+def _resolve(future: asyncio.Future[Any], result: Any) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _fail(future: asyncio.Future[Any], error: QuorumlogError) -> None:
+    if not future.done():
+        future.set_exception(error)
+
+
 def _fail_all(group: _Group, error: QuorumlogError) -> None:
-    for future in group.proposals.values():
-        if not future.done():
-            future.set_exception(error)
-    group.proposals.clear()
+    group.proposals.fail_all(error)
+    for proposal in group.queued:
+        _fail(proposal.future, error)
+    group.queued.clear()
     for future in group.reads.values():
         if not future.done():
             future.set_exception(error)

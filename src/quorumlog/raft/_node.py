@@ -323,15 +323,23 @@ class RaftNode:
         else:
             self._step(message)
 
-    def propose(self, data: bytes) -> None:
-        """Append ``data`` as a new entry (leader only)."""
-        self.propose_batch([data])
+    def propose(self, data: bytes) -> tuple[int, int]:
+        """Append ``data`` as a new entry (leader only); return its (term, index)."""
+        return self.propose_batch([data])
 
-    def propose_batch(self, batch: Sequence[bytes]) -> None:
-        """Append every payload of ``batch`` as consecutive entries (leader only)."""
+    def propose_batch(self, batch: Sequence[bytes]) -> tuple[int, int]:
+        """Append every payload of ``batch`` as consecutive entries (leader only).
+
+        Returns ``(term, first_index)``: payload ``i`` is the entry at
+        ``first_index + i`` of that term. An application matches a proposal to
+        its result by this position, as etcd's do: the proposal was applied if
+        and only if the entry applied at that index has that term (any other
+        term there means it was dropped by a later leader).
+        """
         self._check_can_propose()
+        first = self._log.last_index() + 1
         if not batch:
-            return
+            return self._term, first
         max_bytes = self._config.max_entry_data_bytes
         if set(map(type, batch)) != {bytes}:
             raise UsageError(
@@ -343,7 +351,6 @@ class RaftNode:
                 f"max_entry_data_bytes={max_bytes}"
             )
         term = self._term
-        first = self._log.last_index() + 1
         entries = [Entry(term, first + i, _NORMAL, data) for i, data in enumerate(batch)]
         if not self._append_entries(entries):
             raise ProposalDroppedError(
@@ -353,9 +360,11 @@ class RaftNode:
                 leader_hint=self._id,
             )
         self._bcast_append()
+        return term, first
 
-    def propose_conf_change(self, change: ConfChange) -> None:
-        """Propose a membership change (leader only, one at a time)."""
+    def propose_conf_change(self, change: ConfChange) -> tuple[int, int]:
+        """Propose a membership change (leader only, one at a time); return the
+        (term, index) of its entry (see ``propose_batch``)."""
         self._check_can_propose()
         if self._pending_conf_index > self._log.applied:
             raise ConfChangePendingError(
@@ -367,6 +376,7 @@ class RaftNode:
             raise ProposalDroppedError(
                 f"node {self._id}: uncommitted bytes cap reached", leader_hint=self._id
             )
+        return self._term, self._pending_conf_index
 
     def read_index(self, context: bytes) -> None:
         """Ask for a linearizable read point; the answer is a ReadState in a Ready.

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import msgspec
 
-from quorumlog.errors import CorruptionError, UsageError
+from quorumlog.errors import CorruptionError, StorageError, UsageError
 from quorumlog.raft._storage import MemoryStorage, bootstrap_snapshot
 from quorumlog.raft._types import ConfState, Entry, HardState, Snapshot
 from quorumlog.wal import (
@@ -55,8 +55,15 @@ from quorumlog.wal import (
     valid_snapshot_markers,
 )
 
-WAL_METADATA = b"quorumlog-raft/1"
-"""Metadata record of a Raft WAL: refuses to open some other WAL as Raft storage."""
+WAL_METADATA = b"quorumlog-raft/2"
+"""Metadata record of a Raft WAL: refuses to open some other WAL as Raft storage.
+
+Version 2: entry data is the application's proposal as it is. Version 1
+entries began with an 8-byte proposal id of the driver (matched by position
+now); a version 1 WAL is refused rather than handing those bytes to a state
+machine."""
+
+OLD_WAL_METADATA = (b"quorumlog-raft/1",)
 
 WAL_DIR_NAME = "wal"
 WAL_TEMP_DIR_NAME = "wal.tmp"
@@ -173,6 +180,13 @@ class WalRaftStorage:
     @staticmethod
     def _load(root: Path, wal: Wal, snapshot: Snapshot | None) -> MemoryStorage:
         contents = wal.read_all()
+        if contents.metadata in OLD_WAL_METADATA:
+            raise StorageError(
+                f"{root}: the Raft WAL was written by an older quorumlog "
+                f"({contents.metadata.decode()}), whose entries this version cannot apply; "
+                "remove this member from its group, delete its data directory and add it "
+                "again (it catches up from the other members)"
+            )
         if contents.metadata != WAL_METADATA:
             raise CorruptionError(
                 f"{root}: the WAL is not a Raft WAL (metadata {contents.metadata[:32]!r})"
