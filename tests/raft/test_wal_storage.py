@@ -10,6 +10,7 @@ import pytest
 
 from quorumlog.errors import CorruptionError, StorageError, UsageError
 from quorumlog.raft import (
+    SNAPSHOT_FILES_KEPT,
     ConfChange,
     ConfChangeSingle,
     ConfChangeType,
@@ -106,6 +107,24 @@ def test_snapshot_compaction_and_release(tmp_path: Path) -> None:
         assert reopened.snapshot() == snap
         assert reopened.first_index() == 301 and reopened.last_index() == 401
         assert dump(reopened)[1:] == expected[1:]
+
+
+def test_old_snapshot_files_are_removed(tmp_path: Path) -> None:
+    """Every snapshot used to stay in snap/ forever; the newest few are kept."""
+    path = tmp_path / "g"
+    with WalRaftStorage.open(path, conf_state=VOTERS, config=SMALL_SEGMENTS) as storage:
+        entries = [Entry(2, i, data=b"x" * 100) for i in range(2, 60)]
+        storage.save(HardState(term=2, commit=59), entries, None, must_sync=False)
+        snaps = []
+        for index in range(10, 60, 5):
+            snap = storage.create_snapshot(index, VOTERS, f"app@{index}".encode(), 5)
+            storage.persist_snapshot(snap)
+            snaps.append(snap)
+        files = sorted(p.name for p in (path / "snap").glob("*.snap"))
+        assert len(files) == SNAPSHOT_FILES_KEPT < len(snaps)
+        assert files[-1].endswith(f"{snaps[-1].meta.index:016x}.snap")
+    with WalRaftStorage.open(path, config=SMALL_SEGMENTS) as reopened:
+        assert reopened.snapshot() == snaps[-1]
 
 
 def test_a_torn_last_save_is_gone_after_restart(tmp_path: Path) -> None:

@@ -47,12 +47,13 @@ from quorumlog.raft._types import (
     format_entries,
     format_message,
 )
-from quorumlog.raft._wal_storage import WalRaftStorage
+from quorumlog.raft._wal_storage import SNAPSHOT_FILES_KEPT, WalRaftStorage
 
 __all__ = [
     "BOOTSTRAP_INDEX",
     "BOOTSTRAP_TERM",
     "NO_NODE",
+    "SNAPSHOT_FILES_KEPT",
     "CompactedError",
     "ConfChange",
     "ConfChangeError",

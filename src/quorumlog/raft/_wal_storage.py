@@ -109,6 +109,12 @@ def _decode_snapshot(data: bytes, marker: SnapshotMarker, where: Path) -> Snapsh
     return snapshot
 
 
+SNAPSHOT_FILES_KEPT = 5
+"""Snapshot files kept in ``snap/`` (etcd's --max-snapshots default): the
+newest is what a restart loads; a few older ones are kept in case the newest
+turns out broken. Without a bound every snapshot stayed on disk forever."""
+
+
 class WalRaftStorage:
     """RaftStorage backed by a WAL and snapshot files (see the module docstring)."""
 
@@ -276,6 +282,7 @@ class WalRaftStorage:
         self._snapshotter.save(marker, _ENCODER.encode(snapshot))
         self._wal.save_snapshot(marker)
         self._persisted_snapshot_index = max(self._persisted_snapshot_index, marker.index)
+        self._snapshotter.purge(keep=SNAPSHOT_FILES_KEPT)
 
     def compact(self, index: int) -> None:
         """Drop entries up to ``index`` from memory (event loop)."""

@@ -27,7 +27,7 @@ from struct import Struct
 
 from crc32c import crc32c
 
-from quorumlog.errors import CorruptionError
+from quorumlog.errors import CorruptionError, UsageError
 from quorumlog.log import get_logger
 from quorumlog.wal._encoder import check_marker
 from quorumlog.wal._files import (
@@ -118,6 +118,21 @@ class Snapshotter:
         os.rename(temp, path)
         fsync_dir(self.directory)
         return path
+
+    def purge(self, keep: int) -> list[Path]:
+        """Remove all but the ``keep`` newest snapshot files (etcd's
+        ``--max-snapshots``); return what was removed. ``.broken`` copies stay
+        for inspection. Call after the newest one's WAL marker is saved."""
+        if keep < 1:
+            raise UsageError(f"purge must keep at least one snapshot, not {keep}")
+        removed = []
+        for marker in self.markers()[keep:]:
+            path = self.directory / snapshot_file_name(marker)
+            path.unlink(missing_ok=True)
+            removed.append(path)
+        if removed:
+            fsync_dir(self.directory)
+        return removed
 
     def markers(self) -> list[SnapshotMarker]:
         """Markers of the snapshot files present, newest (term, index) first."""
