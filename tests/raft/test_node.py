@@ -168,10 +168,44 @@ def test_read_index_waits_for_the_first_commit_of_the_term() -> None:
 def test_lease_based_reads_need_no_round_trip() -> None:
     net = Network([1, 2, 3], seed=48, read_only_mode="lease_based")
     net.elect(1)
+    net.tick(1)  # one heartbeat round answered by a quorum: the lease holds
+    net.deliver()
     net.nodes[1].read_index(b"fast")
     rd = net.nodes[1].ready()
     assert [(r.index, r.context) for r in rd.read_states] == [(2, b"fast")]
     assert not rd.messages
+
+
+def test_a_leader_without_a_fresh_quorum_confirms_reads_instead_of_trusting_its_lease() -> None:
+    """A deposed leader used to answer lease reads until its next check-quorum,
+    up to two election timeouts after it lost its quorum, while the others
+    had elected a new leader after one: a stale read with equal clocks."""
+    for seed in range(5):
+        net = Network([1, 2, 3], seed=seed, read_only_mode="lease_based",
+                      election_timeout_ticks=10)
+        net.elect(1)
+        net.propose(1, b"v1")
+        net.tick(1)
+        net.deliver()
+        net.isolate(1)
+        new = None
+        for _ in range(200):
+            for node in net.nodes.values():
+                node.tick()
+            net.deliver()
+            leaders = [i for i in (2, 3) if net.nodes[i].role == Role.LEADER]
+            if leaders:
+                new = leaders[0]
+                break
+        assert new is not None, f"seed {seed}: no new leader"
+        net.propose(new, b"v2")
+        committed = net.nodes[new].commit_index
+        old = net.nodes[1]
+        if old.role == Role.LEADER:
+            old.read_index(b"r")
+            stale = [r.index for r in old.ready().read_states if r.index < committed]
+            assert not stale, (f"seed {seed}: deposed leader 1 served a lease read at "
+                               f"{stale} while leader {new} committed {committed}")
 
 
 def test_read_queue_is_bounded() -> None:

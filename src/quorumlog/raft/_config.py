@@ -96,3 +96,10 @@ class RaftConfig(Config, frozen=True):
             "read_only_mode='lease_based' requires check_quorum=True: without it a "
             "deposed leader keeps serving reads from its stale lease",
         )
+        require(
+            self.read_only_mode != "lease_based"
+            or self.election_timeout_ticks >= self.heartbeat_interval_ticks + 3,
+            "read_only_mode='lease_based' needs election_timeout_ticks >= "
+            "heartbeat_interval_ticks + 3: the lease lasts election_timeout_ticks - 2 "
+            "ticks from the heartbeat a quorum answered, and must outlast the next one",
+        )

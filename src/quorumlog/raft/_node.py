@@ -118,6 +118,8 @@ class RaftNode:
         "_known_ids",
         "_lead",
         "_lead_transferee",
+        "_leader_ticks",
+        "_lease_acks",
         "_log",
         "_msgs",
         "_pending_conf_index",
@@ -167,6 +169,11 @@ class RaftNode:
         self._uncommitted_bytes = 0
         self._read_only = ReadOnly(config.max_pending_read_index_requests)
         self._pending_read_index: list[tuple[int, bytes]] = []
+        # Leader lease (read_only_mode="lease_based"): ticks since this node
+        # became leader, and per follower the latest such tick stamped on a
+        # heartbeat it answered (1-based; the follower heard us no earlier).
+        self._leader_ticks = 0
+        self._lease_acks: dict[int, int] = {}
         self._election_elapsed = 0
         self._heartbeat_elapsed = 0
         self._randomized_election_timeout = config.election_timeout_ticks
@@ -693,6 +700,8 @@ class RaftNode:
         self._tick = self._tick_heartbeat
         self._lead = self._id
         self._role = Role.LEADER
+        self._leader_ticks = 0
+        self._lease_acks = {}
         pr = self._tracker.progress[self._id]
         pr.become_replicate()
         pr.recent_active = True
@@ -926,7 +935,7 @@ class RaftNode:
     def _handle_heartbeat(self, m: Message) -> None:
         self._log.commit_to(m.commit)
         self._send(Message(type=MessageType.HEARTBEAT_RESP, to=m.from_, from_=self._id,
-                           term=self._term, context=m.context))
+                           term=self._term, index=m.index, context=m.context))
 
     def _handle_snapshot(self, m: Message) -> None:
         snapshot = m.snapshot
@@ -988,6 +997,7 @@ class RaftNode:
     # == leader =======================================================================
 
     def _tick_heartbeat(self) -> None:
+        self._leader_ticks += 1
         self._heartbeat_elapsed += 1
         self._election_elapsed += 1
         self._tick_snapshot_waits()
@@ -1137,7 +1147,7 @@ class RaftNode:
             # Never announce a commit index the follower may not have entries for.
             self._send(Message(type=MessageType.HEARTBEAT, to=node_id, from_=self._id,
                                term=self._term, commit=min(pr.match, committed),
-                               context=context))
+                               index=self._leader_ticks + 1, context=context))
 
     def _send_timeout_now(self, to: int) -> None:
         self._send(Message(type=MessageType.TIMEOUT_NOW, to=to, from_=self._id, term=self._term))
@@ -1185,7 +1195,9 @@ class RaftNode:
             pr.inflights.free_first_one()
         if pr.match < self._log.last_index():
             self._maybe_send_append(m.from_, send_if_empty=True)
-        if self._config.read_only_mode != "safe" or not m.context:
+        if 0 < m.index <= self._leader_ticks + 1:
+            self._lease_acks[m.from_] = max(self._lease_acks.get(m.from_, 0), m.index)
+        if not m.context:
             return
         acks = self._read_only.recv_ack(m.from_, m.context)
         if acks is None or self._tracker.config.voters.vote_result(acks) != VoteResult.WON:
@@ -1235,9 +1247,32 @@ class RaftNode:
         else:
             self._send_read_index(requester, context)
 
+    def _lease_holds(self) -> bool:
+        """Whether no other leader can exist now (read_only_mode="lease_based").
+
+        A follower that answered our heartbeat stamped ``s`` heard from us no
+        earlier than leader tick ``s``; with check-quorum it then refuses
+        votes for ``election_timeout_ticks`` of its own ticks, so no new leader
+        can be elected before ``s + election_timeout_ticks - 1`` (its first
+        tick may come at once). Our counter may lag real time by one tick:
+        the lease holds while ``now - s < election_timeout_ticks - 2`` for the
+        stamp a quorum has answered. Equal tick rates are assumed: the driver
+        must keep clock drift well inside the two ticks of margin. Counting
+        from check-quorum instead (etcd's way) left a window where a deposed
+        leader still served reads: it steps down only at its next check,
+        up to two election timeouts after it lost its quorum.
+        """
+        if self._lead_transferee != NO_NODE:
+            return False  # the transferee may be elected at once (forced vote)
+        now = self._leader_ticks + 1
+        acks = self._lease_acks
+        stamp = self._tracker.config.voters.committed_index(
+            lambda node_id: now if node_id == self._id else acks.get(node_id, 0))
+        return stamp > 0 and now - stamp < self._config.election_timeout_ticks - 2
+
     def _send_read_index(self, requester: int, context: bytes) -> None:
         committed = self._log.committed
-        if self._config.read_only_mode == "lease_based":
+        if self._config.read_only_mode == "lease_based" and self._lease_holds():
             self._respond_read_index(requester, committed, context)
             return
         self._read_only.add_request(committed, requester, context)
