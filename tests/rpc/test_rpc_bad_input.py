@@ -267,3 +267,36 @@ def test_frames_before_the_hello_are_limited_to_a_small_size() -> None:
 
     logs = run(body())
     assert any("max_frame_bytes 4096" in e.get("reason", "") for e in logs)
+
+
+def test_receive_buffers_over_the_server_budget_close_the_largest_sender() -> None:
+    """Issue 13, finding 3: buffered bytes of all connections are capped by
+    server_max_buffered_bytes; the connection holding the most for an
+    incomplete frame is closed with a warning, the others keep being served."""
+    mib = 1024 * 1024
+    config = rpc.RpcConfig(max_frame_bytes=mib, server_max_buffered_bytes=mib,
+                           read_chunk_bytes=64 * 1024)
+
+    async def body() -> list[MutableMapping[str, Any]]:
+        server = await started(config=config)
+        good = await rpc.connect("127.0.0.1", server.port)
+        with capture_logs() as logs:
+            streams = [await asyncio.open_connection("127.0.0.1", server.port)
+                       for _ in range(3)]
+            announce = HEADER.pack(mib - 4, MAGIC, VERSION, EchoRequest.type_id, 1, 0)
+            for _, writer in streams:
+                writer.write(hello_frame() + announce + b"\0" * (600 * 1024))
+            await wait_until(lambda: any("buffers full" in e.get("reason", "") for e in logs),
+                             timeout_s=10, what="the budget to close a connection")
+            assert server.buffered_bytes <= mib + 2 * 600 * 1024
+            assert (await good.call(EchoRequest(n=5), timeout_s=5)).n == 5
+            for _, writer in streams:
+                writer.close()
+        await good.close()
+        await server.close()
+        return logs
+
+    logs = run(body())
+    closed = [e for e in logs if e["event"] == "rpc_connection_closed" and e["kind"] == "limit"]
+    assert closed and closed[0]["log_level"] == "warning"
+    assert "server_max_buffered_bytes" in closed[0]["reason"]

@@ -111,3 +111,36 @@ def test_incomplete_frame_is_reported_as_buffered() -> None:
     whole = raw_frame(1, 1, b"abcdef")
     assert feed(reader, whole[: HEADER_BYTES + 2]) == []
     assert reader.buffered_bytes == HEADER_BYTES + 2
+
+
+def test_an_announced_length_is_not_allocated_before_its_bytes_arrive() -> None:
+    """Issue 13, finding 3: a header announcing 16 MiB made the reader allocate
+    16 MiB at once; now the buffer grows with the bytes actually received."""
+    chunk = 256 * 1024
+    announced = 16 * 1024 * 1024
+    payload = random.Random(3).randbytes(announced - HEADER_BYTES - 1)
+    frame = raw_frame(7, 1, b"b", payload)
+    reader = FrameReader(max_frame_bytes=announced, chunk_bytes=chunk)
+    feed(reader, frame[:HEADER_BYTES + 100])
+    assert reader.next_frame() is None
+    assert reader.held_bytes <= chunk
+    received = HEADER_BYTES + 100
+    frames: list[Frame] = []
+    for start in range(received, len(frame), 100_000):
+        frames += feed(reader, frame[start : start + 100_000])
+        received = min(start + 100_000, len(frame))
+        if not frames:
+            assert reader.held_bytes <= max(chunk, 2 * received) + MIN_READ_BYTES
+    assert len(frames) == 1
+    assert bytes(frames[0].body) == b"b" and bytes(frames[0].payload) == payload
+    assert reader.copied_bytes < announced
+
+
+def test_a_frame_within_a_chunk_still_gets_one_exact_buffer() -> None:
+    """The growth above does not touch the zero-copy path of 64 KiB entries."""
+    reader = FrameReader(max_frame_bytes=1 << 24, chunk_bytes=256 * 1024)
+    payloads = [bytes([i]) * 65536 for i in range(20)]
+    stream = b"".join(raw_frame(7, i + 1, b"", p) for i, p in enumerate(payloads))
+    frames = feed(reader, stream, max_read=MIN_READ_BYTES * 8)
+    assert [bytes(f.payload) for f in frames] == payloads
+    assert reader.copied_bytes <= 20 * MIN_READ_BYTES

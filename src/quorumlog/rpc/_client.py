@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from quorumlog.errors import DeadlineExceededError, UsageError
+from quorumlog.errors import DeadlineExceededError, ProtocolError, UsageError
 
 from ._config import RpcConfig, RpcSecurityConfig
 from ._errors import (
@@ -25,7 +25,14 @@ from ._errors import (
     ConnectionClosedError,
     error_from_wire,
 )
-from ._frame import MAX_REQUEST_ID, ONEWAY_REQUEST_ID, Frame, FrameError
+from ._frame import (
+    MAX_FRAME_BYTES_WIRE,
+    MAX_REQUEST_ID,
+    MIN_FRAME_LIMIT_BYTES,
+    ONEWAY_REQUEST_ID,
+    Frame,
+    FrameError,
+)
 from ._messages import (
     PROTOCOL_VERSION,
     ErrorResponse,
@@ -344,6 +351,11 @@ class Connection:
             token=token,
         )
         response = await self.call(hello, timeout_s=timeout_s)
+        if not MIN_FRAME_LIMIT_BYTES <= response.max_frame_bytes <= MAX_FRAME_BYTES_WIRE:
+            raise ProtocolError(
+                f"server {self.peer} announced max_frame_bytes {response.max_frame_bytes}; "
+                f"it must be in [{MIN_FRAME_LIMIT_BYTES}, {MAX_FRAME_BYTES_WIRE}]"
+            )
         self._protocol.send_limit_bytes = min(
             self._config.max_frame_bytes, response.max_frame_bytes
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from quorumlog.config import Config, require
 
-from ._frame import HEADER_BYTES, MAX_FRAME_BYTES_WIRE
+from ._frame import MAX_FRAME_BYTES_WIRE, MIN_FRAME_LIMIT_BYTES
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -29,8 +29,10 @@ class RpcConfig(Config, frozen=True):
     default_request_timeout_s: float = 30.0
     # TCP connect + TLS handshake + hello round trip.
     connect_timeout_s: float = 10.0
-    # A server closes a connection whose hello does not arrive in time.
-    handshake_timeout_s: float = 10.0
+    # A server closes a connection whose hello (and TLS handshake) does not
+    # arrive in time. Short: a client sends its hello right after connecting,
+    # and a half-sent hello must not hold a connection and its buffer for long.
+    handshake_timeout_s: float = 5.0
     # Frames produced in one loop iteration are written with one writelines;
     # once this many bytes are waiting they are written at once.
     write_coalesce_max_bytes: int = 1 * MIB
@@ -38,6 +40,10 @@ class RpcConfig(Config, frozen=True):
     write_buffer_high_water_bytes: int = 4 * MIB
     # Size of a receive chunk; a frame larger than this gets a chunk of its own.
     read_chunk_bytes: int = 256 * KIB
+    # Receive buffers all connections of one server may hold together (frames
+    # being received). A connection whose buffer growth passes it is closed, so
+    # hostile or stalled senders cannot push a node out of memory.
+    server_max_buffered_bytes: int = 256 * MIB
     # Connections one Pool keeps open (one per address).
     pool_max_connections: int = 1024
     # How long Server.close() waits for cancelled handlers to finish.
@@ -45,8 +51,8 @@ class RpcConfig(Config, frozen=True):
 
     def validate(self) -> None:
         require(
-            HEADER_BYTES < self.max_frame_bytes <= MAX_FRAME_BYTES_WIRE,
-            f"max_frame_bytes must be in ({HEADER_BYTES}, {MAX_FRAME_BYTES_WIRE}]",
+            MIN_FRAME_LIMIT_BYTES <= self.max_frame_bytes <= MAX_FRAME_BYTES_WIRE,
+            f"max_frame_bytes must be in [{MIN_FRAME_LIMIT_BYTES}, {MAX_FRAME_BYTES_WIRE}]",
         )
         for name in (
             "max_in_flight_requests",
@@ -55,6 +61,7 @@ class RpcConfig(Config, frozen=True):
             "write_coalesce_max_bytes",
             "write_buffer_high_water_bytes",
             "pool_max_connections",
+            "server_max_buffered_bytes",
         ):
             require(getattr(self, name) > 0, f"{name} must be positive")
         for name in (
@@ -64,6 +71,11 @@ class RpcConfig(Config, frozen=True):
             "close_timeout_s",
         ):
             require(getattr(self, name) > 0, f"{name} must be positive")
+        require(
+            self.server_max_buffered_bytes >= self.max_frame_bytes,
+            "server_max_buffered_bytes must be at least max_frame_bytes "
+            "(one whole frame must fit)",
+        )
         require(
             self.read_chunk_bytes >= 4 * KIB,
             "read_chunk_bytes must be at least 4096",

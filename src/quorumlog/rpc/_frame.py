@@ -33,6 +33,10 @@ MAX_REQUEST_ID = 0xFFFFFFFFFFFFFFFF
 ONEWAY_REQUEST_ID = 0  # a request that wants no response (client ids start at 1)
 # A receive chunk with less room than this is replaced by a fresh one.
 MIN_READ_BYTES = 4096
+# The smallest max_frame_bytes an endpoint may configure or announce in its
+# hello: below it not even an error response fits (a hello announcing 0 was
+# accepted once, and then every answer to that client failed).
+MIN_FRAME_LIMIT_BYTES = 4096
 
 EMPTY = memoryview(b"")
 
@@ -83,6 +87,11 @@ class FrameReader:
     that much of each (the part read together with its header) is copied. The
     only copy is that move of a frame's received start into its new buffer
     (``copied_bytes`` counts it).
+
+    The announced length is never allocated up front: a frame larger than one
+    chunk starts in a buffer of ``chunk_bytes`` that doubles as its bytes
+    arrive (each step copies what arrived, under the frame's size in total),
+    so a buffer is never more than ``max(chunk_bytes, 2 * received)``.
     """
 
     def __init__(self, *, max_frame_bytes: int, chunk_bytes: int) -> None:
@@ -107,6 +116,23 @@ class FrameReader:
         invariant(max_frame_bytes > HEADER_BYTES, "max_frame_bytes below the header size")
         self._max_frame_bytes = max_frame_bytes
 
+    def release(self) -> None:
+        """Drop the receive buffer (the connection is gone)."""
+        self._chunk = bytearray()
+        self._view = memoryview(self._chunk)
+        self._read_pos = self._write_pos = self._next_frame_bytes = 0
+
+    @property
+    def incomplete_frame_bytes(self) -> int:
+        """Announced size of the frame being received (0 when between frames)."""
+        return self._next_frame_bytes
+
+    @property
+    def held_bytes(self) -> int:
+        """Size of the buffer being received into (what this reader costs now,
+        besides earlier buffers still referenced by frames handed out)."""
+        return len(self._chunk)
+
     @property
     def buffered_bytes(self) -> int:
         """Bytes received but not yet returned as part of a frame."""
@@ -117,10 +143,20 @@ class FrameReader:
         frame_bytes = self._next_frame_bytes
         pending = self._write_pos - self._read_pos
         if frame_bytes >= self._large_frame_bytes and pending < frame_bytes:
-            if len(self._chunk) - self._read_pos < frame_bytes:
-                # room for one capped read after it: the next frame's header
-                self._new_chunk(frame_bytes + MIN_READ_BYTES)
-            return self._view[self._write_pos : self._read_pos + frame_bytes]
+            if len(self._chunk) - self._read_pos >= frame_bytes:
+                return self._view[self._write_pos : self._read_pos + frame_bytes]
+            if self._read_pos == 0 and len(self._chunk) - self._write_pos >= MIN_READ_BYTES:
+                return self._view[self._write_pos :]  # a growing buffer: fill it first
+            # Never trust the announced length: the buffer is at most twice what
+            # has arrived (or one chunk), so a peer that announces a huge frame
+            # and stalls costs what it sent, not what it claimed. Growing copies
+            # the received part: under the frame's size in total, and nothing for
+            # frames that fit in one chunk (a 64 KiB entry).
+            grown = max(self._chunk_bytes, 2 * pending)
+            # room for one capped read after it: the next frame's header
+            self._new_chunk(min(frame_bytes + MIN_READ_BYTES, grown))
+            end = min(len(self._chunk), frame_bytes)
+            return self._view[self._write_pos : end]
         read_max = MIN_READ_BYTES if self._after_large else self._chunk_bytes
         needed = max(frame_bytes, HEADER_BYTES)
         room = len(self._chunk) - self._write_pos

@@ -30,8 +30,9 @@ def log() -> Any:
 
 BytesLike = bytes | bytearray | memoryview
 
-# Close reasons that mean the peer misbehaved: logged as warnings.
-PEER_FAULTS = frozenset({"protocol", "auth", "handshake"})
+# Close reasons that mean the peer misbehaved or a server bound was hit: logged
+# as warnings.
+PEER_FAULTS = frozenset({"protocol", "auth", "handshake", "limit"})
 
 
 class FramedProtocol(asyncio.BufferedProtocol, abc.ABC):

@@ -31,7 +31,13 @@ from ._errors import (
     UnsupportedRequestError,
     error_to_wire,
 )
-from ._frame import ONEWAY_REQUEST_ID, Frame, FrameError
+from ._frame import (
+    MAX_FRAME_BYTES_WIRE,
+    MIN_FRAME_LIMIT_BYTES,
+    ONEWAY_REQUEST_ID,
+    Frame,
+    FrameError,
+)
 from ._messages import (
     PROTOCOL_VERSION,
     HelloRequest,
@@ -87,6 +93,9 @@ class Server:
         self._ssl = server_ssl_context(self.security)
         self._server: asyncio.Server | None = None
         self._connections: set[_ServerProtocol] = set()
+        # Receive buffers held by all connections (FrameReader.held_bytes summed),
+        # bounded by config.server_max_buffered_bytes.
+        self.buffered_bytes = 0
 
     @property
     def port(self) -> int:
@@ -182,6 +191,7 @@ class _ServerProtocol(FramedProtocol):
         self._oneway_seq = 0  # keys of one-way handlers in _in_flight: -1, -2, ...
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._reader.set_max_frame_bytes(min(HELLO_MAX_FRAME_BYTES, server.config.max_frame_bytes))
+        self._held_bytes = 0  # this connection's share of server.buffered_bytes
 
     @property
     def in_flight(self) -> int:
@@ -210,6 +220,7 @@ class _ServerProtocol(FramedProtocol):
     def _on_closed(self) -> None:
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
+        self._drop_buffer()
         self._server._detach(self)
         # Running handlers finish (a storage write must not be cut in half);
         # their responses are dropped. Server.close() cancels them.
@@ -219,9 +230,47 @@ class _ServerProtocol(FramedProtocol):
     def _can_dispatch(self) -> bool:
         return len(self._in_flight) < self._max_in_flight and not self._write_paused
 
+    def get_buffer(self, sizehint: int) -> memoryview:
+        buffer = self._reader.get_buffer()
+        held = self._reader.held_bytes
+        if held != self._held_bytes:
+            self._server.buffered_bytes += held - self._held_bytes
+            self._held_bytes = held
+        return buffer
+
     def buffer_updated(self, nbytes: int) -> None:
         super().buffer_updated(nbytes)
         self._update_reading()
+        self._check_buffered()
+
+    def _drop_buffer(self) -> None:
+        self._server.buffered_bytes -= self._held_bytes
+        self._held_bytes = 0
+        self._reader.release()
+
+    def _check_buffered(self) -> None:
+        """Over the server's buffer budget, the connection holding the largest
+        buffer for an incomplete frame pays: it is closed at once (nothing of
+        that frame was served) and its buffer dropped. Checked after each read,
+        so the budget is passed by at most one buffer step."""
+        server = self._server
+        limit = server.config.server_max_buffered_bytes
+        if server.buffered_bytes <= limit:
+            return
+        receiving = [c for c in server._connections
+                     if not c.closing and c._reader.incomplete_frame_bytes]
+        if not receiving:
+            return  # completed frames' buffers: they go as their handlers finish
+        offender = max(receiving, key=lambda conn: conn._held_bytes)
+        offender.close_with_reason(
+            f"server receive buffers full: {server.buffered_bytes} bytes held > "
+            f"server_max_buffered_bytes {limit}; this connection held "
+            f"{offender._held_bytes} bytes for an incomplete frame of "
+            f"{offender._reader.incomplete_frame_bytes} bytes",
+            "limit",
+            abort=True,
+        )
+        offender._drop_buffer()
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -289,6 +338,12 @@ class _ServerProtocol(FramedProtocol):
             return ProtocolError(
                 f"protocol version {request.protocol_version} is not supported "
                 f"(server speaks {PROTOCOL_VERSION}); upgrade the older side"
+            )
+        if not MIN_FRAME_LIMIT_BYTES <= request.max_frame_bytes <= MAX_FRAME_BYTES_WIRE:
+            return ProtocolError(
+                f"hello announces max_frame_bytes {request.max_frame_bytes}; it must be in "
+                f"[{MIN_FRAME_LIMIT_BYTES}, {MAX_FRAME_BYTES_WIRE}] (check the client's rpc "
+                "max_frame_bytes)"
             )
         if not token_matches(self._server.security.token, request.token):
             return AuthenticationError(
