@@ -250,3 +250,26 @@ def test_damaged_journal_advice_names_what_exists_today(tmp_path: Path) -> None:
     assert "under-replicated" in message and "not built" in message, message
     assert "let its ledgers be re-replicated" not in message, message
     assert "`quorumlog wal repair` cannot fix it" in message, message
+
+
+def test_lost_journal_advice_names_what_exists_today(tmp_path: Path) -> None:
+    """The storage was checkpointed but the journal is new (its files are gone):
+    the refusal names `quorumlog bookie format` and does not promise that the
+    ledgers will be re-replicated (auto-recovery is not built)."""
+    from quorumlog.bookie import LedgerStorage
+    from quorumlog.bookie._journal import encode_position
+    from quorumlog.bookie._server import _replay
+
+    with LedgerStorage(tmp_path / "ledgers") as storage:
+        storage.flush(encode_position(40))
+        journal = open_journal(tmp_path / "journal")  # created: the old one is gone
+        try:
+            with pytest.raises(CorruptionError) as caught:
+                _replay(journal, storage)
+        finally:
+            journal.close()
+    message = caught.value.message
+    assert "checkpointed at journal record 40" in message, message
+    assert "quorumlog bookie format --force" in message, message
+    assert "under-replicated" in message and "not built" in message, message
+    assert "let its ledgers be re-replicated" not in message, message
