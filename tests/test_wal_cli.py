@@ -135,3 +135,45 @@ def test_the_installed_entry_point_runs_wal_verify(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "ok:" in done.stdout
+
+
+def _damage_mid_log(path: Path) -> None:
+    """Flip a byte inside a synced record of the first segment: not a torn tail."""
+    first = _segments(path)[0]
+    record = inspect(path, records_limit=20).records[10]
+    image = bytearray(first.read_bytes())
+    image[record.offset + 17] ^= 0x01
+    first.write_bytes(bytes(image))
+
+
+def test_mid_log_damage_advice_does_not_send_the_operator_to_repair(tmp_path: Path) -> None:
+    """Finding 8 of issue 13: the error said "`wal repair` cuts a torn tail" and
+    `wal repair` then refused with the same text: advice in a circle."""
+    _make(tmp_path)
+    _damage_mid_log(tmp_path)
+    run_repair = f"`quorumlog wal repair {tmp_path}`"
+    verified = _run("verify", str(tmp_path))
+    repaired = _run("repair", str(tmp_path))
+    assert verified.exit_code == 1 and repaired.exit_code == 1
+    for text in (" ".join(verified.stderr.split()), " ".join(repaired.stderr.split())):
+        assert "CRC mismatch" in text, text
+        assert "not a torn tail" in text and "`quorumlog wal repair` cannot fix it" in text, text
+        assert run_repair not in text, text            # never "run repair" for this damage
+        assert "cuts a torn tail" not in text, text
+        # ...but a way out that exists: rebuild the replica from its peers
+        assert "quorumlog meta member remove" in text and "quorumlog bookie format" in text, text
+    assert "cannot repair:" in repaired.stderr
+
+
+def test_torn_tail_advice_names_repair_and_repair_fixes_it(tmp_path: Path) -> None:
+    _make(tmp_path)
+    last = _segments(tmp_path)[-1]
+    data_end = inspect(tmp_path, config=CONFIG).segments[-1].data_bytes
+    with last.open("r+b") as f:
+        f.seek(data_end)
+        f.write(length_field(2000)[0].to_bytes(8, "little") + b"\xab" * 100)
+    verified = " ".join(_run("verify", str(tmp_path)).stderr.split())
+    assert "torn write at the end of the log" in verified, verified
+    assert f"`quorumlog wal repair {tmp_path}` cuts it" in verified, verified
+    assert "cannot fix" not in verified, verified
+    assert _run("repair", str(tmp_path)).exit_code == 0

@@ -221,3 +221,55 @@ def test_a_wal_that_is_not_a_journal_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CorruptionError, match="not a bookie journal"):
         open_journal(tmp_path / "other")
     assert os.path.isdir(tmp_path / "other")
+
+
+def test_damaged_journal_advice_names_what_exists_today(tmp_path: Path) -> None:
+    """Finding 8 of issue 13: "wipe this bookie and let its ledgers be
+    re-replicated" promised auto-recovery, which is not built; the advice names
+    `quorumlog bookie format` and says the ledgers stay under-replicated."""
+    directory = tmp_path / "journal"
+    journal = open_journal(directory)
+
+    async def write() -> None:
+        journal.start(asyncio.get_running_loop())
+        await asyncio.gather(*(journal.append(record(i, 300)) for i in range(20)))
+
+    rpc.run(write())
+    journal.close()
+    segment = sorted(directory.glob("*.wal"))[-1]
+    with segment.open("r+b") as fh:  # damage inside a synced record, not at the tail
+        fh.seek(200)
+        byte = fh.read(1)
+        fh.seek(200)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(CorruptionError) as caught:
+        open_journal(directory)
+    message = caught.value.message
+    assert "quorumlog bookie format --force" in message and "--config" in message, message
+    assert "Re-adding a wiped bookie" in message, message
+    assert "under-replicated" in message and "not built" in message, message
+    assert "let its ledgers be re-replicated" not in message, message
+    assert "`quorumlog wal repair` cannot fix it" in message, message
+
+
+def test_lost_journal_advice_names_what_exists_today(tmp_path: Path) -> None:
+    """The storage was checkpointed but the journal is new (its files are gone):
+    the refusal names `quorumlog bookie format` and does not promise that the
+    ledgers will be re-replicated (auto-recovery is not built)."""
+    from quorumlog.bookie import LedgerStorage
+    from quorumlog.bookie._journal import encode_position
+    from quorumlog.bookie._server import _replay
+
+    with LedgerStorage(tmp_path / "ledgers") as storage:
+        storage.flush(encode_position(40))
+        journal = open_journal(tmp_path / "journal")  # created: the old one is gone
+        try:
+            with pytest.raises(CorruptionError) as caught:
+                _replay(journal, storage)
+        finally:
+            journal.close()
+    message = caught.value.message
+    assert "checkpointed at journal record 40" in message, message
+    assert "quorumlog bookie format --force" in message, message
+    assert "under-replicated" in message and "not built" in message, message
+    assert "let its ledgers be re-replicated" not in message, message

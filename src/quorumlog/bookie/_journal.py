@@ -247,9 +247,13 @@ class Journal:
         except CorruptionError as exc:
             raise CorruptionError(
                 f"bookie journal {path} is damaged beyond a torn tail, so the bookie refuses "
-                f"to start (acknowledged entries may be in it): {exc.message}. Inspect it with "
-                f"`quorumlog wal verify {path}`; if it cannot be repaired, wipe this bookie "
-                "and let its ledgers be re-replicated") from None
+                "to start (acknowledged entries may be in it). To bring the bookie back today, "
+                "stop its node and re-add it as a new instance: `quorumlog bookie format "
+                "--force <bookie id, its host:port> --config <its node config>` (docs/bookie.md, "
+                "\"Re-adding a wiped bookie\"). The entries it stored are given up: the "
+                "ledgers it held stay under-replicated until they are re-replicated, which "
+                "nothing does automatically yet (auto-recovery is not built). The damage: "
+                f"{exc.message}") from None
         try:
             journal = cls(wal, created=created, max_wait_us=max_wait_us,
                           max_batch_bytes=max_batch_bytes, queue_max_bytes=queue_max_bytes,

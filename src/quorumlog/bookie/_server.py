@@ -798,7 +798,9 @@ def _replay(journal: Journal, storage: LedgerStorage) -> int:
             f"{' (it was just created: the journal is gone)' if journal.created else ''}; "
             "records acknowledged since then are lost. Restore the journal directory, or "
             "re-add this bookie as a new instance (`quorumlog bookie format --force <bookie id> "
-            "--config <its node config>`) and let its ledgers be re-replicated")
+            "--config <its node config>`, docs/bookie.md \"Re-adding a wiped bookie\"); its "
+            "ledgers then stay under-replicated until they are re-replicated, which nothing "
+            "does automatically yet (auto-recovery is not built)")
     keys: dict[int, bytes] = {}
     room = storage.config.write_cache_half_bytes
     unflushed_bytes = 0

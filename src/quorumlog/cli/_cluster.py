@@ -1,4 +1,5 @@
-"""``quorumlog node``, ``up``, ``down``, ``status``: node processes and the local cluster."""
+"""``quorumlog node``, ``up``, ``down``, ``status``, ``stop``, ``restart``, ``add-node``:
+node processes and the local cluster."""
 
 from __future__ import annotations
 
@@ -96,11 +97,33 @@ def restart(
     node_id: int = typer.Option(..., "--node", help="The node id to start again."),
     directory: Path | None = DirOption,
 ) -> None:
-    """Start a stopped or killed node of the local cluster again (same config and data)."""
+    """Start a stopped or killed node of the local cluster again (same config and data).
+
+    Waits until every role of the node answers; a node that exits during
+    start-up is reported with its error line and a non-zero exit code.
+    """
     from quorumlog import node as cluster
 
-    info = cluster.restart_node(_dir(directory), node_id)
-    console.print(f"node {info.id} started again, pid {info.pid}")
+    with console.status(f"starting node {node_id}, waiting until it serves..."):
+        info = cluster.restart_node(_dir(directory), node_id,
+                                    serving_timeout_s=cluster.RESTART_TIMEOUT_S)
+    console.print(f"node {info.id} started again and serving, pid {info.pid}")
+
+
+def stop(
+    node_id: int = typer.Option(..., "--node", help="The node id to stop."),
+    directory: Path | None = DirOption,
+) -> None:
+    """Stop one node of the local cluster (SIGTERM, then SIGKILL after a deadline).
+
+    Its config and data stay; `quorumlog restart --node ID` starts it again.
+    """
+    from quorumlog import node as cluster
+
+    if cluster.stop_node(_dir(directory), node_id):
+        console.print(f"node {node_id} stopped")
+    else:
+        console.print(f"node {node_id} was not running")
 
 
 def add_node(directory: Path | None = DirOption) -> None:
@@ -115,6 +138,7 @@ def add_node(directory: Path | None = DirOption) -> None:
 def register(app: typer.Typer) -> None:
     app.command("add-node")(add_node)
     app.command("restart")(restart)
+    app.command("stop")(stop)
     app.command("node")(node)
     app.command("up")(up)
     app.command("down")(down)

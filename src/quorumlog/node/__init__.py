@@ -1,11 +1,12 @@
 """Node processes and the local development cluster.
 
 ``quorumlog node --config node.toml`` runs one node (its roles come from the
-config); ``quorumlog up/down/status`` manage a local cluster on 127.0.0.1.
+config); ``quorumlog up/down/status/stop/restart`` manage a local cluster on 127.0.0.1.
 """
 
 from quorumlog.node._cluster import (
     DEFAULT_DIR,
+    RESTART_TIMEOUT_S,
     NodeInfo,
     add_node,
     down,
@@ -16,6 +17,7 @@ from quorumlog.node._cluster import (
     status,
     stop_node,
     up,
+    wait_serving,
 )
 from quorumlog.node._config import MetaSection, NodeConfig, NodeSection, load_node_config
 from quorumlog.node._process import EXIT_CONFIG, META_ONLY_ENV
@@ -24,6 +26,7 @@ __all__ = [
     "DEFAULT_DIR",
     "EXIT_CONFIG",
     "META_ONLY_ENV",
+    "RESTART_TIMEOUT_S",
     "MetaSection",
     "NodeConfig",
     "NodeInfo",
@@ -38,4 +41,5 @@ __all__ = [
     "status",
     "stop_node",
     "up",
+    "wait_serving",
 ]

@@ -9,7 +9,8 @@ their configs (same addresses: a bookie's id is its address, and its
 directories hold a cookie naming that id). Roles: meta on the first 3 nodes
 (the first 1 when fewer than 3), bookie on all. ``down`` stops them (SIGTERM,
 then SIGKILL after a deadline). ``status`` asks every node for its Raft state
-and bookie state.
+and bookie state. ``stop`` stops one node; ``restart`` starts it again and
+waits until it serves (or reports the ``error:`` line it died with).
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ from quorumlog.meta._service import MetaStatusRequest
 DEFAULT_DIR = Path(os.environ.get("QUORUMLOG_CLUSTER_DIR", ".quorumlog/cluster"))
 CLUSTER_FILE = "cluster.json"
 UP_TIMEOUT_S = 60.0
+# `quorumlog restart`: how long a restarted node may take to serve every role
+# (a bookie replays its journal first).
+RESTART_TIMEOUT_S = 60.0
 NODES_MAX = 32  # a local cluster on one machine
 # Local clusters keep their bookies small: journal segments and write caches
 # are allocated per node.
@@ -187,8 +191,17 @@ def _start_again(directory: Path, infos: list[NodeInfo], nodes: int) -> list[Nod
     return infos
 
 
-def restart_node(directory: Path, node_id: int) -> NodeInfo:
-    """Start a stopped (or killed) node again with its existing config and data."""
+def restart_node(directory: Path, node_id: int, *,
+                 serving_timeout_s: float | None = None) -> NodeInfo:
+    """Start a stopped (or killed) node again with its existing config and data.
+
+    With ``serving_timeout_s`` (``quorumlog restart`` passes RESTART_TIMEOUT_S),
+    wait until every role of the node answers (``wait_serving``): a node that
+    exits during start-up raises QuorumlogError with the ``error:`` line it
+    printed. Without it, return once the process is started (harnesses that
+    wait for a condition of their own, or restart a node of a cluster that has
+    no quorum, so that its bookie cannot start).
+    """
     infos = load(directory)
     for info in infos:
         if info.id == node_id:
@@ -197,11 +210,44 @@ def restart_node(directory: Path, node_id: int) -> NodeInfo:
             while _alive(info.pid) and time.monotonic() < deadline:
                 time.sleep(POLL_INTERVAL_S)
             if _alive(info.pid):
-                raise UsageError(f"node {node_id} is still running (pid {info.pid})")
+                raise UsageError(f"node {node_id} is still running (pid {info.pid}); stop it "
+                                 f"first with `quorumlog stop --node {node_id}`")
             info.pid = start_node(Path(info.config)).pid
             save(directory, infos)
+            if serving_timeout_s is not None:
+                wait_serving(info, serving_timeout_s)
             return info
     raise UsageError(f"no node {node_id} in {directory}")
+
+
+def wait_serving(info: NodeInfo, timeout_s: float) -> dict[str, Any]:
+    """Until every role of the node answers its status request (meta: any Raft
+    role; bookie: started, registered or not), or the process exits (raises
+    QuorumlogError with its ``error:`` line), or ``timeout_s`` passes
+    (DeadlineExceededError). Returns the node's status row."""
+    deadline = time.monotonic() + timeout_s
+    row: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        row = rpc.run(_status_async([info]))[0]
+        if not row["alive"]:
+            reason = start_error(Path(info.log))
+            raise QuorumlogError(
+                f"node {info.id} (pid {info.pid}) exited during start-up"
+                f"{': ' + reason if reason else ''}; see {info.log}")
+        if _serving(row):
+            return row
+        time.sleep(POLL_INTERVAL_S)
+    raise DeadlineExceededError(
+        f"node {info.id} (pid {info.pid}) is running but did not serve within "
+        f"{timeout_s:.0f} s: meta {row.get('meta_role', '-')}, bookie "
+        f"{row.get('bookie', {}).get('state', '-')}; see {info.log}")
+
+
+def _serving(row: dict[str, Any]) -> bool:
+    meta_ok = "meta" not in row["roles"] or row.get("meta_role") not in (None, "unreachable")
+    bookie_ok = ("bookie" not in row["roles"]
+                 or row.get("bookie", {}).get("state", "unreachable") != "unreachable")
+    return meta_ok and bookie_ok
 
 
 def add_node(directory: Path) -> NodeInfo:
@@ -227,16 +273,24 @@ def add_node(directory: Path) -> NodeInfo:
     return info
 
 
-def stop_node(directory: Path, node_id: int) -> None:
-    """SIGTERM one node of the local cluster and wait for it to exit."""
+def stop_node(directory: Path, node_id: int) -> bool:
+    """SIGTERM one node of the local cluster and wait for it to exit (SIGKILL after
+    DOWN_TIMEOUT_S). False when it was not running; UsageError for an unknown id."""
     for info in load(directory):
-        if info.id == node_id and _alive(info.pid):
+        if info.id != node_id:
+            continue
+        if not _alive(info.pid):
+            return False
+        with contextlib.suppress(ProcessLookupError):
             os.kill(info.pid, signal.SIGTERM)
-            deadline = time.monotonic() + DOWN_TIMEOUT_S
-            while _alive(info.pid) and time.monotonic() < deadline:
-                time.sleep(POLL_INTERVAL_S)
-            if _alive(info.pid):
+        deadline = time.monotonic() + DOWN_TIMEOUT_S
+        while _alive(info.pid) and time.monotonic() < deadline:
+            time.sleep(POLL_INTERVAL_S)
+        if _alive(info.pid):
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(info.pid, signal.SIGKILL)
+        return True
+    raise UsageError(f"no node {node_id} in {directory}")
 
 
 def save(directory: Path, infos: list[NodeInfo]) -> None:

@@ -5,7 +5,11 @@ brings a Raft host (one ticker, one I/O thread, one connection pool); the
 bookie role a ``BookieService`` that registers with the meta members listed
 in ``[meta] members`` (on this node or others).
 
-Start order: rpc server (requests to a role that is not started yet get a
+Start order: the Prometheus endpoint and the rpc server bind their ports
+first, before any role touches its data (a metrics port in use is one
+``error:`` line naming the port and ``metrics_listen``, exit ``EXIT_CONFIG``,
+nothing started);
+then the rpc server serves (requests to a role that is not started yet get a
 retriable error), Raft host and meta, then the bookie (identity check against
 its cookie, journal replay, then registration). Stop order: the bookie's
 registration is revoked (while meta still answers, even when it is served by
@@ -20,15 +24,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gc
 import signal
 import sys
+import threading
 from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import Gauge, start_http_server
 
 from quorumlog import rpc
 from quorumlog.bookie import BookieService, InvalidCookieError
+from quorumlog.errors import ConfigError
 from quorumlog.log import configure, get_logger
 from quorumlog.meta._service import MetaService
 from quorumlog.node._config import NodeConfig, parse_address
@@ -63,6 +71,35 @@ BOOKIE_SWITCH_INTERVAL_S = 0.001
 # write cache) about once a second. A higher gen0 threshold and freezing the
 # objects that exist after start-up cut that to a few short pauses.
 BOOKIE_GC_THRESHOLDS = (50_000, 20, 100)
+
+
+class PortInUseError(ConfigError):
+    """A port this node is configured to listen on is taken by another process.
+
+    Retrying will not help until the operator frees the port or changes the
+    config field named in the message (exit ``EXIT_CONFIG``)."""
+
+
+def start_metrics(cfg: NodeConfig) -> tuple[WSGIServer, threading.Thread] | None:
+    """Bind and serve the Prometheus endpoint (``[node] metrics_listen``), if configured.
+
+    Called before any role starts, so a port in use stops the node before it
+    touches its data: raises PortInUseError.
+    """
+    if not cfg.node.metrics_listen:
+        return None
+    host, port = parse_address(cfg.node.metrics_listen)
+    try:
+        return start_http_server(port, addr=host, registry=rpc.metrics_registry)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUseError(
+                f"metrics port {cfg.node.metrics_listen} is in use ([node] metrics_listen = "
+                f"\"{cfg.node.metrics_listen}\"): stop the process that holds it, or set "
+                "another free host:port in [node] metrics_listen of the node config (\"\" "
+                "turns the Prometheus endpoint off)") from None
+        raise ConfigError(f"cannot listen on [node] metrics_listen = "
+                          f"\"{cfg.node.metrics_listen}\": {exc.strerror}") from None
 
 
 def tune_for_bookie() -> None:
@@ -123,12 +160,22 @@ async def serve(cfg: NodeConfig) -> None:
     """
     security = cfg.security or rpc.RpcSecurityConfig()
     rpc.set_default_security(security)  # before the roles build their pools
+    metrics_server = start_metrics(cfg)
+    try:
+        await _serve(cfg, security)
+    finally:
+        if metrics_server is not None:
+            metrics_server[0].shutdown()
+            metrics_server[0].server_close()
+
+
+async def _serve(cfg: NodeConfig, security: rpc.RpcSecurityConfig) -> None:
     roles = _Roles(cfg)
     if roles.bookie is not None:
         tune_for_bookie()
     server = rpc.Server(roles.handlers(), security=security)
     listen_host, listen_port = parse_address(cfg.node.listen)
-    await server.start(listen_host, listen_port)
+    await server.start(listen_host, listen_port)  # a port in use: rpc's one-line error
     try:
         await _start_roles(cfg, roles)
     except BaseException as exc:
@@ -163,9 +210,6 @@ async def _start_roles(cfg: NodeConfig, roles: _Roles) -> None:
     if roles.bookie is not None:
         await roles.bookie.start(cfg.node.listen)
         gc.freeze()  # start-up objects live for good: keep them out of collections
-    if cfg.node.metrics_listen:
-        m_host, m_port = parse_address(cfg.node.metrics_listen)
-        start_http_server(m_port, addr=m_host, registry=rpc.metrics_registry)
 
 
 async def _stop(server: rpc.Server, roles: _Roles) -> None:
@@ -194,15 +238,19 @@ async def _export_metrics(host: RaftHost) -> None:
 
 
 def run_node(cfg: NodeConfig) -> None:
-    """Run the node; a bookie refusing its directories exits with EXIT_CONFIG.
+    """Run the node; a bookie refusing its directories or a port in use exits with
+    EXIT_CONFIG.
 
-    That refusal is printed to stderr as one plain ``error:`` line (no
-    traceback): it says what happened to the bookie's directories and how to
-    re-add the bookie (``quorumlog bookie format``).
+    Either is printed to stderr as one plain ``error:`` line (no traceback):
+    the port and its config field, or what happened to the bookie's
+    directories and how to re-add the bookie (``quorumlog bookie format``).
     """
     configure(cfg.node.log_level, json=True)
     try:
         rpc.run(serve(cfg))
+    except PortInUseError as exc:
+        print(f"error: node {cfg.node.id}: {exc.message}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_CONFIG) from None
     except InvalidCookieError as exc:
         note = ""
         if "meta" in cfg.node.roles:

@@ -117,12 +117,19 @@ class HostConfig(Config, frozen=True):
     # reports every transfer, and keeps one transfer per follower running even
     # when the core asks again meanwhile).
     snapshot_wait_ticks_max: int = 100
+    # Messages the core rejects are logged at most once per group and sender
+    # per interval, with the count of rejections since the last line: a member
+    # whose log lost entries rejects every heartbeat (about 10 a second at the
+    # default tick) and must not flood its log while it waits for an operator.
+    rejected_message_log_interval_ms: int = 10_000
     snapshot_transfer: SnapshotTransferConfig = msgspec.field(
         default_factory=SnapshotTransferConfig)
 
     def validate(self) -> None:
         require(self.tick_interval_ms >= 1, "tick_interval_ms must be >= 1")
         require(self.snapshot_entries >= 1, "snapshot_entries must be >= 1")
+        require(self.rejected_message_log_interval_ms >= 0,
+                "rejected_message_log_interval_ms must be >= 0")
         require(self.compaction_margin_entries >= 0, "compaction_margin_entries must be >= 0")
         require(self.proposal_timeout_ms >= 1, "proposal_timeout_ms must be >= 1")
         require(self.messages_per_send_max >= 1, "messages_per_send_max must be >= 1")
@@ -217,6 +224,27 @@ class ProposalWaiters:
         self._by_index.clear()
 
 
+class LogRateLimiter:
+    """At most one log line per key and interval; counts the lines it held back.
+
+    ``admit(key, now_s)`` returns None to stay quiet, or the number of
+    occurrences suppressed since the key's last line (0 for a first line).
+    Keys are (group, sender node id): bounded by the groups and members.
+    """
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._last: dict[Any, tuple[float, int]] = {}
+
+    def admit(self, key: Any, now_s: float) -> int | None:
+        last = self._last.get(key)
+        if last is not None and now_s - last[0] < self.interval_s:
+            self._last[key] = (last[0], last[1] + 1)
+            return None
+        self._last[key] = (now_s, 0)
+        return 0 if last is None else last[1]
+
+
 @dataclass(slots=True)
 class SnapshotSendStats:
     transfers_completed: int = 0
@@ -281,6 +309,7 @@ class RaftHost:
             self._snapshot_io, hosts_group=self._groups.__contains__,
             deliver=self._deliver_snapshot)
         self._snapshot_sends: dict[tuple[int, int], asyncio.Task[None]] = {}
+        self._rejections = LogRateLimiter(self.config.rejected_message_log_interval_ms / 1000)
         self.snapshot_send_stats = SnapshotSendStats()
         self._work = asyncio.Event()  # hosts are created inside the running loop
         self._tasks: list[asyncio.Task[None]] = []
@@ -674,8 +703,12 @@ class RaftHost:
             try:
                 group.node.step(message)
             except QuorumlogError as exc:
-                _log.warning("raft_message_rejected", node=self.node_id, group=group_id,
-                             peer=ctx.peer, error=exc.message)
+                suppressed = self._rejections.admit(
+                    (group_id, message.from_), asyncio.get_running_loop().time())
+                if suppressed is not None:
+                    _log.warning("raft_message_rejected", node=self.node_id, group=group_id,
+                                 sender=message.from_, peer=ctx.peer, error=exc.message,
+                                 suppressed_since_last_line=suppressed)
                 continue
             accepted += 1
         self._kick()

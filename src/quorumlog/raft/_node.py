@@ -804,7 +804,11 @@ class RaftNode:
         ):
             raise ProtocolError(
                     f"node {node}: heartbeat commit {m.commit} past our last index "
-                    f"{self._log.last_index()}; the leader thinks we have entries we lack"
+                    f"{self._log.last_index()}; the leader thinks we have entries we lack: "
+                    "this member's log lost entries it had acknowledged (its data was "
+                    "restored from an older copy, or synced writes were lost), and it cannot "
+                    "rejoin as it is. Remove it from the group, wipe its Raft data and add it "
+                    "again (docs/meta.md, \"A member whose data is lost, damaged or older\")"
                 )
         self._validate_sender(m)
 

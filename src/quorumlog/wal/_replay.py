@@ -50,17 +50,30 @@ _ENTRY = RecordType.ENTRY.value
 _INDEX = Struct("<Q")
 
 
-def damage_message(path: Path, offset: int, reason: str) -> str:
+def damage_message(path: Path, offset: int, reason: str, *, torn_tail: bool = False) -> str:
+    """What is damaged where, and what to do: ``torn_tail`` (a torn write at the end
+    of the last segment) is what ``quorumlog wal repair`` cuts; anything else it
+    cannot fix, and the advice must not send the operator there."""
     directory = path.parent
-    return (
-        f"WAL segment {path}: {reason} at byte offset {offset}. "
-        f"Run `quorumlog wal verify {directory}` for a report; `quorumlog wal repair "
-        f"{directory}` cuts a torn tail of the last segment (keeping a .broken copy)."
-    )
+    head = f"WAL segment {path}: {reason} at byte offset {offset}. "
+    if torn_tail:
+        return head + (
+            f"This is a torn write at the end of the log: `quorumlog wal repair {directory}` "
+            "cuts it (keeping a .broken copy); opening the WAL for writing does the same.")
+    return head + (
+        "This is not a torn tail at the end of the log, so `quorumlog wal repair` cannot fix "
+        "it (it only cuts a torn write at the end of the last segment) and the records from "
+        f"this offset on cannot be trusted. `quorumlog wal verify {directory}` reports the "
+        "damage. Replace this copy of the log: restore the directory from a backup, or "
+        "rebuild this replica from its peers (a meta member: remove it with `quorumlog meta "
+        "member remove`, wipe its data directory, add it again, see docs/meta.md \"A member "
+        "whose data is lost, damaged or older\"; a bookie journal: `quorumlog bookie format`, "
+        "see docs/bookie.md \"Re-adding a wiped bookie\").")
 
 
-def corruption(path: Path, offset: int, reason: str) -> CorruptionError:
-    return CorruptionError(damage_message(path, offset, reason))
+def corruption(path: Path, offset: int, reason: str, *, torn_tail: bool = False
+               ) -> CorruptionError:
+    return CorruptionError(damage_message(path, offset, reason, torn_tail=torn_tail))
 
 
 @dataclass(slots=True)
@@ -284,7 +297,8 @@ class Replay:
             tolerated = is_last and self.tolerate_torn_tail and problem.kind == TORN
             if not tolerated:
                 where = "" if is_last or problem.kind == CORRUPT else " (not in the last segment)"
-                raise corruption(path, problem.offset, problem.reason + where)
+                raise corruption(path, problem.offset, problem.reason + where,
+                                 torn_tail=is_last and problem.kind == TORN)
         self.chain_crc = decoder.crc
         if is_last:
             self.tail = Tail(name, path, decoder.end_offset, decoder.crc, len(image), problem)

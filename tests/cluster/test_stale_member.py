@@ -1,0 +1,119 @@
+"""A meta member restored from an older copy of its data (finding 8 of issue
+13): its log lacks entries it acknowledged, so it rejects every heartbeat of the
+leader and cannot rejoin. The rejection is logged at most once per interval
+(not 10 lines a second) and says what to do; the procedure docs/meta.md gives
+("A member whose data is lost, damaged or older") brings it back, run here with
+the real commands on real processes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quorumlog import node as cluster
+from quorumlog.meta import BlockingMetaClient
+from quorumlog.raft._driver import HostConfig, LogRateLimiter
+
+from .test_meta_cluster import _wait
+
+CLI_TIMEOUT_S = 120.0
+WAIT_S = 60.0
+# Two rejection lines are at least this far apart (HostConfig's default).
+INTERVAL_S = HostConfig().rejected_message_log_interval_ms / 1000
+
+
+def test_rate_limiter_admits_one_line_per_interval_and_counts_the_rest() -> None:
+    limiter = LogRateLimiter(interval_s=10.0)
+    assert limiter.admit(("g", 1), 0.0) == 0
+    assert [limiter.admit(("g", 1), t / 10) for t in range(1, 100)] == [None] * 99
+    assert limiter.admit(("g", 2), 5.0) == 0          # another sender: its own budget
+    assert limiter.admit(("g", 1), 10.0) == 99         # the next line carries the count
+    assert limiter.admit(("g", 1), 10.5) is None
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run([sys.executable, "-m", "quorumlog", *args], capture_output=True,
+                         text=True, timeout=CLI_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, f"quorumlog {' '.join(args)}: {out.stderr[-2000:]}"
+    return out
+
+
+def rejections(log: Path, offset: int) -> list[dict[str, Any]]:
+    out = []
+    for line in log.read_bytes()[offset:].decode(errors="replace").splitlines():
+        if '"raft_message_rejected"' in line:
+            out.append(json.loads(line))
+    return out
+
+
+def row(directory: Path, node_id: int) -> dict[str, Any]:
+    return next(r for r in cluster.status(directory) if r["id"] == node_id)
+
+
+@pytest.fixture
+def three_nodes(tmp_path: Path) -> Iterator[Path]:
+    directory = tmp_path / "cluster"
+    cluster.up(directory, 3)
+    try:
+        yield directory
+    finally:
+        cluster.down(directory)
+
+
+@pytest.mark.slow
+def test_member_restored_from_an_older_copy_logs_rarely_and_the_documented_way_back_works(
+        three_nodes: Path) -> None:
+    directory = three_nodes
+    node = cluster.load(directory)[2]
+    raft_dir = Path(node.config).parent / "data" / "raft"
+    addresses = cluster.meta_addresses(directory)
+    old_copy = directory.parent / "raft-old"
+    with BlockingMetaClient(addresses) as meta:
+        for i in range(20):
+            meta.put(f"/early/{i}", b"x")
+        cluster.stop_node(directory, node.id)
+        shutil.copytree(raft_dir, old_copy)
+        cluster.restart_node(directory, node.id, serving_timeout_s=WAIT_S)
+        for i in range(200):
+            meta.put(f"/late/{i}", b"y")
+    _wait(lambda: row(directory, node.id)["applied_index"]
+          >= row(directory, 1)["commit_index"] > 0, "node 3 to apply the late writes")
+    cluster.stop_node(directory, node.id)
+    shutil.rmtree(raft_dir)
+    shutil.copytree(old_copy, raft_dir)  # the "restore from backup"
+    log = Path(node.log)
+    offset = log.stat().st_size
+    cluster.restart_node(directory, node.id, serving_timeout_s=WAIT_S)
+
+    # Stuck: every heartbeat is rejected, yet the log gets one line per interval.
+    _wait(lambda: len(rejections(log, offset)) >= 2, "a second rejection line",
+          timeout_s=INTERVAL_S + WAIT_S)
+    first, second = rejections(log, offset)[:2]
+    assert "Remove it from the group, wipe its Raft data and add it again" in first["error"]
+    assert "A member whose data is lost, damaged or older" in first["error"]
+    assert second["suppressed_since_last_line"] >= INTERVAL_S, second  # ~10 heartbeats/s held
+
+    # The way back, as docs/meta.md writes it.
+    where = ("--dir", str(directory))
+    cli("stop", "--node", str(node.id), *where)
+    cli("meta", "member", "remove", str(node.id), *where)
+    shutil.rmtree(raft_dir)
+    config = Path(node.config)
+    config.write_text(config.read_text().replace("bootstrap = true", "bootstrap = false"))
+    cli("restart", "--node", str(node.id), *where)
+    cli("meta", "member", "add", str(node.id), node.address, "--learner", *where)
+    _wait(lambda: row(directory, node.id)["applied_index"] >= row(directory, 1)["commit_index"],
+          "the learner to catch up", timeout_s=WAIT_S)
+    cli("meta", "member", "promote", str(node.id), *where)
+    _wait(lambda: row(directory, node.id)["voters"] == [1, 2, 3], "node 3 a voter again",
+          timeout_s=WAIT_S)
+    with BlockingMetaClient([node.address]) as member:
+        kv = member.get("/late/199", serializable=True)
+    assert kv is not None and kv.value == b"y"

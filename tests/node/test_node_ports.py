@@ -1,0 +1,63 @@
+"""A node whose metrics port is taken: one plain ``error:`` line naming the
+port and its config field, exit EXIT_CONFIG, and no role started (the bookie's
+directories are not even created). Real node processes on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from quorumlog import node as cluster
+
+NODE_TIMEOUT_S = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A port held by a listening socket of this test process."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def write_config(directory: Path, *, listen: str, metrics: str) -> Path:
+    path = directory / "node.toml"
+    path.write_text(
+        f'[node]\nid = 1\ndata_dir = "{directory / "data"}"\nlisten = "{listen}"\n'
+        f'metrics_listen = "{metrics}"\nroles = ["meta", "bookie"]\n\n'
+        f'[meta]\nmembers = ["1={listen}"]\n')
+    return path
+
+
+def run_node(config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "quorumlog", "node", "--config", str(config)],
+                          capture_output=True, text=True, timeout=NODE_TIMEOUT_S,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_metrics_port_in_use_is_one_error_line_before_any_role_starts(
+        tmp_path: Path, taken_port: int) -> None:
+    metrics = f"127.0.0.1:{taken_port}"
+    config = write_config(tmp_path, listen=f"127.0.0.1:{free_port()}", metrics=metrics)
+    out = run_node(config)
+    assert out.returncode == cluster.EXIT_CONFIG, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, out.stderr[-3000:]
+    assert metrics in errors[0] and "metrics_listen" in errors[0], errors[0]
+    assert not (tmp_path / "data").exists(), "a role started before the port was checked"
+
