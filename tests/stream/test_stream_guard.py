@@ -21,6 +21,7 @@ from quorumlog import node as cluster
 from quorumlog import rpc
 from quorumlog.ledger import LedgerClient, LedgerClientConfig
 from quorumlog.stream import (
+    ConsumerConfig,
     MessageTooLargeError,
     RolloverPolicy,
     StreamClient,
@@ -146,3 +147,86 @@ def quorumlog(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     """The real command line (its entry point turns errors into exit code 1)."""
     return subprocess.run([sys.executable, "-m", "quorumlog", *args], input=stdin,
                           capture_output=True, text=True, timeout=DEADLINE_S, check=False)
+
+
+# ----- idle readers on a busy meta service ---------------------------------------------------
+
+BUSY_PUTS = 50  # changes elsewhere before the compaction, so it passes the idle head
+
+
+async def compact_meta_history(client: StreamClient) -> int:
+    """Changes elsewhere, then compact meta's watch history up to now (what the
+    history bound does by itself after ``history_events_max`` changes)."""
+    meta = client.ledger_client.meta
+    for i in range(BUSY_PUTS):
+        await meta.put(f"/guard-busy/{i % 5}", b"%d" % i)
+    revision = await meta_revision(client)
+    await meta.compact(revision)
+    return revision
+
+
+def test_idle_reader_and_consumer_survive_compacted_watch_history(meta: list[str]) -> None:
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("idle", config())
+            producer = await client.producer("idle")
+            await producer.send(b"first")
+            await producer.close()
+            reader = await client.reader("idle", "earliest")
+            consumer = await client.subscribe(
+                "idle", "sub", config=ConsumerConfig(initial_position="earliest"))
+            first = await reader.read_next(DEADLINE_S * 1000)
+            assert first is not None and first.value == b"first"
+            received = await consumer.receive(DEADLINE_S * 1000)
+            assert received is not None and received.value == b"first"
+            await consumer.ack(received)
+            await compact_meta_history(client)
+            # Idle: nothing to read, and no error either.
+            assert await reader.read_next(700) is None
+            assert await consumer.receive(700) is None
+            waiting = asyncio.ensure_future(reader.read_next(DEADLINE_S * 1000))
+            consuming = asyncio.ensure_future(consumer.receive(DEADLINE_S * 1000))
+            producer = await client.producer("idle")
+            await producer.send(b"second")
+            await producer.close()
+            got = await asyncio.wait_for(waiting, DEADLINE_S)
+            assert got is not None and got.value == b"second"
+            got = await asyncio.wait_for(consuming, DEADLINE_S)
+            assert got is not None and got.value == b"second"
+            await consumer.close()
+            await reader.close()
+
+    rpc.run(main())
+
+
+def test_cli_tail_of_idle_stream_survives_compacted_watch_history(meta: list[str]) -> None:
+    async def setup() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("idletail", config())
+            async with await client.producer("idletail") as producer:
+                await producer.send(b"one")
+
+    rpc.run(setup())
+    members = ",".join(meta)
+    tail = subprocess.Popen(
+        [sys.executable, "-m", "quorumlog", "stream", "tail", "idletail", "--from", "earliest",
+         "--count", "2", "--members", members],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert tail.stdout is not None
+        assert json.loads(tail.stdout.readline())["value"] == "one"
+
+        async def busy_then_produce() -> None:
+            async with await StreamClient.connect(meta) as client:
+                await compact_meta_history(client)
+                async with await client.producer("idletail") as producer:
+                    await producer.send(b"two")
+
+        rpc.run(busy_then_produce())
+        out, err = tail.communicate(timeout=DEADLINE_S)
+        assert tail.returncode == 0, err
+        assert [json.loads(line)["value"] for line in out.splitlines()] == ["two"]
+    finally:
+        if tail.poll() is None:
+            tail.kill()
+            tail.wait()

@@ -66,6 +66,7 @@ from quorumlog.stream._meta import (
     now_ms,
     update_partition,
     version_is,
+    watch_key_once,
 )
 from quorumlog.stream._position import Position
 
@@ -213,8 +214,8 @@ class PartitionWriter:
                     f"stream {self.stream!r} partition {self.partition} has a writer ({holder}); "
                     "it is taken over when that writer's lease expires (or pass steal=True)"
                 )
-            await self._meta.watch_once(self._key, start_revision=kv.mod_revision + 1,
-                                        wait_ms=min(remaining_ms, LEASE_POLL_WAIT_MS))
+            await watch_key_once(self._meta, self._key, start_revision=kv.mod_revision + 1,
+                                 wait_ms=min(remaining_ms, LEASE_POLL_WAIT_MS))
 
     async def _take_over(self) -> None:
         head, _ = await load_head(self._meta, self.stream, self.partition)
