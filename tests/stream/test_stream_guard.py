@@ -19,6 +19,7 @@ import pytest
 
 from quorumlog import node as cluster
 from quorumlog import rpc
+from quorumlog.errors import UsageError
 from quorumlog.ledger import LedgerClient, LedgerClientConfig
 from quorumlog.stream import (
     ConsumerConfig,
@@ -230,3 +231,41 @@ def test_cli_tail_of_idle_stream_survives_compacted_watch_history(meta: list[str
         if tail.poll() is None:
             tail.kill()
             tail.wait()
+
+
+# ----- destructive commands on a stream's ledgers ----------------------------------------------
+
+
+def test_deleting_a_stream_ledger_needs_force(meta: list[str]) -> None:
+    async def setup() -> int:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("owned", config())
+            async with await client.producer("owned") as producer:
+                await producer.send(b"keep")
+            ledger_id = (await client.stream_info("owned"))["partitions"][0]["ledgers"][0][
+                "ledger_id"]
+            with pytest.raises(UsageError, match="stream 'owned'"):
+                await client.ledger_client.delete_ledger(ledger_id)
+            assert await values(client, "owned", 1) == [b"keep"]
+            return int(ledger_id)
+
+    ledger_id = rpc.run(setup())
+    members = ",".join(meta)
+    result = quorumlog("ledger", "delete", str(ledger_id), "--meta", members)
+    assert result.returncode == 1
+    assert "stream 'owned'" in result.stderr and "--force" in result.stderr
+
+    async def still_there() -> None:
+        async with await StreamClient.connect(meta) as client:
+            assert ledger_id in await client.ledger_client.list_ledgers(limit=100_000)
+            assert await values(client, "owned", 1) == [b"keep"]
+
+    rpc.run(still_there())
+    result = quorumlog("ledger", "delete", str(ledger_id), "--meta", members, "--force")
+    assert result.returncode == 0, result.stderr
+
+    async def gone() -> None:
+        async with await StreamClient.connect(meta) as client:
+            assert ledger_id not in await client.ledger_client.list_ledgers(limit=100_000)
+
+    rpc.run(gone())

@@ -257,7 +257,7 @@ class PartitionWriter:
                                    on_conflict=self._check_lease)
         except BaseException:
             with contextlib.suppress(QuorumlogError):
-                await self._client.delete_ledger(ledger_id)
+                await self._client.delete_ledger(ledger_id, force=True)
             raise
         self._current = _Current(handle=handle, ledger_id=ledger_id, created_ms=created)
 
