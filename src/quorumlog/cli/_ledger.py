@@ -236,10 +236,16 @@ def list_(
 @app.command()
 def delete(
     ledger_id: int = typer.Argument(..., help="The ledger to delete."),
+    force: bool = typer.Option(False, "--force", help="Delete it even if it belongs to a "
+                               "stream (the stream loses that data)."),
     meta: str | None = MetaOption,
     directory: Path | None = DirOption,
 ) -> None:
-    """Delete a ledger's metadata; bookies garbage-collect its entries."""
+    """Delete a ledger's metadata; bookies garbage-collect its entries.
+
+    A ledger that belongs to a stream is refused (naming the stream) unless
+    ``--force``: use ``quorumlog stream trim`` or ``stream delete`` instead.
+    """
     with _client(meta, directory) as client:
-        client.delete_ledger(ledger_id)
+        client.delete_ledger(ledger_id, force=force)
     typer.echo(f"deleted ledger {ledger_id}")

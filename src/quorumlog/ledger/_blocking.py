@@ -114,8 +114,8 @@ class BlockingLedgerClient:
         handle = self._loop.run(self._client.open_for_append(ledger_id, password=password))
         return BlockingWriteHandle(self._loop, handle)
 
-    def delete_ledger(self, ledger_id: int) -> None:
-        self._loop.run(self._client.delete_ledger(ledger_id))
+    def delete_ledger(self, ledger_id: int, *, force: bool = False) -> None:
+        self._loop.run(self._client.delete_ledger(ledger_id, force=force))
 
     def list_ledgers(self, *, limit: int = 10_000) -> list[int]:
         return self._loop.run(self._client.list_ledgers(limit=limit))

@@ -227,10 +227,23 @@ class LedgerClient:
 
     # ----- delete and list -------------------------------------------------------
 
-    async def delete_ledger(self, ledger_id: int) -> None:
-        """Remove the metadata; bookies garbage-collect the entries."""
+    async def delete_ledger(self, ledger_id: int, *, force: bool = False) -> None:
+        """Remove the metadata; bookies garbage-collect the entries.
+
+        A ledger whose custom metadata names an owner (``OWNER_METADATA_KEYS``:
+        a stream's ledgers) is refused with a UsageError naming the owner unless
+        ``force``: deleting it under its owner loses the owner's data (a stream
+        can no longer be read from its start). Owners delete their own ledgers
+        with ``force=True``.
+        """
         self._check_open()
-        await self._ctx.load_metadata(ledger_id)  # NoSuchLedgerError if unknown
+        metadata, _ = await self._ctx.load_metadata(ledger_id)  # NoSuchLedgerError if unknown
+        owner = ledger_owner(metadata.custom)
+        if owner and not force:
+            raise UsageError(
+                f"ledger {ledger_id} belongs to {owner}; deleting it would lose that data "
+                "for every reader. Let the owner delete it (quorumlog stream trim / stream "
+                "delete), or force it with --force (force=True)")
         if not await self._ctx.meta.delete(wire.ledger_key(ledger_id)):
             await self._ctx.load_metadata(ledger_id)  # raises unless re-created meanwhile
 
@@ -243,6 +256,19 @@ class LedgerClient:
             if ledger_id is not None:
                 ids.append(ledger_id)
         return ids
+
+
+OWNER_METADATA_KEYS: tuple[str, ...] = ("quorumlog.stream",)
+"""Custom metadata keys that name a ledger's owner; a ledger carrying one is
+deleted only with ``force`` (streams write their name under "quorumlog.stream")."""
+
+
+def ledger_owner(custom: Mapping[str, bytes]) -> str:
+    """Who owns a ledger, from its custom metadata ("" if nobody claims it)."""
+    if not any(key in custom for key in OWNER_METADATA_KEYS):
+        return ""
+    return ", ".join(f"{key.removeprefix('quorumlog.')} {value.decode(errors='replace')!r}"
+                     for key, value in sorted(custom.items()) if key.startswith("quorumlog."))
 
 
 def _digest_type(digest: str | DigestType) -> DigestType:

@@ -231,7 +231,7 @@ async def _empty_trash(client: LedgerClient, name: str) -> list[int]:
 
 async def _delete_ledger(client: LedgerClient, ledger_id: int) -> None:
     try:
-        await client.delete_ledger(ledger_id)
+        await client.delete_ledger(ledger_id, force=True)
     except QuorumlogError as exc:
         if exc.retriable:
             raise

@@ -30,7 +30,13 @@ from quorumlog.stream._layout import (
     cursor_owner_key,
 )
 from quorumlog.stream._ledgers import LedgerList
-from quorumlog.stream._meta import created_at, load_record, now_ms, version_is
+from quorumlog.stream._meta import (
+    created_at,
+    load_record,
+    now_ms,
+    version_is,
+    watch_key_once,
+)
 from quorumlog.stream._position import EARLIEST, LATEST, SeqPosition
 from quorumlog.stream._reader import (
     LedgerHandles,
@@ -314,5 +320,5 @@ async def _acquire_owner(client: LedgerClient, stream: str, subscription: str, s
                 "subscriptions are exclusive (it is released when that consumer closes or its "
                 "lease expires)"
             )
-        await client.meta.watch_once(key, start_revision=kv.mod_revision + 1,
-                                     wait_ms=min(remaining, 1000))
+        await watch_key_once(client.meta, key, start_revision=kv.mod_revision + 1,
+                             wait_ms=min(remaining, 1000))

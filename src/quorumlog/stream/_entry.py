@@ -79,6 +79,19 @@ def encode_properties(properties: Mapping[str, str] | None) -> bytes:
     return data
 
 
+def checked_message_bytes(message: OutgoingMessage) -> int:
+    """The exact bytes ``message`` takes in an entry (header, key, properties, value).
+
+    Checks the key and properties limits, so a bad message is refused when it is
+    sent rather than failing the whole batch it would have joined.
+    """
+    key = message.key
+    if key is not None and len(key) > KEY_MAX_BYTES:
+        raise UsageError(f"a message key has {len(key)} bytes; at most {KEY_MAX_BYTES}")
+    props = encode_properties(message.properties)
+    return MESSAGE_HEADER_BYTES + len(key or b"") + len(props) + len(message.value)
+
+
 def encode_entry(messages: list[OutgoingMessage]) -> bytes:
     """One entry holding ``messages`` (in order; batch_index = list index)."""
     if not messages:

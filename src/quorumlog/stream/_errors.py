@@ -40,6 +40,19 @@ class ProducerFencedError(StreamError):
     """
 
 
+class MessageTooLargeError(StreamError, UsageError):
+    """A message (or the entry it would be written in) is larger than the ledger's
+    ``entry_max_bytes``. Nothing was sent; a retry cannot help: split the message,
+    or raise ``entry_max_bytes`` of the ledger client and of every bookie."""
+
+
+class WriterStuckError(StreamError):
+    """The same entries failed in several fresh ledgers in a row, with no entry
+    written in between: a new ledger does not fix what is wrong, so the writer
+    stops instead of creating ledgers in a loop. Check the bookies and the
+    ledger client's limits, then create a new producer."""
+
+
 class SubscriptionBusyError(StreamError, TransientError):
     """Another consumer holds the subscription (subscriptions are exclusive)."""
 

@@ -141,7 +141,7 @@ class JobLedgerWriter:
             success=[PutOp(key=pending_key(stream, self._job, self.ledger_id),
                            value=marker.encode())])
         if not result.succeeded:
-            await self._client.delete_ledger(self.ledger_id)
+            await self._client.delete_ledger(self.ledger_id, force=True)
             self.ledger_id = -1
             raise JobEndedError(f"write job {self._job} of stream {stream!r} has already "
                                 "ended (committed or aborted); this task attempt wrote nothing")
@@ -194,7 +194,7 @@ class JobLedgerWriter:
             future.cancel()
         if self.ledger_id >= 0:
             try:
-                await self._client.delete_ledger(self.ledger_id)
+                await self._client.delete_ledger(self.ledger_id, force=True)
                 await self._client.meta.delete(
                     pending_key(self._record.name, self._job, self.ledger_id))
             except QuorumlogError as exc:
@@ -315,7 +315,7 @@ async def _after_link(client: LedgerClient, stream: str,
                         error=exc.message)
     for ledger_id in leftovers:
         try:
-            await client.delete_ledger(ledger_id)
+            await client.delete_ledger(ledger_id, force=True)
         except QuorumlogError as exc:
             log.warning("job_ledger_leftover_not_deleted", ledger_id=ledger_id,
                         error=exc.message)
@@ -348,7 +348,7 @@ async def abort_job_ledgers(client: LedgerClient, record: StreamRecord, job: str
         ids.add(int(kv.key.rsplit("/", 1)[1]))
     for ledger_id in sorted(ids):
         try:
-            await client.delete_ledger(ledger_id)
+            await client.delete_ledger(ledger_id, force=True)
         except QuorumlogError as exc:
             if exc.retriable:
                 raise

@@ -8,7 +8,14 @@ import time
 from collections.abc import Callable, Sequence
 
 from quorumlog.errors import DeadlineExceededError
-from quorumlog.meta import Compare, CompareOp, CompareTarget, KeyValue, PutOp
+from quorumlog.meta import (
+    CompactedError,
+    Compare,
+    CompareOp,
+    CompareTarget,
+    KeyValue,
+    PutOp,
+)
 from quorumlog.meta._client import MetaClient
 from quorumlog.meta._commands import Op
 from quorumlog.stream._errors import StreamNotFoundError
@@ -51,6 +58,30 @@ async def load_head(meta: MetaClient, stream: str, partition: int
     if kv is None:
         raise StreamNotFoundError(f"stream {stream!r} has no partition {partition}")
     return PartitionHead.decode(kv.value), kv
+
+
+async def watch_key_once(meta: MetaClient, key: str, *, start_revision: int,
+                         wait_ms: int) -> None:
+    """Wait up to ``wait_ms`` for a change of ``key`` at ``start_revision`` or later.
+
+    Returns early on a change; the caller then re-reads what it watches. Meta
+    keeps a bounded watch history, so on a busy cluster an idle watcher's
+    ``start_revision`` may be compacted away (CompactedError). Then the key is
+    re-read: if it changed since ``start_revision`` this returns at once (the
+    caller re-reads it), otherwise nothing was missed and the watch resumes
+    from the current revision.
+    """
+    try:
+        await meta.watch_once(key, start_revision=start_revision, wait_ms=wait_ms)
+        return
+    except CompactedError:
+        result, revision = await meta.range(key)
+    if not result.kvs or any(kv.mod_revision >= start_revision for kv in result.kvs):
+        return  # changed or deleted in the compacted part: the caller re-reads it
+    try:
+        await meta.watch_once(key, start_revision=revision + 1, wait_ms=wait_ms)
+    except CompactedError:
+        return  # compacted again meanwhile: the caller re-reads and watches again
 
 
 def version_is(key: str, version: int) -> Compare:

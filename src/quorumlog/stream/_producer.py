@@ -22,8 +22,13 @@ from quorumlog.config import Config, require
 from quorumlog.errors import QuorumlogError, UsageError
 from quorumlog.ledger import LedgerClient
 from quorumlog.log import get_logger
-from quorumlog.stream._entry import OutgoingMessage, encode_entry
-from quorumlog.stream._errors import ProducerFencedError
+from quorumlog.stream._entry import (
+    ENTRY_HEADER_BYTES,
+    OutgoingMessage,
+    checked_message_bytes,
+    encode_entry,
+)
+from quorumlog.stream._errors import MessageTooLargeError, ProducerFencedError
 from quorumlog.stream._layout import StreamRecord
 from quorumlog.stream._meta import load_record
 from quorumlog.stream._position import Position
@@ -155,17 +160,23 @@ class Producer:
         writer = self._writers[partition]
         if writer.failed is not None:
             raise writer.failed
-        await self._room.acquire()
         message = OutgoingMessage(bytes(value), key=key_bytes,
-                                  properties=dict(properties) if properties else None,
+                                  properties=dict(properties) if properties else None)
+        size = self._checked_size(message)
+        await self._room.acquire()
+        message = OutgoingMessage(message.value, key=message.key, properties=message.properties,
                                   publish_time_ms=writer.next_publish_ms())
         future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
         self._outstanding.add(future)
         future.add_done_callback(self._done)
+        if (self._batches[partition].messages
+                and ENTRY_HEADER_BYTES + self._batches[partition].bytes + size
+                > self._client.config.entry_max_bytes):
+            self._flush(partition)  # the message would not fit in this batch's entry
         batch = self._batches[partition]
         batch.messages.append(message)
         batch.futures.append(future)
-        batch.bytes += message.encoded_size()
+        batch.bytes += size
         config = self._config
         if (not config.batching or len(batch.messages) >= config.batch_messages_max
                 or batch.bytes >= config.batch_bytes_max):
@@ -174,6 +185,26 @@ class Producer:
             batch.timer = asyncio.get_running_loop().call_later(
                 config.batch_delay_ms / 1000, self._flush, partition)
         return future
+
+    def _checked_size(self, message: OutgoingMessage) -> int:
+        """The message's bytes in an entry; refuses one that no entry can hold.
+
+        The limit is the ledger client's ``entry_max_bytes`` (what one ledger
+        entry may carry) minus the stream entry header: checked here, before
+        anything is queued, because no retry and no new ledger can make such a
+        message fit.
+        """
+        size = checked_message_bytes(message)
+        entry_max_bytes = self._client.config.entry_max_bytes
+        if ENTRY_HEADER_BYTES + size > entry_max_bytes:
+            raise MessageTooLargeError(
+                f"stream {self.stream!r}: a message of {len(message.value)} value bytes takes "
+                f"{ENTRY_HEADER_BYTES + size} bytes as an entry, over the ledger entry limit "
+                f"entry_max_bytes={entry_max_bytes}; nothing was sent. Split the message (at "
+                f"most {entry_max_bytes - ENTRY_HEADER_BYTES} bytes of value, key and "
+                "properties with their headers), or raise entry_max_bytes of the ledger client "
+                "and of every bookie")
+        return size
 
     def _done(self, future: asyncio.Future[MessageId]) -> None:
         self._outstanding.discard(future)

@@ -31,6 +31,7 @@ from quorumlog.stream._entry import (
 from quorumlog.stream._errors import BadPositionError, DataLossError
 from quorumlog.stream._layout import LedgerInfo, PartitionHead, StreamRecord, partition_key
 from quorumlog.stream._ledgers import LedgerList
+from quorumlog.stream._meta import watch_key_once
 from quorumlog.stream._position import EARLIEST, LATEST, Position, SeqPosition
 from quorumlog.stream._retention import EntrySearch
 
@@ -215,8 +216,8 @@ class PartitionReader:
                 remaining = int((deadline - loop.time()) * 1000)
                 if remaining <= 0:
                     return []
-                await self._client.meta.watch_once(
-                    partition_key(self.stream, self.partition),
+                await watch_key_once(
+                    self._client.meta, partition_key(self.stream, self.partition),
                     start_revision=ledgers.revision + 1,
                     wait_ms=min(remaining, TAIL_POLL_MS))
                 await ledgers.refresh()

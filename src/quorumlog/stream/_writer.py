@@ -45,7 +45,12 @@ from quorumlog.ledger import LedgerClient, WriteHandle
 from quorumlog.log import get_logger
 from quorumlog.meta import DeleteOp, PutOp
 from quorumlog.stream._entry import decode_entry
-from quorumlog.stream._errors import ProducerFencedError, WriterBusyError
+from quorumlog.stream._errors import (
+    MessageTooLargeError,
+    ProducerFencedError,
+    WriterBusyError,
+    WriterStuckError,
+)
 from quorumlog.stream._layout import (
     LEDGER_META_PARTITION,
     LEDGER_META_STREAM,
@@ -61,12 +66,20 @@ from quorumlog.stream._meta import (
     now_ms,
     update_partition,
     version_is,
+    watch_key_once,
 )
 from quorumlog.stream._position import Position
 
 log = get_logger(__name__)
 
 RECOVERY_ATTEMPTS_MAX = 5  # failed append -> recover -> new ledger, in a row, before giving up
+# Recoveries in a row with no entry written in between: the same entries failed
+# in that many fresh ledgers, so another ledger will not help (an entry a bookie
+# refuses, a cluster without enough bookies). The writer stops with
+# WriterStuckError instead of creating ledgers in a loop.
+RECOVERIES_WITHOUT_PROGRESS_MAX = 3
+RECOVERY_BACKOFF_MS_FIRST = 100  # wait before the 2nd such recovery, doubled for each next
+RECOVERY_BACKOFF_MS_MAX = 2_000
 SETTLE_TIMEOUT_S = 30.0  # wait for appends in flight when switching ledgers
 LEASE_POLL_WAIT_MS = 1000
 EXACT_SIZE_ENTRIES_MAX = 10_000  # a recovered ledger's byte size is counted up to this
@@ -160,6 +173,7 @@ class PartitionWriter:
         self._pump_task: asyncio.Task[None] | None = None
         self._closing = False
         self._last_publish_ms = 0
+        self._recoveries_without_progress = 0
         self.rollovers = 0
 
     # ----- open: lease and takeover ------------------------------------------------------
@@ -200,8 +214,8 @@ class PartitionWriter:
                     f"stream {self.stream!r} partition {self.partition} has a writer ({holder}); "
                     "it is taken over when that writer's lease expires (or pass steal=True)"
                 )
-            await self._meta.watch_once(self._key, start_revision=kv.mod_revision + 1,
-                                        wait_ms=min(remaining_ms, LEASE_POLL_WAIT_MS))
+            await watch_key_once(self._meta, self._key, start_revision=kv.mod_revision + 1,
+                                 wait_ms=min(remaining_ms, LEASE_POLL_WAIT_MS))
 
     async def _take_over(self) -> None:
         head, _ = await load_head(self._meta, self.stream, self.partition)
@@ -243,7 +257,7 @@ class PartitionWriter:
                                    on_conflict=self._check_lease)
         except BaseException:
             with contextlib.suppress(QuorumlogError):
-                await self._client.delete_ledger(ledger_id)
+                await self._client.delete_ledger(ledger_id, force=True)
             raise
         self._current = _Current(handle=handle, ledger_id=ledger_id, created_ms=created)
 
@@ -271,6 +285,14 @@ class PartitionWriter:
         if self._failed is not None:
             raise self._failed
         invariant(self._pump_task is not None, "submit before open")
+        entry_max_bytes = self._client.config.entry_max_bytes
+        if len(payload) > entry_max_bytes:
+            # Refused here, not by the ledger handle: a failed append means "recover
+            # and continue in a new ledger", which cannot fix an entry's size.
+            raise MessageTooLargeError(
+                f"stream {self.stream!r} partition {self.partition}: an entry of "
+                f"{len(payload)} bytes is over the ledger entry limit entry_max_bytes="
+                f"{entry_max_bytes}; nothing was sent")
         pending = _Pending(payload=payload, info=info,
                            result=asyncio.get_running_loop().create_future())
         self._queue.append(pending)
@@ -347,6 +369,7 @@ class PartitionWriter:
                   f"ledger {pending.ledger_id} gave entry id {entry_id}, expected "
                   f"{pending.entry_id}")
         pending.confirmed = True
+        self._recoveries_without_progress = 0
         self._complete_prefix()
 
     def _complete_prefix(self) -> None:
@@ -418,7 +441,7 @@ class PartitionWriter:
                 try:
                     await self._recover_once()
                     return
-                except ProducerFencedError as exc:
+                except (ProducerFencedError, WriterStuckError) as exc:
                     self._fail(exc)
                     return
                 except QuorumlogError as exc:
@@ -437,6 +460,18 @@ class PartitionWriter:
         current = self._current
         invariant(current is not None, "recovery needs a current ledger")
         assert current is not None
+        self._recoveries_without_progress += 1
+        rounds = self._recoveries_without_progress
+        if rounds > RECOVERIES_WITHOUT_PROGRESS_MAX:
+            raise WriterStuckError(
+                f"stream {self.stream!r} partition {self.partition}: appends failed in "
+                f"{rounds - 1} fresh ledgers in a row with no entry written; the writer stopped "
+                "(a new ledger does not fix this). Check the bookies (quorumlog bookie list) "
+                "and entry_max_bytes of the ledger client and bookies, then create a new "
+                "producer")
+        if rounds > 1:
+            await asyncio.sleep(min(RECOVERY_BACKOFF_MS_FIRST * 2 ** (rounds - 2),
+                                    RECOVERY_BACKOFF_MS_MAX) / 1000)
         handle = await self._client.open_ledger(current.ledger_id,
                                                 password=self._record.password, recovery=True)
         last = int(handle.last_add_confirmed)
