@@ -66,12 +66,8 @@ CLI_TIMEOUT_S = 120.0
 
 @pytest.fixture(scope="module")
 def meta(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
-    directory = tmp_path_factory.mktemp("cookie-meta") / "cluster"
-    cluster.up(directory, 1)
-    try:
-        yield cluster.meta_addresses(directory)
-    finally:
-        cluster.down(directory)
+    with cluster.running(tmp_path_factory.mktemp("cookie-meta") / "cluster", 1) as addresses:
+        yield addresses
 
 
 def free_port() -> int:

@@ -37,12 +37,8 @@ ROW_KEYS = ("partition", "ledger_id", "entry_id", "batch_index", "key", "value")
 
 @pytest.fixture(scope="module")
 def meta(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
-    directory = tmp_path_factory.mktemp("spark") / "cluster"
-    cluster.up(directory, 3)
-    try:
-        yield cluster.meta_addresses(directory)
-    finally:
-        cluster.down(directory)
+    with cluster.running(tmp_path_factory.mktemp("spark") / "cluster", 3) as addresses:
+        yield addresses
 
 
 @pytest.fixture(scope="module")

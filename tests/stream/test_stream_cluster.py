@@ -72,12 +72,8 @@ DEADLINE_S = 30.0
 
 @pytest.fixture(scope="module")
 def meta(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
-    directory = tmp_path_factory.mktemp("streams") / "cluster"
-    cluster.up(directory, 3)
-    try:
-        yield cluster.meta_addresses(directory)
-    finally:
-        cluster.down(directory)
+    with cluster.running(tmp_path_factory.mktemp("streams") / "cluster", 3) as addresses:
+        yield addresses
 
 
 def small(partitions: int = 1, entries: int = 5, **retention: Any) -> StreamConfig:

@@ -38,12 +38,8 @@ REFUSAL_S_MAX = 5.0  # an oversize send must fail at once, not after retries
 
 @pytest.fixture(scope="module")
 def meta(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
-    directory = tmp_path_factory.mktemp("guard") / "cluster"
-    cluster.up(directory, 3)
-    try:
-        yield cluster.meta_addresses(directory)
-    finally:
-        cluster.down(directory)
+    with cluster.running(tmp_path_factory.mktemp("guard") / "cluster", 3) as addresses:
+        yield addresses
 
 
 def config(partitions: int = 1) -> StreamConfig:

@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -439,3 +440,14 @@ def _healthy(rows: list[dict[str, Any]]) -> bool:
 
 def meta_addresses(directory: Path) -> list[str]:
     return [n.address for n in load(directory) if "meta" in n.roles]
+
+
+@contextlib.contextmanager
+def running(directory: Path, nodes: int = 3) -> Iterator[list[str]]:
+    """A local cluster for the span of a ``with`` block (tests, scripts): ``up``
+    on entry, yielding the meta addresses, ``down`` on exit, also on errors."""
+    up(directory, nodes)
+    try:
+        yield meta_addresses(directory)
+    finally:
+        down(directory)
