@@ -9,7 +9,9 @@ from pathlib import Path
 
 from quorumlog import node as cluster
 from quorumlog import rpc
+from quorumlog.ledger import LedgerClient
 from quorumlog.meta import MetaClient
+from quorumlog.stream import StreamClient, StreamConfig
 from rpc.support import read_until_eof  # noqa: F401  (re-exported for the tests)
 
 HEALTHY_DEADLINE_S = 20.0
@@ -64,3 +66,30 @@ async def meta_round_trip(info: cluster.NodeInfo, key: str, value: bytes) -> Non
 async def open_raw(info: cluster.NodeInfo) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     host, port = host_port(info)
     return await asyncio.open_connection(host, port)
+
+
+async def serves(info: cluster.NodeInfo, round_: int, *, full: bool = True) -> None:
+    """The node still serves meta traffic and, with ``full``, ledger traffic (create,
+    append, close, read back) and stream traffic (create, produce, read back)."""
+    await meta_round_trip(info, f"/health/{round_}", b"v%d" % round_)
+    if not full:
+        return
+    async with LedgerClient.connect([info.address]) as client:
+        handle = await client.create_ledger(1, 1, 1, password=b"fuzz")
+        entries = [b"entry-%d-%d" % (round_, i) for i in range(3)]
+        for entry in entries:
+            await handle.append(entry)
+        await handle.close()
+        reader = await client.open_ledger(handle.id, password=b"fuzz")
+        got = [e.payload for e in await reader.read_batch(0, len(entries) - 1)]
+        assert got == entries
+    async with await StreamClient.connect([info.address]) as streams:
+        name = f"health-{round_}"
+        await streams.create_stream(name, StreamConfig(ensemble_size=1, write_quorum=1,
+                                                       ack_quorum=1))
+        producer = await streams.producer(name)
+        await producer.send(b"message-%d" % round_)
+        await producer.close()
+        async with await streams.reader(name) as stream_reader:
+            message = await stream_reader.read_next(int(HEALTHY_DEADLINE_S * 1000))
+        assert message is not None and message.value == b"message-%d" % round_

@@ -58,14 +58,12 @@ import quorumlog.bookie
 import quorumlog.meta
 from quorumlog import node as cluster
 from quorumlog import rpc
-from quorumlog.ledger import LedgerClient
 from quorumlog.meta import Request as MetaCommand
 from quorumlog.rpc._frame import HEADER, HEADER_BYTES, LENGTH_FIELD_BYTES, MAGIC, VERSION
 from quorumlog.rpc._messages import ErrorResponse, HelloResponse, encode_frame
-from quorumlog.stream import StreamClient, StreamConfig
 from rpc.support import hello_frame, raw_frame
 
-from .support import meta_round_trip, open_raw, proc_status_kib
+from .support import open_raw, proc_status_kib, serves
 
 # One example: the node answers or closes within this (a loaded 2-CPU machine;
 # the longest server-side wait a request can ask for is capped well below:
@@ -306,7 +304,7 @@ class Watch:
     def check(self, *, full: bool) -> None:
         assert _alive(self.info.pid), f"the node died; see {self.info.log}"
         round_ = next(self.rounds)
-        rpc.run(_serves(self.info, round_, full=full))
+        rpc.run(serves(self.info, round_, full=full))
         growth_kib = proc_status_kib(self.info.pid, "VmRSS") - self.rss_before_kib
         assert growth_kib < RSS_GROWTH_MAX_KIB, f"node RSS grew by {growth_kib} KiB"
         with Path(self.info.log).open("rb") as log:
@@ -329,34 +327,9 @@ def _around(text: str, marker: str) -> str:
     return text[max(0, at - 2000) : at + 3000]
 
 
-async def _serves(info: cluster.NodeInfo, round_: int, *, full: bool) -> None:
-    await meta_round_trip(info, f"/health/{round_}", b"v%d" % round_)
-    if not full:
-        return
-    async with LedgerClient.connect([info.address]) as client:
-        handle = await client.create_ledger(1, 1, 1, password=b"fuzz")
-        entries = [b"entry-%d-%d" % (round_, i) for i in range(3)]
-        for entry in entries:
-            await handle.append(entry)
-        await handle.close()
-        reader = await client.open_ledger(handle.id, password=b"fuzz")
-        got = [e.payload for e in await reader.read_batch(0, len(entries) - 1)]
-        assert got == entries
-    async with await StreamClient.connect([info.address]) as streams:
-        name = f"fuzz-health-{round_}"
-        await streams.create_stream(name, StreamConfig(ensemble_size=1, write_quorum=1,
-                                                       ack_quorum=1))
-        producer = await streams.producer(name)
-        await producer.send(b"message-%d" % round_)
-        await producer.close()
-        async with await streams.reader(name) as stream_reader:
-            message = await stream_reader.read_next(int(EXAMPLE_DEADLINE_S * 1000))
-        assert message is not None and message.value == b"message-%d" % round_
-
-
 @pytest.fixture(scope="module")
 def watch(node: cluster.NodeInfo) -> Iterator[Watch]:
-    rpc.run(_serves(node, 0, full=False))  # the node is up and serving
+    rpc.run(serves(node, 0, full=False))  # the node is up and serving
     yield Watch(node)
 
 

@@ -1,6 +1,6 @@
 """Issue 13, finding 3: memory and time under hostile connections, against a
 real node process (meta + bookie). Each test checks the node still serves
-meta traffic afterwards."""
+meta, ledger and stream traffic afterwards."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from .support import (
     reset_peak_rss,
     server_open_connections,
     server_received_bytes,
+    serves,
 )
 
 HOSTILE_CONNECTIONS = 150
@@ -74,7 +75,7 @@ def test_announced_16mib_frames_then_close_do_not_blow_up_memory(
         growth_kib = proc_status_kib(node.pid, "VmHWM") - rss_before_kib
         assert growth_kib < PEAK_RSS_GROWTH_MAX_KIB, (
             f"peak RSS grew by {growth_kib} KiB with {HOSTILE_CONNECTIONS} announced frames")
-        await meta_round_trip(node, "/adversarial/after", b"2")
+        await serves(node, 1001)
 
     rpc.run(main())
 
@@ -89,7 +90,7 @@ def test_a_truncated_hello_is_dropped_within_the_handshake_timeout(
         await read_until_eof(reader, timeout_s=30)
         elapsed = time.monotonic() - started
         writer.close()
-        await meta_round_trip(node, "/adversarial/truncated", b"3")
+        await serves(node, 1002)
         return elapsed
 
     elapsed = rpc.run(main())
@@ -105,7 +106,7 @@ def test_a_hello_with_a_nonsensical_frame_limit_is_refused(
         writer.write(bytes(encode_frame(hello, 1, 0)))
         answer = await read_until_eof(reader, timeout_s=HANDSHAKE_TIMEOUT_S + CLOSE_SLACK_S)
         writer.close()
-        await meta_round_trip(node, "/adversarial/hello", b"4")
+        await serves(node, 1003 + announced % 1000)
         return answer
 
     answer = rpc.run(main())

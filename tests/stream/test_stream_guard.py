@@ -24,9 +24,11 @@ from quorumlog.ledger import LedgerClient, LedgerClientConfig
 from quorumlog.stream import (
     ConsumerConfig,
     MessageTooLargeError,
+    ProducerFencedError,
     RolloverPolicy,
     StreamClient,
     StreamConfig,
+    StreamInUseError,
     WriterStuckError,
 )
 from quorumlog.stream._writer import RECOVERIES_WITHOUT_PROGRESS_MAX
@@ -265,3 +267,84 @@ def test_deleting_a_stream_ledger_needs_force(meta: list[str]) -> None:
             assert ledger_id not in await client.ledger_client.list_ledgers(limit=100_000)
 
     rpc.run(gone())
+
+
+# ----- short-lived producers add ledgers only where they write ----------------------------
+
+
+def test_cli_produce_adds_a_ledger_only_to_the_partition_it_writes(meta: list[str]) -> None:
+    """Three CLI produce calls with one key on a 4-partition stream: three ledgers,
+    each holding its message, all in the key's partition (was: 12, mostly empty)."""
+
+    async def create() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("short", config(partitions=4))
+
+    rpc.run(create())
+    members = ",".join(meta)
+    partitions = set()
+    for i in range(3):
+        result = quorumlog("stream", "produce", "short", f"v{i}", "--key", "k",
+                           "--members", members)
+        assert result.returncode == 0, result.stderr
+        partitions.add(json.loads(result.stdout)["partition"])
+    assert len(partitions) == 1
+
+    async def check() -> None:
+        async with await StreamClient.connect(meta) as client:
+            info = await client.stream_info("short")
+            ledgers = [(p["partition"], ledger) for p in info["partitions"]
+                       for ledger in p["ledgers"]]
+            assert [p for p, _ in ledgers] == [*partitions] * 3, ledgers
+            assert [ledger["entries"] for _, ledger in ledgers] == [1, 1, 1]
+            # A producer that sends nothing leaves every ledger list as it was.
+            async with await client.producer("short"):
+                pass
+            after = await client.stream_info("short")
+            assert [len(p["ledgers"]) for p in after["partitions"]] == [
+                len(p["ledgers"]) for p in info["partitions"]]
+            assert sorted(await values(client, "short", 3)) == [b"v0", b"v1", b"v2"]
+
+    rpc.run(check())
+
+
+# ----- deleting a stream that is in use -------------------------------------------------------
+
+
+def test_deleting_a_stream_in_use_needs_force(meta: list[str]) -> None:
+    """A live producer or consumer makes `stream delete` refuse (Pulsar's
+    `topics delete` without -f); once they close it goes through, and --force
+    deletes at once."""
+    members = ",".join(meta)
+
+    async def in_use() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("busy", config(partitions=2))
+            producer = await client.producer("busy")
+            await producer.send(b"m", partition=1)
+            consumer = await client.subscribe(
+                "busy", "audit", config=ConsumerConfig(initial_position="earliest"))
+            with pytest.raises(StreamInUseError, match=r"partitions \[0, 1\].*'audit'"):
+                await client.delete_stream("busy")
+            result = await asyncio.to_thread(
+                quorumlog, "stream", "delete", "busy", "--yes", "--members", members)
+            assert result.returncode == 1
+            assert "--force" in result.stderr and "Traceback" not in result.stderr
+            assert await values(client, "busy", 1) == [b"m"]  # nothing was deleted
+            await consumer.close()
+            await producer.close()
+            assert await client.delete_stream("busy")
+            assert "busy" not in await client.list_streams()
+
+            await client.create_stream("busy2", config())
+            producer = await client.producer("busy2")
+            await producer.send(b"m")
+            result = await asyncio.to_thread(
+                quorumlog, "stream", "delete", "busy2", "--yes", "--force", "--members", members)
+            assert result.returncode == 0, result.stderr
+            assert "busy2" not in await client.list_streams()
+            with pytest.raises(ProducerFencedError, match="was deleted"):
+                await asyncio.wait_for(producer.send(b"after"), DEADLINE_S)
+            await producer.close()
+
+    rpc.run(in_use())

@@ -265,11 +265,13 @@ def trim(
 def delete(
     name: str,
     yes: bool = typer.Option(False, "--yes", help="Do not ask for confirmation."),
+    force: bool = typer.Option(False, "--force", help="Delete even while producers or "
+                               "consumers are live on the stream (their next call fails)."),
     members: str | None = MembersOption,
     directory: Path | None = DirOption,
 ) -> None:
-    """Delete a stream and every ledger of it."""
+    """Delete a stream and every ledger of it (refused while it is in use, unless --force)."""
     if not yes:
         typer.confirm(f"delete stream {name!r} and all its data?", abort=True)
-    deleted = _run(members, directory, lambda c: c.delete_stream(name))
+    deleted = _run(members, directory, lambda c: c.delete_stream(name, force=force))
     console.print(f"deleted stream {name!r} ({len(deleted)} ledgers)")

@@ -30,6 +30,7 @@ from quorumlog.stream._entry import first_publish_time_ms
 from quorumlog.stream._errors import (
     MessageFormatError,
     StreamExistsError,
+    StreamInUseError,
     StreamNotFoundError,
 )
 from quorumlog.stream._layout import (
@@ -302,17 +303,52 @@ async def _partial_expiry(client: LedgerClient, record: StreamRecord,
     return SeqPosition(info.seq, search.result - 1, ENTRY_END, info.ledger_id)
 
 
-async def delete_stream(client: LedgerClient, name: str) -> list[int]:
-    """Delete the stream: mark it, delete every ledger, then its keys."""
+async def stream_users(client: LedgerClient, name: str) -> tuple[list[int], list[str]]:
+    """Partitions with a live writer, and subscriptions with a live consumer.
+
+    Both hold ephemeral keys bound to their meta sessions, so a key present is a
+    producer or consumer that kept its session alive within its lease.
+    """
+    writers_dir = writer_key(name, 0).rsplit("/", 1)[0] + "/"
+    cursors_dir = cursors_prefix(name)
+    partitions = [int(kv.key[len(writers_dir):])
+                  for kv in await client.meta.list_keys(writers_dir)]
+    subscriptions = [kv.key[len(cursors_dir):-len("/owner")]
+                     for kv in await client.meta.list_keys(cursors_dir)
+                     if kv.key.endswith("/owner")]
+    return sorted(partitions), sorted(subscriptions)
+
+
+async def delete_stream(client: LedgerClient, name: str, *, force: bool = False) -> list[int]:
+    """Delete the stream: mark it, delete every ledger, then its keys.
+
+    Refuses (:class:`StreamInUseError`) while a producer or consumer is live on
+    it, unless ``force`` (Pulsar's ``topics delete`` without ``-f``); a delete
+    already under way is resumed without asking again.
+    """
     check_name("stream", name)
     kv = await client.meta.get(config_key(name))
     if kv is None:
         raise StreamNotFoundError(f"stream {name!r} does not exist")
     record = StreamRecord.decode(kv.value)
+    if record.state is not StreamState.DELETING and not force:
+        partitions, subscriptions = await stream_users(client, name)
+        if partitions or subscriptions:
+            users = []
+            if partitions:
+                users.append(f"a live producer (partitions {partitions})")
+            if subscriptions:
+                users.append(f"live consumers of subscriptions {subscriptions}")
+            raise StreamInUseError(
+                f"stream {name!r} has {' and '.join(users)}; nothing was deleted. Close them "
+                "first (or wait for their leases to expire), or force the delete with "
+                "--force / force=True: their next send or acknowledgement then fails")
     if record.state is not StreamState.DELETING:
         marked = msgspec.structs.replace(record, state=StreamState.DELETING)
         if not await client.meta.cas(config_key(name), kv.version, marked.encode()):
             raise StreamNotFoundError(f"stream {name!r} changed while deleting; try again")
+    if force:
+        await _fence_open_ledgers(client, record)
     deleted = []
     for partition in range(record.config.partitions):
         for ledger_id in await _partition_ledger_ids(client, name, partition):
@@ -324,6 +360,34 @@ async def delete_stream(client: LedgerClient, name: str) -> list[int]:
                                    DeleteOp(key=name_key(name))])
     log.info("stream_deleted", stream=name, ledgers=len(deleted))
     return deleted
+
+
+async def _fence_open_ledgers(client: LedgerClient, record: StreamRecord) -> None:
+    """Fence every partition's open ledger so live writers stop before it goes.
+
+    Without this a producer of a force-deleted stream would go on appending to
+    its ledger on the bookies (they learn of a deletion only at their next
+    garbage collection) and see its sends succeed. Fenced, its next append
+    fails and it finds the stream gone.
+    """
+    for partition in range(record.config.partitions):
+        try:
+            head = await LedgerList(client.meta, record.name, partition).refresh()
+        except QuorumlogError as exc:
+            log.info("stream_delete_head_unreadable", stream=record.name, partition=partition,
+                     error=exc.message)
+            continue
+        open_ledger = head.open_ledger
+        if open_ledger is None:
+            continue
+        try:
+            await client.open_ledger(open_ledger.ledger_id, password=record.password,
+                                     recovery=True)
+        except QuorumlogError as exc:
+            if exc.retriable:
+                raise
+            log.info("stream_delete_fence_skipped", ledger_id=open_ledger.ledger_id,
+                     error=exc.message)
 
 
 async def _partition_ledger_ids(client: LedgerClient, name: str, partition: int) -> list[int]:

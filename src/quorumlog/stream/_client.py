@@ -70,8 +70,10 @@ class StreamClient:
         return await _admin.trim_stream(self.ledger_client, name, retention=retention,
                                         at_ms=at_ms)
 
-    async def delete_stream(self, name: str) -> list[int]:
-        return await _admin.delete_stream(self.ledger_client, name)
+    async def delete_stream(self, name: str, *, force: bool = False) -> list[int]:
+        """Delete the stream and its ledgers; refuses while producers or consumers
+        are live on it (:class:`StreamInUseError`) unless ``force``."""
+        return await _admin.delete_stream(self.ledger_client, name, force=force)
 
     # ----- data -----------------------------------------------------------------------------
 
@@ -143,8 +145,8 @@ class BlockingStreamClient:
              at_ms: int | None = None) -> _admin.TrimReport:
         return self.run(self._client.trim(name, retention=retention, at_ms=at_ms))
 
-    def delete_stream(self, name: str) -> list[int]:
-        return self.run(self._client.delete_stream(name))
+    def delete_stream(self, name: str, *, force: bool = False) -> list[int]:
+        return self.run(self._client.delete_stream(name, force=force))
 
     def producer(self, stream: str, *, steal: bool = False,
                  config: ProducerConfig | None = None) -> BlockingProducer:

@@ -53,6 +53,14 @@ class WriterStuckError(StreamError):
     ledger client's limits, then create a new producer."""
 
 
+class StreamInUseError(StreamError, UsageError):
+    """A destructive operation found live producers or consumers on the stream.
+
+    Nothing was deleted. Stop them first, or force it (``force=True``,
+    ``--force``): their next send or acknowledgement then fails.
+    """
+
+
 class SubscriptionBusyError(StreamError, TransientError):
     """Another consumer holds the subscription (subscriptions are exclusive)."""
 

@@ -108,7 +108,10 @@ class Producer:
         try:
             for partition in range(record.config.partitions):
                 writer = PartitionWriter(client, record, partition, session_id, owner=owner)
-                await writer.open(steal=steal, wait_ms=config.lease_wait_ms)
+                # Without steal, a partition is taken over at its first message, so a
+                # short-lived producer (one CLI call) adds a ledger only where it writes.
+                # With steal, at once: the live writer it replaces is fenced now.
+                await writer.open(steal=steal, wait_ms=config.lease_wait_ms, lazy=not steal)
                 producer._writers.append(writer)
         except BaseException:
             await producer.close()

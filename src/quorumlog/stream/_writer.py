@@ -58,6 +58,7 @@ from quorumlog.stream._layout import (
     PartitionHead,
     StreamRecord,
     WriterLease,
+    config_key,
     writer_key,
 )
 from quorumlog.stream._meta import (
@@ -178,9 +179,20 @@ class PartitionWriter:
 
     # ----- open: lease and takeover ------------------------------------------------------
 
-    async def open(self, *, steal: bool = False, wait_ms: int = 0) -> None:
+    async def open(self, *, steal: bool = False, wait_ms: int = 0, lazy: bool = False) -> None:
+        """Take the lease; take the partition over now, or (``lazy``) at the first append.
+
+        A lazy writer holds the lease (no one else may write the partition) but
+        creates no ledger until it has an entry to write: a producer that sends
+        to one partition of many, or closes without sending, leaves the other
+        partitions' ledger lists as they were instead of closing and opening an
+        empty ledger in each.
+        """
         await self._acquire_lease(steal=steal, wait_ms=wait_ms)
-        await self._take_over()
+        if lazy:
+            await load_head(self._meta, self.stream, self.partition)  # refuse what we can't read
+        else:
+            await self._take_over()
         self._pump_task = asyncio.get_running_loop().create_task(self._pump())
 
     async def _acquire_lease(self, *, steal: bool, wait_ms: int) -> None:
@@ -313,7 +325,9 @@ class PartitionWriter:
                 except TimeoutError:
                     if self.due_for_rollover():
                         await self.roll_over()
-                    continue
+                continue  # woken by an entry or by close: look again
+            if self._current is None and self._failed is None:
+                await self._take_over_lazily()
             await self._switching.wait()
             if self._failed is not None:
                 for pending in self._queue:
@@ -332,6 +346,17 @@ class PartitionWriter:
                     break
                 self._queue.popleft()
             await asyncio.sleep(0)
+
+    async def _take_over_lazily(self) -> None:
+        """The first entry of a lazily opened writer: take the partition over now."""
+        async with self._switch_lock:
+            try:
+                await self._check_lease()
+                await self._take_over()
+            except QuorumlogError as exc:
+                log.warning("writer_takeover_failed", stream=self.stream,
+                            partition=self.partition, error=exc.message)
+                self._fail(exc)
 
     async def _wait_for_room(self) -> None:
         """The ledger handle has its maximum of appends outstanding: wait for one."""
@@ -472,8 +497,16 @@ class PartitionWriter:
         if rounds > 1:
             await asyncio.sleep(min(RECOVERY_BACKOFF_MS_FIRST * 2 ** (rounds - 2),
                                     RECOVERY_BACKOFF_MS_MAX) / 1000)
-        handle = await self._client.open_ledger(current.ledger_id,
-                                                password=self._record.password, recovery=True)
+        try:
+            handle = await self._client.open_ledger(current.ledger_id,
+                                                    password=self._record.password,
+                                                    recovery=True)
+        except QuorumlogError:
+            if await self._meta.get(config_key(self.stream)) is None:
+                raise ProducerFencedError(
+                    f"stream {self.stream!r} was deleted while this producer wrote to it; "
+                    "messages not yet acknowledged were not written") from None
+            raise
         last = int(handle.last_add_confirmed)
         resend: list[_Pending] = []
         for pending in list(self._pending):
