@@ -1,0 +1,88 @@
+"""Tables: Pegasus-style (hash_key, sort_key) -> value with TTL and timetags.
+
+This package holds the partition replica's storage and write rules
+(:class:`TableStore`, the partition's Raft state machine over RocksDB), the
+commands that travel in a partition's Raft log, and timetags. See
+docs/table.md.
+"""
+
+from quorumlog.table._codec import (
+    HASH_KEY_BYTES_MAX,
+    SORT_KEY_BYTES_MAX,
+    VALUE_BYTES_MAX,
+    Record,
+)
+from quorumlog.table._commands import (
+    CheckAndMutateCommand,
+    CheckResult,
+    CheckType,
+    DeleteCommand,
+    Done,
+    IncrCommand,
+    IncrResult,
+    MultiDeleteCommand,
+    MultiSetCommand,
+    Mutation,
+    Refused,
+    SetCommand,
+    TableEntry,
+    WriteCommand,
+    WriteResult,
+    check_passes,
+    decode_entry,
+    encode_entry,
+)
+from quorumlog.table._errors import (
+    BadTableRequestError,
+    KeyTooLargeError,
+    NotAnIntegerError,
+    TableError,
+    ValueTooLargeError,
+)
+from quorumlog.table._store import SCAN_LIMIT_MAX, ScanItem, ScanPage, TableStore
+from quorumlog.table._timetag import (
+    CLUSTER_ID_MAX,
+    CLUSTER_ID_MIN,
+    Timetag,
+    TimetagClock,
+    make_timetag,
+)
+
+__all__ = [
+    "CLUSTER_ID_MAX",
+    "CLUSTER_ID_MIN",
+    "HASH_KEY_BYTES_MAX",
+    "SCAN_LIMIT_MAX",
+    "SORT_KEY_BYTES_MAX",
+    "VALUE_BYTES_MAX",
+    "BadTableRequestError",
+    "CheckAndMutateCommand",
+    "CheckResult",
+    "CheckType",
+    "DeleteCommand",
+    "Done",
+    "IncrCommand",
+    "IncrResult",
+    "KeyTooLargeError",
+    "MultiDeleteCommand",
+    "MultiSetCommand",
+    "Mutation",
+    "NotAnIntegerError",
+    "Record",
+    "Refused",
+    "ScanItem",
+    "ScanPage",
+    "SetCommand",
+    "TableEntry",
+    "TableError",
+    "TableStore",
+    "Timetag",
+    "TimetagClock",
+    "ValueTooLargeError",
+    "WriteCommand",
+    "WriteResult",
+    "check_passes",
+    "decode_entry",
+    "encode_entry",
+    "make_timetag",
+]

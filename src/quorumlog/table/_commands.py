@@ -1,0 +1,205 @@
+"""Table writes as Raft log commands, and the pure rules they follow.
+
+A partition's leader batches client writes into one :class:`TableEntry` per
+Raft proposal and stamps it with one timestamp (microseconds, from its
+:class:`~quorumlog.table.TimetagClock`). Every replica applies the entry with
+that timestamp, never its own clock, so TTLs and timetags come out the same on
+every replica. Names and semantics follow Pegasus's client API (``set``,
+``multi_set``, ``del``, ``multi_del``, ``incr``, ``check_and_set``,
+``check_and_mutate``) and its check types (``cas_check_type``).
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+from quorumlog.table._errors import NotAnIntegerError
+
+INT64_MIN = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
+
+
+class CheckType(enum.IntEnum):
+    """What ``check_and_set``/``check_and_mutate`` test (Pegasus ``cas_check_type``)."""
+
+    NO_CHECK = 0
+    VALUE_NOT_EXIST = 1
+    VALUE_NOT_EXIST_OR_EMPTY = 2
+    VALUE_EXIST = 3
+    VALUE_NOT_EMPTY = 4
+    MATCH_ANYWHERE = 5
+    MATCH_PREFIX = 6
+    MATCH_POSTFIX = 7
+    BYTES_LESS = 8
+    BYTES_LESS_OR_EQUAL = 9
+    BYTES_EQUAL = 10
+    BYTES_GREATER_OR_EQUAL = 11
+    BYTES_GREATER = 12
+    INT_LESS = 13
+    INT_LESS_OR_EQUAL = 14
+    INT_EQUAL = 15
+    INT_GREATER_OR_EQUAL = 16
+    INT_GREATER = 17
+
+
+_INT_CHECKS = {CheckType.INT_LESS, CheckType.INT_LESS_OR_EQUAL, CheckType.INT_EQUAL,
+               CheckType.INT_GREATER_OR_EQUAL, CheckType.INT_GREATER}
+
+
+def parse_int64(raw: bytes, what: str) -> int:
+    """A decimal 64-bit integer as Pegasus stores counters; empty is 0."""
+    if not raw:
+        return 0
+    text = raw.strip()
+    if text != raw or not text.lstrip(b"-").isdigit():
+        raise NotAnIntegerError(f"{what} {raw[:40]!r} is not a decimal integer")
+    number = int(text)
+    if not INT64_MIN <= number <= INT64_MAX:
+        raise NotAnIntegerError(f"{what} {raw[:40]!r} does not fit in 64 bits")
+    return number
+
+
+def check_passes(check: CheckType, operand: bytes, current: bytes | None) -> bool:
+    """Whether the check holds for the current value (None: no live value).
+
+    Raises :class:`NotAnIntegerError` for an integer compare whose operand or
+    current value is not an integer (Pegasus answers ERR_INVALID_ARGUMENT).
+    """
+    if check is CheckType.NO_CHECK:
+        return True
+    if check is CheckType.VALUE_NOT_EXIST:
+        return current is None
+    if check is CheckType.VALUE_NOT_EXIST_OR_EMPTY:
+        return not current
+    if check is CheckType.VALUE_EXIST:
+        return current is not None
+    if check is CheckType.VALUE_NOT_EMPTY:
+        return bool(current)
+    if current is None:
+        return False  # every compare below needs a value
+    if check is CheckType.MATCH_ANYWHERE:
+        return operand in current
+    if check is CheckType.MATCH_PREFIX:
+        return current.startswith(operand)
+    if check is CheckType.MATCH_POSTFIX:
+        return current.endswith(operand)
+    if check in _INT_CHECKS:
+        left = parse_int64(current, "the checked value")
+        right = parse_int64(operand, "the check operand")
+        return _compare(check, left, right)
+    return _compare(check, current, operand)
+
+
+def _compare(check: CheckType, left: bytes | int, right: bytes | int) -> bool:
+    kind = check.value - (CheckType.INT_LESS if check in _INT_CHECKS else CheckType.BYTES_LESS)
+    if kind == 0:
+        return left < right  # type: ignore[operator]
+    if kind == 1:
+        return left <= right  # type: ignore[operator]
+    if kind == 2:
+        return left == right
+    if kind == 3:
+        return left >= right  # type: ignore[operator]
+    return left > right  # type: ignore[operator]
+
+
+# ----- commands ------------------------------------------------------------------------------
+
+
+class SetCommand(msgspec.Struct, frozen=True, tag="set"):
+    hash_key: bytes
+    sort_key: bytes
+    value: bytes
+    ttl_s: int = 0  # 0: no TTL
+
+
+class MultiSetCommand(msgspec.Struct, frozen=True, tag="multi_set"):
+    hash_key: bytes
+    items: tuple[tuple[bytes, bytes], ...]  # (sort_key, value)
+    ttl_s: int = 0
+
+
+class DeleteCommand(msgspec.Struct, frozen=True, tag="del"):
+    hash_key: bytes
+    sort_key: bytes
+
+
+class MultiDeleteCommand(msgspec.Struct, frozen=True, tag="multi_del"):
+    hash_key: bytes
+    sort_keys: tuple[bytes, ...]
+
+
+class IncrCommand(msgspec.Struct, frozen=True, tag="incr"):
+    hash_key: bytes
+    sort_key: bytes
+    increment: int
+    # Pegasus's expire_ts_seconds of incr: 0 keeps the record's TTL, > 0 sets
+    # a new TTL of that many seconds, < 0 removes the TTL.
+    ttl_s: int = 0
+
+
+class Mutation(msgspec.Struct, frozen=True):
+    sort_key: bytes
+    value: bytes | None  # None: delete
+    ttl_s: int = 0
+
+
+class CheckAndMutateCommand(msgspec.Struct, frozen=True, tag="check_and_mutate"):
+    """``check_and_set`` is the one-mutation case."""
+
+    hash_key: bytes
+    check_sort_key: bytes
+    check_type: CheckType
+    check_operand: bytes
+    mutations: tuple[Mutation, ...]
+    return_check_value: bool = False
+
+
+WriteCommand = (SetCommand | MultiSetCommand | DeleteCommand | MultiDeleteCommand
+                | IncrCommand | CheckAndMutateCommand)
+
+
+class TableEntry(msgspec.Struct, frozen=True):
+    """One Raft log entry of a partition: writes applied in order, one timestamp."""
+
+    timestamp_us: int
+    commands: tuple[WriteCommand, ...]
+
+
+# ----- results ---------------------------------------------------------------------------------
+
+
+class Done(msgspec.Struct, frozen=True, tag="done"):
+    pass
+
+
+class IncrResult(msgspec.Struct, frozen=True, tag="incr"):
+    value: int
+
+
+class CheckResult(msgspec.Struct, frozen=True, tag="check"):
+    succeeded: bool
+    check_value_exist: bool = False
+    check_value: bytes | None = None  # only with return_check_value
+
+
+class Refused(msgspec.Struct, frozen=True, tag="refused"):
+    """The command was not applied; every replica refuses it the same way."""
+
+    message: str
+
+
+WriteResult = Done | IncrResult | CheckResult | Refused
+
+_ENTRY_ENCODER = msgspec.msgpack.Encoder()
+_ENTRY_DECODER = msgspec.msgpack.Decoder(TableEntry)
+
+
+def encode_entry(entry: TableEntry) -> bytes:
+    return _ENTRY_ENCODER.encode(entry)
+
+
+def decode_entry(raw: bytes) -> TableEntry:
+    return _ENTRY_DECODER.decode(raw)

@@ -1,0 +1,27 @@
+"""Errors of tables. All derive from the quorumlog error tree."""
+
+from __future__ import annotations
+
+from quorumlog.errors import QuorumlogError, UsageError
+
+
+class TableError(QuorumlogError):
+    """Base of the errors specific to tables."""
+
+
+class KeyTooLargeError(TableError, UsageError):
+    """A hash_key or sort_key is over its limit (docs/table.md, "Limits")."""
+
+
+class ValueTooLargeError(TableError, UsageError):
+    """A value is over ``VALUE_BYTES_MAX``; split it over several sort keys."""
+
+
+class BadTableRequestError(TableError, UsageError):
+    """A table request is malformed: a wrong type, an operand that is not an
+    integer where an integer compare needs one, an empty hash_key."""
+
+
+class NotAnIntegerError(BadTableRequestError):
+    """A value or operand that must be a decimal 64-bit integer is not (``increment``,
+    integer compares of ``check_and_set``)."""

@@ -1,0 +1,460 @@
+"""One partition replica's data: a RocksDB instance (rocksdict) and the rules
+that apply table writes to it.
+
+The store is the partition's Raft state machine. :meth:`TableStore.apply`
+takes committed entries in log order and writes each as one RocksDB write
+batch that also records the entry's decree (log index), so data and
+``applied_decree`` always agree, even after a crash: RocksDB may lose its
+last unsynced writes, but then it loses the decree with them and Raft applies
+those entries again (Pegasus keeps ``last_flushed_decree`` the same way).
+Reads take ``now_s`` from the caller so that TTL is decided by one clock.
+
+Snapshots are RocksDB checkpoints (:meth:`checkpoint`): hard links to the
+immutable SST files plus a copy of the small live files, taken in the thread
+that applies, so a checkpoint holds exactly the entries up to
+``applied_decree``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from rocksdict import (
+    Checkpoint,
+    DBCompressionType,
+    Options,
+    Rdict,
+    WriteBatch,
+)
+
+from quorumlog.errors import InvariantViolation, LockedError, StorageError, invariant
+from quorumlog.table._codec import (
+    STORE_KEY_PREFIX,
+    Record,
+    check_key,
+    check_value,
+    decode_key,
+    decode_record,
+    encode_key,
+    encode_record,
+    hash_key_prefix,
+    prefix_end,
+)
+from quorumlog.table._commands import (
+    INT64_MAX,
+    INT64_MIN,
+    CheckAndMutateCommand,
+    CheckResult,
+    DeleteCommand,
+    Done,
+    IncrCommand,
+    IncrResult,
+    MultiDeleteCommand,
+    MultiSetCommand,
+    Refused,
+    SetCommand,
+    TableEntry,
+    WriteCommand,
+    WriteResult,
+    check_passes,
+    parse_int64,
+)
+from quorumlog.table._errors import BadTableRequestError, TableError
+from quorumlog.table._timetag import check_cluster_id, make_timetag
+
+KEY_APPLIED_DECREE = STORE_KEY_PREFIX + b"applied_decree"
+KEY_FORMAT_VERSION = STORE_KEY_PREFIX + b"format_version"
+STORE_FORMAT_VERSION = 1
+SCAN_LIMIT_MAX = 10_000  # records one scan call returns at most; page for more
+INFO_LOG_FILES_MAX = 2
+_U64 = struct.Struct(">Q")
+US_PER_S = 1_000_000
+
+
+def _raw(value: object) -> bytes:
+    if not isinstance(value, bytes):
+        raise InvariantViolation(f"invariant violated: store returned {type(value).__name__}")
+    return value
+
+
+def _options() -> Options:
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    options.set_compression_type(DBCompressionType.lz4())
+    options.set_keep_log_file_num(INFO_LOG_FILES_MAX)
+    return options
+
+
+@dataclass(frozen=True, slots=True)
+class ScanItem:
+    hash_key: bytes
+    sort_key: bytes
+    value: bytes
+    expire_ts_s: int
+    timetag: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScanPage:
+    items: list[ScanItem]
+    # Where the next page starts (pass it as ``after``); None when the range is done.
+    next_after: bytes | None
+
+
+class TableStore:
+    """A partition replica's RocksDB. Not thread-safe: one thread applies and reads."""
+
+    def __init__(self, path: Path, *, cluster_id: int) -> None:
+        self.path = path
+        self.cluster_id = check_cluster_id(cluster_id)
+        self._db = self._open(path)
+        raw = self._db.get(KEY_APPLIED_DECREE)
+        self._applied = 0 if raw is None else _U64.unpack(_raw(raw))[0]
+
+    @staticmethod
+    def _open(path: Path) -> Rdict:
+        path.mkdir(parents=True, exist_ok=True)
+        try:
+            db = Rdict(str(path), _options())
+        except Exception as exc:  # rocksdict raises plain Exception
+            if "lock" in str(exc).lower():
+                raise LockedError(f"table store {path} is in use by another process ({exc}); "
+                                  "stop it first") from None
+            raise StorageError(f"cannot open table store {path}: {exc}") from None
+        version = db.get(KEY_FORMAT_VERSION)
+        if version is None:
+            db.put(KEY_FORMAT_VERSION, _U64.pack(STORE_FORMAT_VERSION))
+        elif _U64.unpack(_raw(version))[0] != STORE_FORMAT_VERSION:
+            db.close()
+            raise StorageError(f"table store {path} has format version "
+                               f"{_U64.unpack(_raw(version))[0]}, this build reads "
+                               f"{STORE_FORMAT_VERSION}")
+        return db
+
+    def close(self) -> None:
+        self._db.close()
+
+    @property
+    def applied_decree(self) -> int:
+        return self._applied
+
+    # ----- writes --------------------------------------------------------------------------
+
+    def apply(self, decree: int, entry: TableEntry) -> list[WriteResult]:
+        """Apply one committed entry; an entry at or below ``applied_decree`` was
+        applied before a crash and is skipped (returns [])."""
+        if decree <= self._applied:
+            return []
+        batch = _Batch(self._db, entry.timestamp_us, self.cluster_id)
+        results = [batch.run(command) for command in entry.commands]
+        batch.write_batch.put(KEY_APPLIED_DECREE, _U64.pack(decree))
+        self._db.write(batch.write_batch)
+        self._applied = decree
+        return results
+
+    def skip(self, decree: int) -> None:
+        """Record a log entry that is not a table write (a configuration change)."""
+        if decree <= self._applied:
+            return
+        self._db.put(KEY_APPLIED_DECREE, _U64.pack(decree))
+        self._applied = decree
+
+    # ----- reads ---------------------------------------------------------------------------
+
+    def get_record(self, hash_key: bytes, sort_key: bytes, now_s: int) -> Record | None:
+        check_key(hash_key, sort_key)
+        raw = self._db.get(encode_key(hash_key, sort_key))
+        if raw is None:
+            return None
+        record = decode_record(_raw(raw))
+        return record if record.live(now_s) else None
+
+    def get(self, hash_key: bytes, sort_key: bytes, now_s: int) -> bytes | None:
+        record = self.get_record(hash_key, sort_key, now_s)
+        return None if record is None else record.value
+
+    def ttl_s(self, hash_key: bytes, sort_key: bytes, now_s: int) -> int | None:
+        """Seconds left (-1: no TTL); None when there is no live value."""
+        record = self.get_record(hash_key, sort_key, now_s)
+        return None if record is None else record.ttl_s(now_s)
+
+    def multi_get(self, hash_key: bytes, sort_keys: list[bytes],
+                  now_s: int) -> dict[bytes, bytes]:
+        out = {}
+        for sort_key in sort_keys:
+            value = self.get(hash_key, sort_key, now_s)
+            if value is not None:
+                out[sort_key] = value
+        return out
+
+    def scan(self, hash_key: bytes, now_s: int, *, start: bytes = b"", stop: bytes | None = None,
+             start_inclusive: bool = True, stop_inclusive: bool = False,
+             limit: int = 100, reverse: bool = False, after: bytes | None = None) -> ScanPage:
+        """Live records of ``hash_key`` with sort keys in [start, stop) (bounds as
+        asked), ``limit`` at most, in sort-key order or ``reverse``.
+
+        ``after`` is the ``next_after`` of the previous page.
+        """
+        check_key(hash_key, start)
+        if stop is not None:
+            check_key(hash_key, stop)
+        if not 1 <= limit <= SCAN_LIMIT_MAX:
+            raise BadTableRequestError(f"scan limit {limit} out of range 1..{SCAN_LIMIT_MAX}")
+        prefix = hash_key_prefix(hash_key)
+        low = prefix + start
+        high = prefix + stop if stop is not None else prefix_end(prefix)
+        return self._page(low, high, now_s, start_inclusive=start_inclusive,
+                          stop_inclusive=stop_inclusive and stop is not None, limit=limit,
+                          reverse=reverse, after=after)
+
+    def full_scan(self, now_s: int, *, limit: int = 100, after: bytes | None = None) -> ScanPage:
+        """Every live record of the partition, in key order, a page at a time."""
+        if not 1 <= limit <= SCAN_LIMIT_MAX:
+            raise BadTableRequestError(f"scan limit {limit} out of range 1..{SCAN_LIMIT_MAX}")
+        return self._page(b"", STORE_KEY_PREFIX, now_s, start_inclusive=True,
+                          stop_inclusive=False, limit=limit, reverse=False, after=after)
+
+    def sort_key_count(self, hash_key: bytes, now_s: int) -> int:
+        check_key(hash_key)
+        prefix = hash_key_prefix(hash_key)
+        return sum(1 for _ in self._live(prefix, prefix_end(prefix), now_s, reverse=False))
+
+    def _page(self, low: bytes, high: bytes | None, now_s: int, *, start_inclusive: bool,
+              stop_inclusive: bool, limit: int, reverse: bool, after: bytes | None) -> ScanPage:
+        if after is not None:
+            if reverse:
+                high, stop_inclusive = after, False
+            else:
+                low, start_inclusive = after, False
+        items: list[ScanItem] = []
+        for key, record in self._live(low, high, now_s, reverse=reverse,
+                                      start_inclusive=start_inclusive,
+                                      stop_inclusive=stop_inclusive):
+            if len(items) == limit:
+                return ScanPage(items, next_after=_raw_key(items[-1]))
+            hash_key, sort_key = decode_key(key)
+            items.append(ScanItem(hash_key, sort_key, record.value, record.expire_ts_s,
+                                  record.timetag))
+        return ScanPage(items, next_after=None)
+
+    def _live(self, low: bytes, high: bytes | None, now_s: int, *, reverse: bool,
+              start_inclusive: bool = True, stop_inclusive: bool = False,
+              ) -> Iterator[tuple[bytes, Record]]:
+        for key, record in self._range(low, high, reverse=reverse,
+                                       start_inclusive=start_inclusive,
+                                       stop_inclusive=stop_inclusive):
+            if record.live(now_s):
+                yield key, record
+
+    def _range(self, low: bytes, high: bytes | None, *, reverse: bool,
+               start_inclusive: bool = True, stop_inclusive: bool = False,
+               ) -> Iterator[tuple[bytes, Record]]:
+        """Records with keys between ``low`` and ``high`` (None: no end), bounds as asked.
+
+        Bounds are checked here on each key: rocksdict's iterate bounds in
+        ReadOptions are not reliable for raw-mode databases.
+        """
+
+        def above_low(key: bytes) -> bool:
+            return key > low or (start_inclusive and key == low)
+
+        def below_high(key: bytes) -> bool:
+            return high is None or key < high or (stop_inclusive and key == high)
+
+        it = self._db.iter()
+        if reverse:
+            if high is None:
+                it.seek_to_last()
+            else:
+                it.seek_for_prev(high)
+            while it.valid():
+                key = _raw(it.key())
+                if not above_low(key):
+                    return
+                if below_high(key):
+                    yield key, decode_record(_raw(it.value()))
+                it.prev()
+        else:
+            it.seek(low)
+            while it.valid():
+                key = _raw(it.key())
+                if not below_high(key):
+                    return
+                if above_low(key):
+                    yield key, decode_record(_raw(it.value()))
+                it.next()
+
+    # ----- garbage, snapshots ------------------------------------------------------------
+
+    def collect_garbage(self, now_s: int, *, tombstone_delay_s: int,
+                        records_max: int = 10_000) -> int:
+        """Remove expired records and tombstones older than ``tombstone_delay_s``.
+
+        Local to this replica and invisible to reads (both are absent already);
+        the delay keeps tombstones long enough to win over late duplicated
+        writes with older timetags. Returns how many records went.
+        """
+        batch = WriteBatch(raw_mode=True)
+        removed = 0
+        horizon_us = (now_s - tombstone_delay_s) * US_PER_S
+        for key, record in self._range(b"", STORE_KEY_PREFIX, reverse=False):
+            if record.expired(now_s) or (record.deleted
+                                         and record.timetag >> 8 <= horizon_us):
+                batch.delete(key)
+                removed += 1
+                if removed == records_max:
+                    break
+        if removed:
+            self._db.write(batch)
+        return removed
+
+    def checkpoint(self, target: Path) -> int:
+        """A RocksDB checkpoint of everything applied so far in ``target`` (must not
+        exist); returns its applied decree."""
+        invariant(not target.exists(), f"checkpoint target {target} exists")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            Checkpoint(self._db).create_checkpoint(str(target))
+        except Exception as exc:  # rocksdict raises plain Exception
+            raise StorageError(f"cannot create a checkpoint in {target}: {exc}") from None
+        return self._applied
+
+    def restore(self, checkpoint: Path) -> None:
+        """Replace this replica's data by a checkpoint (installing a snapshot):
+        the checkpoint directory is moved into place, no copy."""
+        self._db.close()
+        shutil.rmtree(self.path)
+        shutil.move(str(checkpoint), str(self.path))
+        self._db = self._open(self.path)
+        raw = self._db.get(KEY_APPLIED_DECREE)
+        self._applied = 0 if raw is None else _U64.unpack(_raw(raw))[0]
+
+    def __enter__(self) -> TableStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _raw_key(item: ScanItem) -> bytes:
+    return encode_key(item.hash_key, item.sort_key)
+
+
+class _Batch:
+    """The writes of one entry: a RocksDB write batch plus what it wrote, so a
+    later command of the same entry reads an earlier one's result."""
+
+    def __init__(self, db: Rdict, timestamp_us: int, cluster_id: int) -> None:
+        self._db = db
+        self.write_batch = WriteBatch(raw_mode=True)
+        self._written: dict[bytes, Record] = {}
+        self._timestamp_us = timestamp_us
+        self._now_s = timestamp_us // US_PER_S
+        self._timetag = make_timetag(timestamp_us, cluster_id)
+        self._tombstone_timetag = make_timetag(timestamp_us, cluster_id, deleted=True)
+
+    def run(self, command: WriteCommand) -> WriteResult:
+        try:
+            return self._run(command)
+        except TableError as exc:
+            return Refused(exc.message)
+
+    def _live(self, key: bytes) -> Record | None:
+        record = self._written.get(key)
+        if record is None:
+            raw = self._db.get(key)
+            if raw is None:
+                return None
+            record = decode_record(_raw(raw))
+        return record if record.live(self._now_s) else None
+
+    def _expire(self, ttl_s: int) -> int:
+        if ttl_s < 0:
+            raise BadTableRequestError(f"ttl_s {ttl_s} must be >= 0 (0: no TTL)")
+        return 0 if ttl_s == 0 else self._now_s + ttl_s
+
+    def _put(self, hash_key: bytes, sort_key: bytes, value: bytes, expire_ts_s: int) -> None:
+        check_key(hash_key, sort_key)
+        check_value(value)
+        if not hash_key:
+            raise BadTableRequestError("hash_key must not be empty")
+        key = encode_key(hash_key, sort_key)
+        record = Record(value=value, expire_ts_s=expire_ts_s, timetag=self._timetag)
+        self._written[key] = record
+        self.write_batch.put(key, encode_record(record))
+
+    def _delete(self, hash_key: bytes, sort_key: bytes) -> None:
+        check_key(hash_key, sort_key)
+        key = encode_key(hash_key, sort_key)
+        record = Record(value=b"", expire_ts_s=0, timetag=self._tombstone_timetag)
+        self._written[key] = record
+        self.write_batch.put(key, encode_record(record))
+
+    def _run(self, command: WriteCommand) -> WriteResult:
+        if isinstance(command, SetCommand):
+            self._put(command.hash_key, command.sort_key, command.value,
+                      self._expire(command.ttl_s))
+            return Done()
+        if isinstance(command, MultiSetCommand):
+            expire = self._expire(command.ttl_s)
+            for sort_key, value in command.items:  # all checked before any is written
+                check_key(command.hash_key, sort_key)
+                check_value(value)
+            for sort_key, value in command.items:
+                self._put(command.hash_key, sort_key, value, expire)
+            return Done()
+        if isinstance(command, DeleteCommand):
+            self._delete(command.hash_key, command.sort_key)
+            return Done()
+        if isinstance(command, MultiDeleteCommand):
+            for sort_key in command.sort_keys:
+                check_key(command.hash_key, sort_key)
+            for sort_key in command.sort_keys:
+                self._delete(command.hash_key, sort_key)
+            return Done()
+        if isinstance(command, IncrCommand):
+            return self._incr(command)
+        return self._check_and_mutate(command)
+
+    def _incr(self, command: IncrCommand) -> WriteResult:
+        check_key(command.hash_key, command.sort_key)
+        current = self._live(encode_key(command.hash_key, command.sort_key))
+        base = 0 if current is None else parse_int64(current.value, "the value to increment")
+        value = base + command.increment
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise BadTableRequestError(f"increment by {command.increment} overflows 64 bits "
+                                       f"(value {base})")
+        if command.ttl_s > 0:
+            expire = self._now_s + command.ttl_s
+        elif command.ttl_s < 0 or current is None:
+            expire = 0
+        else:
+            expire = current.expire_ts_s
+        self._put(command.hash_key, command.sort_key, b"%d" % value, expire)
+        return IncrResult(value)
+
+    def _check_and_mutate(self, command: CheckAndMutateCommand) -> WriteResult:
+        check_key(command.hash_key, command.check_sort_key)
+        if not command.mutations:
+            raise BadTableRequestError("check_and_mutate needs at least one mutation")
+        for mutation in command.mutations:
+            check_key(command.hash_key, mutation.sort_key)
+            if mutation.value is not None:
+                check_value(mutation.value)
+            self._expire(mutation.ttl_s)
+        current = self._live(encode_key(command.hash_key, command.check_sort_key))
+        current_value = None if current is None else current.value
+        passed = check_passes(command.check_type, command.check_operand, current_value)
+        if passed:
+            for mutation in command.mutations:
+                if mutation.value is None:
+                    self._delete(command.hash_key, mutation.sort_key)
+                else:
+                    self._put(command.hash_key, mutation.sort_key, mutation.value,
+                              self._expire(mutation.ttl_s))
+        return CheckResult(succeeded=passed, check_value_exist=current is not None,
+                           check_value=current_value if command.return_check_value else None)
