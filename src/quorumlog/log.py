@@ -3,7 +3,15 @@
 ``configure()`` once at process start; then ``get_logger(__name__)`` and log
 events with key/value context: ``log.info("segment_cut", seq=3, index=1200)``.
 Output is human-readable on a terminal and JSON lines otherwise (or when
-``json=True``), so node logs can be shipped and grepped.
+``json=True``), so node logs can be shipped and grepped. The CLI and the node
+processes call ``configure()``.
+
+Used as a library (nothing called ``configure()``), quorumlog follows the
+``logging`` convention: its events go to the standard ``logging`` loggers
+named after its modules (``quorumlog.stream._writer`` ...), which have a
+``NullHandler``, so nothing is printed until the application configures
+``logging`` (``logging.basicConfig(level=logging.INFO)`` shows INFO and up).
+Before, an unconfigured structlog printed every DEBUG line to stdout.
 """
 
 from __future__ import annotations
@@ -60,6 +68,29 @@ def configure(level: str = "INFO", *, json: bool | None = None) -> None:
         logger_factory=_logger_factory,
         cache_logger_on_first_use=True,
     )
+
+
+def _library_defaults() -> None:
+    """Route events to stdlib ``logging`` unless someone configured structlog already."""
+    logging.getLogger("quorumlog").addHandler(logging.NullHandler())
+    if structlog.is_configured():
+        return
+    structlog.configure(
+        processors=[
+            structlog.stdlib.filter_by_level,
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.format_exc_info,
+            structlog.processors.KeyValueRenderer(key_order=["event"], sort_keys=True),
+        ],
+        wrapper_class=structlog.stdlib.BoundLogger,
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        # Not cached: a later configure() (the CLI, a node) must reach loggers
+        # that were already used.
+        cache_logger_on_first_use=False,
+    )
+
+
+_library_defaults()
 
 
 def get_logger(name: str, **context: Any) -> Any:

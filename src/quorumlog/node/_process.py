@@ -30,9 +30,9 @@ import signal
 import sys
 import threading
 from typing import Any
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import Gauge, start_http_server
+from prometheus_client import Gauge
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from quorumlog import rpc
 from quorumlog.bookie import BookieService, InvalidCookieError
@@ -40,6 +40,7 @@ from quorumlog.errors import ConfigError
 from quorumlog.log import configure, get_logger
 from quorumlog.meta._service import MetaService
 from quorumlog.node._config import NodeConfig, parse_address
+from quorumlog.node._health import Health, start_http
 from quorumlog.raft._driver import HostConfig, RaftHost
 
 _log = get_logger(__name__)
@@ -80,8 +81,10 @@ class PortInUseError(ConfigError):
     config field named in the message (exit ``EXIT_CONFIG``)."""
 
 
-def start_metrics(cfg: NodeConfig) -> tuple[WSGIServer, threading.Thread] | None:
-    """Bind and serve the Prometheus endpoint (``[node] metrics_listen``), if configured.
+def start_metrics(cfg: NodeConfig,
+                  health: Health) -> tuple[ThreadingWSGIServer, threading.Thread] | None:
+    """Bind and serve the Prometheus endpoint (``[node] metrics_listen``), with
+    ``/healthz`` and ``/readyz`` beside it, if configured.
 
     Called before any role starts, so a port in use stops the node before it
     touches its data: raises PortInUseError.
@@ -90,7 +93,7 @@ def start_metrics(cfg: NodeConfig) -> tuple[WSGIServer, threading.Thread] | None
         return None
     host, port = parse_address(cfg.node.metrics_listen)
     try:
-        return start_http_server(port, addr=host, registry=rpc.metrics_registry)
+        return start_http(host, port, rpc.metrics_registry, health)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             raise PortInUseError(
@@ -143,6 +146,25 @@ class _Roles:
             handlers.update(self.bookie.handlers())
         return handlers
 
+    def add_health_checks(self, health: Health) -> None:
+        """What /readyz checks for each role of this node."""
+        host, bookie = self.host, self.bookie
+        if host is not None:
+
+            def meta_leader() -> str | None:
+                leaders = [status["leader"] for status in host.status()]
+                return None if leaders and all(leaders) else "no meta leader known"
+
+            health.add_check("meta", meta_leader)
+        if bookie is not None:
+
+            def bookie_writable() -> str | None:
+                if not bookie.registered:
+                    return "not registered in meta"
+                return None if bookie.writable else "read-only or not started"
+
+            health.add_check("bookie", bookie_writable)
+
     def failures(self) -> list[asyncio.Future[Any]]:
         out: list[asyncio.Future[Any]] = []
         if self.host is not None:
@@ -160,17 +182,19 @@ async def serve(cfg: NodeConfig) -> None:
     """
     security = cfg.security or rpc.RpcSecurityConfig()
     rpc.set_default_security(security)  # before the roles build their pools
-    metrics_server = start_metrics(cfg)
+    health = Health()
+    metrics_server = start_metrics(cfg, health)
     try:
-        await _serve(cfg, security)
+        await _serve(cfg, security, health)
     finally:
         if metrics_server is not None:
             metrics_server[0].shutdown()
             metrics_server[0].server_close()
 
 
-async def _serve(cfg: NodeConfig, security: rpc.RpcSecurityConfig) -> None:
+async def _serve(cfg: NodeConfig, security: rpc.RpcSecurityConfig, health: Health) -> None:
     roles = _Roles(cfg)
+    roles.add_health_checks(health)
     if roles.bookie is not None:
         tune_for_bookie()
     server = rpc.Server(roles.handlers(), security=security)
@@ -188,6 +212,7 @@ async def _serve(cfg: NodeConfig, security: rpc.RpcSecurityConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     metrics = loop.create_task(_export_metrics(roles.host)) if roles.host is not None else None
+    probes = loop.create_task(health.run())
     stopping: asyncio.Future[Any] = loop.create_task(stop.wait())
     await asyncio.wait([stopping, *roles.failures()], return_when=asyncio.FIRST_COMPLETED)
     for failure in roles.failures():
@@ -195,6 +220,9 @@ async def _serve(cfg: NodeConfig, security: rpc.RpcSecurityConfig) -> None:
             _log.critical("node_failed", node=cfg.node.id, error=repr(failure.exception()))
             raise SystemExit(EXIT_SOFTWARE)
     _log.info("node_stopping", node=cfg.node.id)
+    probes.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await probes
     if metrics is not None:
         metrics.cancel()
         with contextlib.suppress(asyncio.CancelledError):
