@@ -23,13 +23,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
-import quorumlog.bookie._protocol as wire
 from quorumlog import node as cluster
+from quorumlog import proto as wire
 from quorumlog import rpc
-from quorumlog.bookie import NoSuchLedgerError, UnauthorizedError
 from quorumlog.errors import QuorumlogError, UsageError
 from quorumlog.ledger import LedgerClient, LedgerClosedError, ReadPastLacError
-from quorumlog.ledger._digest import BadEnvelopeError
+from quorumlog.proto import BadEnvelopeError, NoSuchLedgerError, UnauthorizedError
 
 from .ledger_writer_child import PASSWORD, payload
 
