@@ -22,7 +22,7 @@ from quorumlog import node as cluster
 from quorumlog import rpc
 from quorumlog.bookie import run_bookie
 from quorumlog.errors import DeadlineExceededError, TransientError
-from quorumlog.meta._client import MetaClient
+from quorumlog.meta import MetaClient
 from quorumlog.proto import (
     BOOKIE_REGISTRY_PREFIX,
     AddEntryRequest,

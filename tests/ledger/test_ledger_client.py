@@ -34,7 +34,7 @@ from quorumlog.proto import (
     UnauthorizedError,
     parse_envelope,
 )
-from quorumlog.sim._ledger_world import LedgerWorld
+from quorumlog.sim import LedgerWorld
 
 from .support import client, in_world, wait_until
 

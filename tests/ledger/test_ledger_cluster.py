@@ -156,7 +156,7 @@ def _wait_bookies(directory: Path, count: int) -> None:
     """Until ``count`` bookies are registered and every node's bookie answers."""
 
     async def ready() -> bool:
-        from quorumlog.meta._client import MetaClient
+        from quorumlog.meta import MetaClient
 
         async with MetaClient(_meta(directory)) as meta:
             if len(await meta.list_keys(wire.BOOKIE_REGISTRY_PREFIX)) < count:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from quorumlog.errors import QuorumlogError
 from quorumlog.log import get_logger
-from quorumlog.meta._client import MetaClient
+from quorumlog.meta import MetaClient
 from quorumlog.proto import BOOKIE_REGISTRY_PREFIX, BookieRegistration
 
 _log = get_logger(__name__)

@@ -73,7 +73,7 @@ from quorumlog.errors import (
     invariant,
 )
 from quorumlog.log import get_logger
-from quorumlog.meta._client import MetaClient
+from quorumlog.meta import MetaClient
 from quorumlog.proto import (
     FLAG_FENCE,
     FLAG_NO_SYNC,

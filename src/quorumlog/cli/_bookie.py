@@ -49,7 +49,7 @@ def list_bookies(
     as_json: bool = JsonOption,
 ) -> None:
     """List the bookies registered in meta (address, read-only, labels, instance id)."""
-    from quorumlog.meta._client import BlockingMetaClient
+    from quorumlog.meta import BlockingMetaClient
     from quorumlog.proto import BOOKIE_REGISTRY_PREFIX, BookieRegistration
 
     with BlockingMetaClient(_members(members, directory)) as meta:

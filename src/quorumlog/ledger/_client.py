@@ -297,7 +297,7 @@ async def _connect(
     addresses: Sequence[str], config: LedgerClientConfig | None,
     security: rpc.RpcSecurityConfig | None,
 ) -> LedgerClient:
-    from quorumlog.meta._client import MetaClient
+    from quorumlog.meta import MetaClient
 
     config = config or LedgerClientConfig()
     config.validate()

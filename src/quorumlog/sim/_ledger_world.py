@@ -34,7 +34,7 @@ from quorumlog import rpc
 from quorumlog.bookie import limbo_error
 from quorumlog.errors import DeadlineExceededError, QuorumlogError, invariant
 from quorumlog.ledger import BatchReply, EntryReply, LacReply, LedgerMetadata, LedgerState
-from quorumlog.meta._commands import KeyValue
+from quorumlog.meta import KeyValue
 from quorumlog.proto import (
     BadEnvelopeError,
     LedgerFencedError,
