@@ -30,6 +30,7 @@ sim-ledger-far: setup
 lint: setup
 	./scripts/uv run --frozen ruff check .
 	./scripts/uv run --frozen mypy
+	./scripts/uv run --frozen lint-imports --no-logo
 
 bench: setup
 	@for b in bench/*_bench.py; do echo "== $$b"; ./scripts/uv run --frozen python $$b || exit 1; done

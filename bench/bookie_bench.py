@@ -52,15 +52,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.harness import Harness, Sample
 from quorumlog import rpc
 from quorumlog.bookie import BookieConfig, local_config, run_bookie
-from quorumlog.bookie._protocol import (
+from quorumlog.ledger import DigestType
+from quorumlog.log import configure
+from quorumlog.node._process import tune_for_bookie
+from quorumlog.proto import (
     AddEntryRequest,
     BookieStatusRequest,
     ReadEntryRequest,
+    encode_entry,
 )
-from quorumlog.ledger import DigestType
-from quorumlog.ledger._digest import encode_entry
-from quorumlog.log import configure
-from quorumlog.node._process import tune_for_bookie
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -56,10 +56,9 @@ from rich.table import Table
 
 from quorumlog import node as cluster
 from quorumlog import rpc
-from quorumlog.bookie._protocol import AddEntryRequest
 from quorumlog.ledger import DigestType, LedgerClient, LedgerClientConfig
-from quorumlog.ledger._digest import encode_entry
 from quorumlog.log import configure
+from quorumlog.proto import AddEntryRequest, encode_entry
 
 KIB = 1024
 SHAPES = ((3, 3, 2), (3, 2, 2))

@@ -139,7 +139,7 @@ class QuorumlogSystem:
         return self._pids
 
     async def connect(self, clients: int) -> tuple[Put, Close]:
-        from quorumlog.meta._client import MetaClient
+        from quorumlog.meta import MetaClient
 
         per = self.tasks_per_client
         metas = [MetaClient(self.addresses) for _ in range(math.ceil(clients / per))]
@@ -153,7 +153,7 @@ class QuorumlogSystem:
         return put, close
 
     async def revision(self) -> int:
-        from quorumlog.meta._client import MetaClient
+        from quorumlog.meta import MetaClient
 
         async with MetaClient(self.addresses) as meta:
             statuses = [await meta.status(a) for a in self.addresses]

@@ -7,8 +7,8 @@ so that CI runs the same examples every time:
 1. raw garbage: random bytes instead of a hello, and after a valid hello;
 2. well-framed frames with random type ids (biased to the registered request
    ids) and random bodies and payloads;
-3. typed requests: every request class of ``quorumlog.meta`` and
-   ``quorumlog.bookie`` built from its msgspec field types (ints from the
+3. typed requests: every request class of ``quorumlog.meta`` and of the
+   bookie wire contract ``quorumlog.proto`` built from its msgspec field types (ints from the
    int64/uint64 edges, bytes, strings, lists, nested commands), sent over an
    authenticated connection.
 
@@ -54,8 +54,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-import quorumlog.bookie
 import quorumlog.meta
+import quorumlog.proto
 from quorumlog import node as cluster
 from quorumlog import rpc
 from quorumlog.meta import Request as MetaCommand
@@ -115,9 +115,9 @@ def _subclasses(cls: type[Any]) -> Iterator[type[Any]]:
 
 
 def served_request_classes() -> list[type[rpc.Request[Any]]]:
-    """Every request class the meta and bookie packages define (the node serves
-    them), Raft peer messages excluded (they live in quorumlog.raft)."""
-    packages = (quorumlog.meta.__name__ + ".", quorumlog.bookie.__name__ + ".")
+    """Every request class of meta and of the bookie wire contract (the node
+    serves them), Raft peer messages excluded (they live in quorumlog.raft)."""
+    packages = (quorumlog.meta.__name__ + ".", quorumlog.proto.__name__ + ".")
     found = {cls for cls in _subclasses(rpc.Request)
              if "type_id" in cls.__dict__ and cls.__module__.startswith(packages)}
     return sorted(found, key=lambda cls: cls.type_id)

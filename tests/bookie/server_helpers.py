@@ -7,15 +7,16 @@ from typing import Any
 
 from quorumlog import rpc
 from quorumlog.bookie import BookieConfig, local_config
-from quorumlog.bookie._protocol import (
+from quorumlog.ledger import DigestType
+from quorumlog.proto import (
     FLAG_NO_SYNC,
     FLAG_RECOVERY,
     AddEntryRequest,
     AddEntryResponse,
     ReadEntryRequest,
+    decode_entry,
+    encode_entry,
 )
-from quorumlog.ledger import DigestType
-from quorumlog.ledger._digest import decode_entry, encode_entry
 
 KEY = b"server-test-master-key"
 KIB = 1024

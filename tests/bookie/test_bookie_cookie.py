@@ -28,11 +28,8 @@ from quorumlog.bookie import (
     BookieConfig,
     BookieService,
     Cookie,
-    EntryInLimboError,
     InvalidCookieError,
     LimboRecord,
-    NoSuchEntryError,
-    NoSuchLedgerError,
     cookie_key,
     limbo_key,
     plan_format,
@@ -48,14 +45,17 @@ from quorumlog.bookie._cookie import (
     decide,
     read_directory,
 )
-from quorumlog.bookie._protocol import (
+from quorumlog.errors import ConfigError, StorageError
+from quorumlog.meta import BlockingMetaClient, MetaClient
+from quorumlog.proto import (
     BOOKIE_REGISTRY_PREFIX,
     LEDGER_ID_COUNTER,
     BookieRegistration,
     BookieStatusRequest,
+    EntryInLimboError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
 )
-from quorumlog.errors import ConfigError, StorageError
-from quorumlog.meta import BlockingMetaClient, MetaClient
 
 T = TypeVar("T")
 LEDGER = 31

@@ -28,32 +28,31 @@ from server_helpers import (
 )
 
 from quorumlog import rpc
-from quorumlog.bookie import (
-    EntryTooLargeError,
-    LedgerFencedError,
-    LocalBookie,
-    NoSuchEntryError,
-    NoSuchLedgerError,
-    ReadOnlyError,
-    UnauthorizedError,
-    run_bookie,
-)
-from quorumlog.bookie._protocol import (
+from quorumlog.bookie import LocalBookie, run_bookie
+from quorumlog.errors import UsageError
+from quorumlog.ledger import DigestType
+from quorumlog.proto import (
     FLAG_FENCE,
+    BadEnvelopeError,
     BookieStatusRequest,
+    DigestMismatchError,
+    EntryTooLargeError,
     FenceRequest,
     ForceLedgerRequest,
     GcRequest,
+    LedgerFencedError,
     LedgerInfoRequest,
+    NoSuchEntryError,
+    NoSuchLedgerError,
     ReadBatchRequest,
     ReadEntryRequest,
     ReadLacRequest,
+    ReadOnlyError,
     ScrubRequest,
+    UnauthorizedError,
     WriteLacRequest,
+    encode_entry,
 )
-from quorumlog.errors import UsageError
-from quorumlog.ledger import DigestType
-from quorumlog.ledger._digest import BadEnvelopeError, DigestMismatchError, encode_entry
 
 TEST_DEADLINE_S = 30.0
 

@@ -25,9 +25,14 @@ import pytest
 from server_helpers import KEY, add, check_entry, connect, read
 
 from quorumlog import rpc
-from quorumlog.bookie import LedgerFencedError, NoSuchEntryError, NoSuchLedgerError
-from quorumlog.bookie._protocol import FenceRequest, LedgerInfoRequest
 from quorumlog.errors import QuorumlogError
+from quorumlog.proto import (
+    FenceRequest,
+    LedgerFencedError,
+    LedgerInfoRequest,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+)
 
 CHILD = Path(__file__).with_name("bookie_server_child.py")
 CHILD_START_TIMEOUT_S = 30.0

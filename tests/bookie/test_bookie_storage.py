@@ -11,19 +11,18 @@ from pathlib import Path
 import pytest
 from bookie_helpers import KEY, DiskProbe, Opener, fill, payload
 
-from quorumlog.bookie import (
-    EntryLogCorruptionError,
+from quorumlog.bookie import EntryLogCorruptionError, LedgerStorage
+from quorumlog.bookie._format import Location
+from quorumlog.errors import LockedError, UsageError
+from quorumlog.proto import (
     EntryTooLargeError,
     LedgerFencedError,
-    LedgerStorage,
     NoSuchEntryError,
     NoSuchLedgerError,
     ReadOnlyError,
     UnauthorizedError,
     WriteCacheFullError,
 )
-from quorumlog.bookie._format import Location
-from quorumlog.errors import LockedError, UsageError
 
 DEADLINE_S = 10.0
 

@@ -5,12 +5,7 @@ from __future__ import annotations
 import pytest
 from bookie_helpers import small_config
 
-from quorumlog.bookie import (
-    LedgerFencedError,
-    LedgerStorageConfig,
-    NoSuchLedgerError,
-    UnauthorizedError,
-)
+from quorumlog.bookie import LedgerStorageConfig
 from quorumlog.bookie._caches import ReadCache, SequentialReads, WriteCache
 from quorumlog.bookie._format import (
     FrameIncomplete,
@@ -25,6 +20,7 @@ from quorumlog.bookie._format import (
 )
 from quorumlog.bookie._ledgers import LedgerRecord, LedgerTable, decode_record, encode_record
 from quorumlog.errors import ConfigError, InvariantViolation
+from quorumlog.proto import LedgerFencedError, NoSuchLedgerError, UnauthorizedError
 
 
 def frame(ledger_id: int, entry_id: int, data: bytes) -> bytes:

@@ -20,16 +20,18 @@ from server_helpers import KEY, add, check_entry, connect, read, small_bookie_co
 
 from quorumlog import node as cluster
 from quorumlog import rpc
-from quorumlog.bookie import NoSuchLedgerError, ReadOnlyError, run_bookie
-from quorumlog.bookie._protocol import (
+from quorumlog.bookie import run_bookie
+from quorumlog.errors import DeadlineExceededError, TransientError
+from quorumlog.meta import MetaClient
+from quorumlog.proto import (
     BOOKIE_REGISTRY_PREFIX,
     AddEntryRequest,
     BookieRegistration,
     GcRequest,
+    NoSuchLedgerError,
+    ReadOnlyError,
     ledger_key,
 )
-from quorumlog.errors import DeadlineExceededError, TransientError
-from quorumlog.meta._client import MetaClient
 
 DEADLINE_S = 30.0
 

@@ -24,8 +24,7 @@ import pytest
 from quorumlog import node as cluster
 from quorumlog import rpc
 from quorumlog.errors import QuorumlogError
-from quorumlog.meta import Compare, CompareTarget, PutOp, RangeOp
-from quorumlog.meta._client import BlockingMetaClient, MetaClient
+from quorumlog.meta import BlockingMetaClient, Compare, CompareTarget, MetaClient, PutOp, RangeOp
 from quorumlog.sim import Operation, OpKind, Verdict, check_history
 
 KEYS = [f"/lin/{i}" for i in range(4)]

@@ -12,8 +12,7 @@ import pytest
 from quorumlog import rpc
 from quorumlog.errors import NotLeaderError
 from quorumlog.node._cluster import free_port
-from quorumlog.raft import Role
-from quorumlog.raft._driver import HostConfig, RaftHost
+from quorumlog.raft import HostConfig, RaftHost, Role
 
 GROUP = 7
 DEADLINE_S = 20.0

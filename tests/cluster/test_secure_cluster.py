@@ -17,7 +17,7 @@ import trustme
 from quorumlog import node as cluster
 from quorumlog import rpc
 from quorumlog.errors import QuorumlogError
-from quorumlog.meta._client import MetaClient
+from quorumlog.meta import MetaClient
 
 TOKEN = "cluster-secret"
 

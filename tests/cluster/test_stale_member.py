@@ -19,7 +19,8 @@ import pytest
 
 from quorumlog import node as cluster
 from quorumlog.meta import BlockingMetaClient
-from quorumlog.raft._driver import HostConfig, LogRateLimiter
+from quorumlog.raft import HostConfig
+from quorumlog.raft._driver import LogRateLimiter
 
 from .test_meta_cluster import _wait
 

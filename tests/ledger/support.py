@@ -7,8 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from quorumlog.ledger import LedgerClient, LedgerClientConfig
-from quorumlog.sim._ledger_loop import run_virtual
-from quorumlog.sim._ledger_world import LedgerWorld
+from quorumlog.sim import LedgerWorld, run_virtual
 
 T = TypeVar("T")
 

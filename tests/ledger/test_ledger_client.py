@@ -12,9 +12,8 @@ import asyncio
 
 import pytest
 
-import quorumlog.bookie._protocol as wire
+from quorumlog import proto as wire
 from quorumlog import rpc
-from quorumlog.bookie import LedgerFencedError, NoSuchLedgerError, UnauthorizedError
 from quorumlog.errors import UsageError
 from quorumlog.ledger import (
     DigestType,
@@ -28,8 +27,14 @@ from quorumlog.ledger import (
     WriteHandle,
     password_digest,
 )
-from quorumlog.ledger._digest import DigestMismatchError, parse_envelope
-from quorumlog.sim._ledger_world import LedgerWorld
+from quorumlog.proto import (
+    DigestMismatchError,
+    LedgerFencedError,
+    NoSuchLedgerError,
+    UnauthorizedError,
+    parse_envelope,
+)
+from quorumlog.sim import LedgerWorld
 
 from .support import client, in_world, wait_until
 
@@ -547,7 +552,7 @@ def test_metadata_decode_of_stored_value() -> None:
 
 def test_crc32c_batch_fast_path_agrees_with_decode_entry() -> None:
     """The batch read's inline checks accept exactly what decode_entry accepts."""
-    from quorumlog.ledger._digest import crc32c_payloads, decode_entry, encode_entry
+    from quorumlog.proto import crc32c_payloads, decode_entry, encode_entry
 
     crc = DigestType.CRC32C
     good = [encode_entry(5, 10 + i, 9 + i, b"payload-%d" % i, digest=crc) for i in range(20)]

@@ -23,13 +23,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
-import quorumlog.bookie._protocol as wire
 from quorumlog import node as cluster
+from quorumlog import proto as wire
 from quorumlog import rpc
-from quorumlog.bookie import NoSuchLedgerError, UnauthorizedError
 from quorumlog.errors import QuorumlogError, UsageError
 from quorumlog.ledger import LedgerClient, LedgerClosedError, ReadPastLacError
-from quorumlog.ledger._digest import BadEnvelopeError
+from quorumlog.proto import BadEnvelopeError, NoSuchLedgerError, UnauthorizedError
 
 from .ledger_writer_child import PASSWORD, payload
 
@@ -157,7 +156,7 @@ def _wait_bookies(directory: Path, count: int) -> None:
     """Until ``count`` bookies are registered and every node's bookie answers."""
 
     async def ready() -> bool:
-        from quorumlog.meta._client import MetaClient
+        from quorumlog.meta import MetaClient
 
         async with MetaClient(_meta(directory)) as meta:
             if len(await meta.list_keys(wire.BOOKIE_REGISTRY_PREFIX)) < count:

@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 
-from quorumlog.bookie import LedgerFencedError, NoSuchEntryError, NoSuchLedgerError
 from quorumlog.errors import DeadlineExceededError
 from quorumlog.ledger import ReadAnswer, RecoveryRead, RecoveryVerdict, Schedule, answer_of
+from quorumlog.proto import LedgerFencedError, NoSuchEntryError, NoSuchLedgerError
 from quorumlog.rpc import ConnectFailedError, ConnectionClosedError
 
 

@@ -25,7 +25,7 @@ from quorumlog.errors import QuorumlogError
 from quorumlog.meta import MetaLimits
 from quorumlog.meta._service import MetaService, MetaStatusRequest, MetaStatusResponse
 from quorumlog.node._cluster import free_port
-from quorumlog.raft._driver import HostConfig, RaftHost
+from quorumlog.raft import HostConfig, RaftHost
 from rpc.support import wait_until
 
 DEADLINE_S = 30.0  # one fault or recovery step of a test

@@ -25,8 +25,8 @@ from server_helpers import add, connect
 from quorumlog import node as cluster
 from quorumlog import rpc
 from quorumlog.bookie import cookie_key
-from quorumlog.bookie._protocol import BOOKIE_REGISTRY_PREFIX, BookieRegistration
 from quorumlog.meta import BlockingMetaClient
+from quorumlog.proto import BOOKIE_REGISTRY_PREFIX, BookieRegistration
 
 CLI_TIMEOUT_S = 120.0
 WAIT_S = 30.0

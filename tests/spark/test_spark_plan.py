@@ -16,9 +16,14 @@ from quorumlog.spark._plan import (
     position_offset,
     split_limit,
 )
-from quorumlog.stream._errors import BadPositionError, DataLossError
-from quorumlog.stream._layout import LedgerInfo, LedgerStats, PartitionHead
-from quorumlog.stream._position import SeqPosition
+from quorumlog.stream import (
+    BadPositionError,
+    DataLossError,
+    LedgerInfo,
+    LedgerStats,
+    PartitionHead,
+    SeqPosition,
+)
 
 
 def head_of(entries: list[int], *, open_last: bool = False) -> PartitionHead:

@@ -23,7 +23,7 @@ if shutil.which("java") is None:
 
 from quorumlog import node as cluster
 from quorumlog import rpc
-from quorumlog.bookie._protocol import ledger_key
+from quorumlog.proto import ledger_key
 from quorumlog.stream import (
     RetentionPolicy,
     RolloverPolicy,

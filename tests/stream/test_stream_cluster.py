@@ -20,9 +20,9 @@ import pytest
 
 from quorumlog import node as cluster
 from quorumlog import rpc
-from quorumlog.bookie._protocol import ledger_key
 from quorumlog.errors import UsageError
 from quorumlog.meta import PutOp
+from quorumlog.proto import ledger_key
 from quorumlog.stream import (
     BadPositionError,
     ConsumerConfig,

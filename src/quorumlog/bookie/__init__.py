@@ -8,11 +8,12 @@ entry log. Ledger metadata (master key, fencing, LACs), deletion, entry log
 compaction, disk-usage read-only mode, crash recovery and a scrub live here.
 
 The server role on top of it: ``BookieService`` (rpc handlers for the wire
-protocol in ``_protocol.py``, the journal with group commit, checkpoints,
-journal replay, long-poll LAC, GC, registration in meta), its identity
-(``Cookie``: a bookie whose directories were wiped or swapped refuses to
-start as its old self; ``plan_format`` / ``run_format`` re-add it as a new
-instance) and ``run_bookie`` to run one in-process. See docs/bookie.md.
+contract in ``quorumlog.proto``, whose error classes the storage raises too;
+the journal with group commit, checkpoints, journal replay, long-poll LAC,
+GC, registration in meta), its identity (``Cookie``: a bookie whose
+directories were wiped or swapped refuses to start as its old self;
+``plan_format`` / ``run_format`` re-add it as a new instance) and
+``run_bookie`` to run one in-process. See docs/bookie.md.
 """
 
 from quorumlog.bookie._bookie_config import BookieConfig
@@ -28,19 +29,6 @@ from quorumlog.bookie._cookie import (
     plan_format,
     run_format,
 )
-from quorumlog.bookie._errors import (
-    BookieError,
-    EntryInLimboError,
-    EntryLogCorruptionError,
-    EntryTooLargeError,
-    InvalidCookieError,
-    LedgerFencedError,
-    NoSuchEntryError,
-    NoSuchLedgerError,
-    ReadOnlyError,
-    UnauthorizedError,
-    WriteCacheFullError,
-)
 from quorumlog.bookie._format import NO_ENTRY
 from quorumlog.bookie._gc import GcResult
 from quorumlog.bookie._journal import Journal
@@ -49,40 +37,32 @@ from quorumlog.bookie._limbo import LimboRecord, in_limbo, limbo_error, limbo_ke
 from quorumlog.bookie._results import CompactionResult, FlushResult, ScrubReport, StorageStats
 from quorumlog.bookie._server import BookieService, LocalBookie, local_config, run_bookie
 from quorumlog.bookie._storage import DiskUsageProbe, LedgerStorage, filesystem_usage
+from quorumlog.bookie._storage_errors import EntryLogCorruptionError, InvalidCookieError
 
 __all__ = [
     "MASTER_KEY_MAX_BYTES",
     "NO_ENTRY",
     "BookieConfig",
-    "BookieError",
     "BookieService",
     "CompactionResult",
     "Cookie",
     "DirectoryRole",
     "DirectoryState",
     "DiskUsageProbe",
-    "EntryInLimboError",
     "EntryLogCorruptionError",
-    "EntryTooLargeError",
     "FlushResult",
     "FormatPlan",
     "GcResult",
     "InvalidCookieError",
     "Journal",
-    "LedgerFencedError",
     "LedgerInfo",
     "LedgerStorage",
     "LedgerStorageConfig",
     "LimboRecord",
     "LocalBookie",
-    "NoSuchEntryError",
-    "NoSuchLedgerError",
-    "ReadOnlyError",
     "ScrubReport",
     "StorageStats",
-    "UnauthorizedError",
     "Verdict",
-    "WriteCacheFullError",
     "cookie_key",
     "decide",
     "filesystem_usage",

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 from quorumlog.bookie._config import LOG_HEADER_BYTES, LedgerStorageConfig
 from quorumlog.bookie._entrylog import EntryLogs
-from quorumlog.bookie._errors import EntryLogCorruptionError
 from quorumlog.bookie._format import FrameIncomplete, FrameInvalid, Location, decode_frame
 from quorumlog.bookie._index import Index
 from quorumlog.bookie._results import CompactionResult, StorageStats
+from quorumlog.bookie._storage_errors import EntryLogCorruptionError
 from quorumlog.bookie._usage import UsageChanges, UsageTable
 from quorumlog.errors import invariant
 

@@ -57,14 +57,9 @@ from crc32c import crc32c
 
 from quorumlog.bookie._bookie_config import BookieConfig
 from quorumlog.bookie._entrylog import fsync_directory
-from quorumlog.bookie._errors import InvalidCookieError
 from quorumlog.bookie._limbo import LimboRecord, limbo_key
-from quorumlog.bookie._protocol import (
-    BOOKIE_COOKIE_PREFIX,
-    BOOKIE_REGISTRY_PREFIX,
-    LEDGER_ID_COUNTER,
-)
 from quorumlog.bookie._storage import INDEX_DIRECTORY
+from quorumlog.bookie._storage_errors import InvalidCookieError
 from quorumlog.errors import (
     InvariantViolation,
     QuorumlogError,
@@ -81,6 +76,11 @@ from quorumlog.meta import (
     DeleteOp,
     MetaClient,
     PutOp,
+)
+from quorumlog.proto import (
+    BOOKIE_COOKIE_PREFIX,
+    BOOKIE_REGISTRY_PREFIX,
+    LEDGER_ID_COUNTER,
 )
 
 _log = get_logger(__name__)

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from quorumlog.bookie._config import FRAME_OVERHEAD_BYTES, LOG_HEADER_BYTES, LedgerStorageConfig
-from quorumlog.bookie._errors import EntryLogCorruptionError
 from quorumlog.bookie._format import (
     Frame,
     FrameIncomplete,
@@ -36,6 +35,7 @@ from quorumlog.bookie._format import (
     log_file_name,
     parse_log_file_name,
 )
+from quorumlog.bookie._storage_errors import EntryLogCorruptionError
 from quorumlog.errors import CorruptionError, InvariantViolation, StorageError, invariant
 
 # One frame to append: (ledger id, entry id, data).

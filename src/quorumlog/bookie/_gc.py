@@ -19,10 +19,10 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
-from quorumlog.bookie._protocol import LEDGER_KEY_PREFIX, ledger_id_of_key
 from quorumlog.bookie._storage import LedgerStorage
 from quorumlog.log import get_logger
-from quorumlog.meta._client import MetaClient
+from quorumlog.meta import MetaClient
+from quorumlog.proto import LEDGER_KEY_PREFIX, ledger_id_of_key
 
 _log = get_logger(__name__)
 

@@ -13,13 +13,13 @@ import hmac
 
 import msgspec
 
-from quorumlog.bookie._errors import (
+from quorumlog.bookie._format import NO_ENTRY
+from quorumlog.errors import UsageError
+from quorumlog.proto import (
     LedgerFencedError,
     NoSuchLedgerError,
     UnauthorizedError,
 )
-from quorumlog.bookie._format import NO_ENTRY
-from quorumlog.errors import UsageError
 
 # BookKeeper's master key is a 20-byte SHA-1 of the password; this leaves room
 # for longer digests while keeping every ledger record small.

@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import msgspec
 
-from quorumlog.bookie._errors import EntryInLimboError
-from quorumlog.bookie._protocol import BOOKIE_LIMBO_PREFIX
+from quorumlog.proto import BOOKIE_LIMBO_PREFIX, EntryInLimboError
 
 
 class LimboRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -22,10 +22,10 @@ import contextlib
 import time
 from collections.abc import Callable
 
-from quorumlog.bookie._protocol import BOOKIE_REGISTRY_PREFIX, BookieRegistration
 from quorumlog.errors import QuorumlogError
 from quorumlog.log import get_logger
-from quorumlog.meta._client import MetaClient
+from quorumlog.meta import MetaClient
+from quorumlog.proto import BOOKIE_REGISTRY_PREFIX, BookieRegistration
 
 _log = get_logger(__name__)
 

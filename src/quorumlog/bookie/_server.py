@@ -34,13 +34,6 @@ from typing import Any
 from quorumlog import rpc
 from quorumlog.bookie._bookie_config import BookieConfig
 from quorumlog.bookie._cookie import Cookie, establish_identity
-from quorumlog.bookie._errors import (
-    EntryTooLargeError,
-    NoSuchEntryError,
-    NoSuchLedgerError,
-    ReadOnlyError,
-    UnauthorizedError,
-)
 from quorumlog.bookie._gc import GarbageCollector, GcResult
 from quorumlog.bookie._journal import (
     DeleteRecord,
@@ -62,33 +55,6 @@ from quorumlog.bookie._metrics import (
     register_source,
     unregister_source,
 )
-from quorumlog.bookie._protocol import (
-    FLAG_FENCE,
-    FLAG_NO_SYNC,
-    FLAG_RECOVERY,
-    AddEntryRequest,
-    AddEntryResponse,
-    BookieStatusRequest,
-    BookieStatusResponse,
-    FenceRequest,
-    FenceResponse,
-    ForceLedgerRequest,
-    ForceLedgerResponse,
-    GcRequest,
-    GcResponse,
-    LedgerInfoRequest,
-    LedgerInfoResponse,
-    ReadBatchRequest,
-    ReadBatchResponse,
-    ReadEntryRequest,
-    ReadEntryResponse,
-    ReadLacRequest,
-    ReadLacResponse,
-    ScrubRequest,
-    ScrubResponse,
-    WriteLacRequest,
-    WriteLacResponse,
-)
 from quorumlog.bookie._registration import Registration
 from quorumlog.bookie._storage import (
     FLUSH_SUGGESTED_FRACTION,
@@ -106,9 +72,42 @@ from quorumlog.errors import (
     UsageError,
     invariant,
 )
-from quorumlog.ledger._digest import BadEnvelopeError, parse_envelope
 from quorumlog.log import get_logger
-from quorumlog.meta._client import MetaClient
+from quorumlog.meta import MetaClient
+from quorumlog.proto import (
+    FLAG_FENCE,
+    FLAG_NO_SYNC,
+    FLAG_RECOVERY,
+    AddEntryRequest,
+    AddEntryResponse,
+    BadEnvelopeError,
+    BookieStatusRequest,
+    BookieStatusResponse,
+    EntryTooLargeError,
+    FenceRequest,
+    FenceResponse,
+    ForceLedgerRequest,
+    ForceLedgerResponse,
+    GcRequest,
+    GcResponse,
+    LedgerInfoRequest,
+    LedgerInfoResponse,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    ReadBatchRequest,
+    ReadBatchResponse,
+    ReadEntryRequest,
+    ReadEntryResponse,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadOnlyError,
+    ScrubRequest,
+    ScrubResponse,
+    UnauthorizedError,
+    WriteLacRequest,
+    WriteLacResponse,
+    parse_envelope,
+)
 
 _log = get_logger(__name__)
 

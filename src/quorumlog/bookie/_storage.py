@@ -40,13 +40,6 @@ from quorumlog.bookie._caches import EntryKey, ReadCache, SequentialReads, Write
 from quorumlog.bookie._compaction import Compactor
 from quorumlog.bookie._config import LedgerStorageConfig
 from quorumlog.bookie._entrylog import EntryLogs, LogGoneError, PendingFrame, recover_log_files
-from quorumlog.bookie._errors import (
-    EntryLogCorruptionError,
-    EntryTooLargeError,
-    NoSuchEntryError,
-    ReadOnlyError,
-    WriteCacheFullError,
-)
 from quorumlog.bookie._format import (
     ID_LIMIT,
     NO_ENTRY,
@@ -63,9 +56,16 @@ from quorumlog.bookie._results import (
     ScrubReport,
     StorageStats,
 )
+from quorumlog.bookie._storage_errors import EntryLogCorruptionError
 from quorumlog.bookie._usage import UsageChanges, UsageTable
 from quorumlog.errors import StorageError, UsageError
 from quorumlog.log import get_logger
+from quorumlog.proto import (
+    EntryTooLargeError,
+    NoSuchEntryError,
+    ReadOnlyError,
+    WriteCacheFullError,
+)
 
 _log = get_logger(__name__)
 

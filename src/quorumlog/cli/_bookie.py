@@ -49,8 +49,8 @@ def list_bookies(
     as_json: bool = JsonOption,
 ) -> None:
     """List the bookies registered in meta (address, read-only, labels, instance id)."""
-    from quorumlog.bookie._protocol import BOOKIE_REGISTRY_PREFIX, BookieRegistration
-    from quorumlog.meta._client import BlockingMetaClient
+    from quorumlog.meta import BlockingMetaClient
+    from quorumlog.proto import BOOKIE_REGISTRY_PREFIX, BookieRegistration
 
     with BlockingMetaClient(_members(members, directory)) as meta:
         kvs = meta.list_keys(BOOKIE_REGISTRY_PREFIX)
@@ -73,7 +73,7 @@ def list_bookies(
 @app.command()
 def info(bookie: str = BookieOption, as_json: bool = JsonOption) -> None:
     """Status of one bookie: instance, registration, read-only, disk, directories, counters."""
-    from quorumlog.bookie._protocol import BookieStatusRequest
+    from quorumlog.proto import BookieStatusRequest
 
     st = _call(bookie, BookieStatusRequest())
     data = {"bookie_id": st.bookie_id, "instance_id": st.instance_id,
@@ -101,7 +101,7 @@ def ledger(
     as_json: bool = JsonOption,
 ) -> None:
     """What one bookie holds of a ledger: exists, fenced, LAC, last entry."""
-    from quorumlog.bookie._protocol import LedgerInfoRequest
+    from quorumlog.proto import LedgerInfoRequest
 
     r = _call(bookie, LedgerInfoRequest(ledger_id=ledger_id))
     data = {"ledger_id": r.ledger_id, "exists": r.exists, "fenced": r.fenced, "lac": r.lac,
@@ -121,7 +121,7 @@ def ledger(
 @app.command()
 def gc(bookie: str = BookieOption, as_json: bool = JsonOption) -> None:
     """Run garbage collection now: drop ledgers deleted in meta, compact entry logs."""
-    from quorumlog.bookie._protocol import GcRequest
+    from quorumlog.proto import GcRequest
 
     r = _call(bookie, GcRequest(), ADMIN_TIMEOUT_S)
     data = {"deleted_ledgers": r.deleted_ledgers, "compacted_logs": r.compacted_logs,
@@ -136,7 +136,7 @@ def gc(bookie: str = BookieOption, as_json: bool = JsonOption) -> None:
 @app.command()
 def scrub(bookie: str = BookieOption, as_json: bool = JsonOption) -> None:
     """Check every indexed entry against the entry logs (CRC, ids); exit 1 on problems."""
-    from quorumlog.bookie._protocol import ScrubRequest
+    from quorumlog.proto import ScrubRequest
 
     r = _call(bookie, ScrubRequest(), ADMIN_TIMEOUT_S)
     if as_json:

@@ -25,8 +25,7 @@ def _dir(directory: Path | None) -> Path:
 
 def node(config: Path = typer.Option(..., "--config", help="The node's TOML config file.")) -> None:
     """Run one node process (roles from its config) until SIGTERM."""
-    from quorumlog.node import load_node_config
-    from quorumlog.node._process import run_node
+    from quorumlog.node import load_node_config, run_node
 
     run_node(load_node_config(config))
 

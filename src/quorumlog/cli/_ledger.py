@@ -210,7 +210,7 @@ def list_(
     as_json: bool = JsonOption,
 ) -> None:
     """List ledgers with their state, quorums and last entry."""
-    from quorumlog.bookie import NoSuchLedgerError
+    from quorumlog.proto import NoSuchLedgerError
 
     with _client(meta, directory) as client:
         rows = []

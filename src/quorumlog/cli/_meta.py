@@ -35,7 +35,7 @@ def get(
     serializable: bool = typer.Option(False, help="Read from any member (may be stale)."),
 ) -> None:
     """Print one key's value and versions."""
-    from quorumlog.meta._client import BlockingMetaClient
+    from quorumlog.meta import BlockingMetaClient
 
     with BlockingMetaClient(_members(members, directory)) as meta:
         kv = meta.get(key, serializable=serializable)
@@ -56,7 +56,7 @@ def put(
     expect_version: int = typer.Option(-1, help="Compare-and-swap: only if version matches."),
 ) -> None:
     """Write a key (optionally compare-and-swap on its version)."""
-    from quorumlog.meta._client import BlockingMetaClient
+    from quorumlog.meta import BlockingMetaClient
 
     with BlockingMetaClient(_members(members, directory)) as meta:
         if expect_version >= 0:
@@ -76,7 +76,7 @@ def list_(
     limit: int = typer.Option(1000, help="At most this many keys."),
 ) -> None:
     """List keys under a prefix."""
-    from quorumlog.meta._client import BlockingMetaClient
+    from quorumlog.meta import BlockingMetaClient
 
     with BlockingMetaClient(_members(members, directory)) as meta:
         kvs = meta.list_keys(prefix, limit=limit)
@@ -99,7 +99,7 @@ def watch(
     count: int = typer.Option(0, help="Stop after this many events (0: until Ctrl-C)."),
 ) -> None:
     """Print changes to a key or prefix, in revision order, as JSON lines."""
-    from quorumlog.meta._client import MetaClient
+    from quorumlog.meta import MetaClient
 
     async def main() -> None:
         async with MetaClient(_members(members, directory)) as meta:
@@ -125,7 +125,7 @@ app.add_typer(member_app, name="member")
 
 def _change(action: str, node_id: int, address: str, members: str | None,
             directory: Path | None) -> None:
-    from quorumlog.meta._client import BlockingMetaClient
+    from quorumlog.meta import BlockingMetaClient
 
     with BlockingMetaClient(_members(members, directory)) as meta:
         voters, learners = meta.change_member(action, node_id, address)

@@ -9,8 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from quorumlog.errors import QuorumlogError
-from quorumlog.wal import RecordInfo, WalReport, inspect, repair, verify
-from quorumlog.wal._check import RECORDS_LIMIT_DEFAULT
+from quorumlog.wal import RECORDS_LIMIT_DEFAULT, RecordInfo, WalReport, inspect, repair, verify
 
 app = typer.Typer(
     name="wal",

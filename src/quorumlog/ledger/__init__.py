@@ -33,7 +33,6 @@ from quorumlog.ledger._errors import (
     ReadPastLacError,
 )
 from quorumlog.ledger._metadata import (
-    DigestType,
     Fragment,
     LedgerMetadata,
     LedgerState,
@@ -60,6 +59,7 @@ from quorumlog.ledger._quorum import (
 from quorumlog.ledger._read import LedgerEntry, ReadHandle
 from quorumlog.ledger._recovery import answer_of
 from quorumlog.ledger._write import WriteHandle
+from quorumlog.proto import DigestType
 
 __all__ = [
     "AckSet",

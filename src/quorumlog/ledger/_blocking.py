@@ -12,9 +12,10 @@ from quorumlog import rpc
 from quorumlog.errors import UsageError
 from quorumlog.ledger._client import LedgerClient, _connect
 from quorumlog.ledger._config import LedgerClientConfig
-from quorumlog.ledger._metadata import DigestType, LedgerMetadata
+from quorumlog.ledger._metadata import LedgerMetadata
 from quorumlog.ledger._read import LedgerEntry, ReadHandle
 from quorumlog.ledger._write import WriteHandle
+from quorumlog.proto import DigestType
 
 T = TypeVar("T")
 H = TypeVar("H", WriteHandle, ReadHandle)

@@ -26,15 +26,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-import quorumlog.bookie._protocol as wire
+from quorumlog import proto as wire
 from quorumlog import rpc
-from quorumlog.bookie._errors import (
+from quorumlog.errors import UsageError
+from quorumlog.proto import (
     LedgerFencedError,
     NoSuchEntryError,
     NoSuchLedgerError,
     UnauthorizedError,
 )
-from quorumlog.errors import UsageError
 
 ADD_FLAGS_NONE = 0
 

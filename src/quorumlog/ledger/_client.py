@@ -22,7 +22,7 @@ import random
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from typing import Any
 
-import quorumlog.bookie._protocol as wire
+from quorumlog import proto as wire
 from quorumlog import rpc
 from quorumlog.errors import QuorumlogError, UsageError
 from quorumlog.ledger._bookie_client import (
@@ -35,7 +35,6 @@ from quorumlog.ledger._config import LedgerClientConfig
 from quorumlog.ledger._context import LedgerContext, MetaStore, check_password
 from quorumlog.ledger._errors import EntryUnavailableError, LedgerClosedError, LedgerWriteError
 from quorumlog.ledger._metadata import (
-    DigestType,
     Fragment,
     LedgerMetadata,
     LedgerState,
@@ -46,6 +45,7 @@ from quorumlog.ledger._quorum import Schedule
 from quorumlog.ledger._read import ReadHandle
 from quorumlog.ledger._recovery import recover
 from quorumlog.ledger._write import RACK_LABELS, WriteHandle
+from quorumlog.proto import DigestType
 
 CUSTOM_METADATA_BYTES_MAX = 64 * 1024
 """Custom metadata per ledger (it lives in every copy of the metadata)."""
@@ -297,7 +297,7 @@ async def _connect(
     addresses: Sequence[str], config: LedgerClientConfig | None,
     security: rpc.RpcSecurityConfig | None,
 ) -> LedgerClient:
-    from quorumlog.meta._client import MetaClient
+    from quorumlog.meta import MetaClient
 
     config = config or LedgerClientConfig()
     config.validate()

@@ -16,14 +16,14 @@ from typing import Any, Protocol
 
 import msgspec
 
-import quorumlog.bookie._protocol as wire
-from quorumlog.bookie._errors import NoSuchLedgerError, UnauthorizedError
+from quorumlog import proto as wire
 from quorumlog.errors import UsageError
 from quorumlog.ledger._bookie_client import BookieTransport
 from quorumlog.ledger._config import LedgerClientConfig
 from quorumlog.ledger._metadata import LedgerMetadata, password_digest
 from quorumlog.ledger._placement import BookieCandidate
 from quorumlog.log import get_logger
+from quorumlog.proto import NoSuchLedgerError, UnauthorizedError
 
 DEFAULT_RACK = "default"
 

@@ -1,6 +1,6 @@
 """Errors of the ledger client.
 
-Bookie-side answers keep the bookie's classes (``quorumlog.bookie``):
+Bookie-side answers keep the wire contract's classes (``quorumlog.proto``):
 ``LedgerFencedError`` (a recovering client fenced the ledger),
 ``UnauthorizedError`` (wrong password / master key), ``NoSuchLedgerError``
 (unknown ledger id), ``NoSuchEntryError``. The client adds the conditions that

@@ -15,6 +15,7 @@ import msgspec
 
 from quorumlog.errors import UsageError, invariant
 from quorumlog.ledger._quorum import Schedule
+from quorumlog.proto import DigestType
 
 METADATA_FORMAT_VERSION = 1
 
@@ -23,11 +24,6 @@ class LedgerState(enum.StrEnum):
     OPEN = "OPEN"
     IN_RECOVERY = "IN_RECOVERY"
     CLOSED = "CLOSED"
-
-
-class DigestType(enum.StrEnum):
-    CRC32C = "crc32c"
-    HMAC_SHA256 = "hmac-sha256"
 
 
 class Fragment(msgspec.Struct, frozen=True, array_like=True):

@@ -22,7 +22,6 @@ from typing import Any
 
 import msgspec
 
-from quorumlog.bookie._errors import NoSuchEntryError, UnauthorizedError
 from quorumlog.errors import QuorumlogError, UsageError
 from quorumlog.ledger._bookie_client import (
     BatchReply,
@@ -33,9 +32,17 @@ from quorumlog.ledger._bookie_client import (
     outcome_of,
 )
 from quorumlog.ledger._context import LedgerContext
-from quorumlog.ledger._digest import DigestMismatchError, crc32c_payloads, decode_entry, mac_key
 from quorumlog.ledger._errors import EntryUnavailableError, ReadPastLacError
-from quorumlog.ledger._metadata import DigestType, LedgerMetadata
+from quorumlog.ledger._metadata import LedgerMetadata
+from quorumlog.proto import (
+    DigestMismatchError,
+    DigestType,
+    NoSuchEntryError,
+    UnauthorizedError,
+    crc32c_payloads,
+    decode_entry,
+    mac_key,
+)
 
 
 class LedgerEntry(msgspec.Struct, frozen=True):

@@ -33,8 +33,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-import quorumlog.bookie._protocol as wire
-from quorumlog.bookie._errors import UnauthorizedError
+from quorumlog import proto as wire
 from quorumlog.errors import QuorumlogError, invariant
 from quorumlog.ledger._bookie_client import (
     BookieOutcome,
@@ -43,11 +42,17 @@ from quorumlog.ledger._bookie_client import (
     outcome_of,
 )
 from quorumlog.ledger._context import LedgerContext
-from quorumlog.ledger._digest import DigestMismatchError, decode_entry, mac_key
 from quorumlog.ledger._errors import LedgerRecoveryError
-from quorumlog.ledger._metadata import DigestType, Fragment, LedgerMetadata, LedgerState, master_key
+from quorumlog.ledger._metadata import Fragment, LedgerMetadata, LedgerState, master_key
 from quorumlog.ledger._quorum import ReadAnswer, RecoveryRead, RecoveryVerdict
 from quorumlog.ledger._write import ClosedByOtherError, WriteHandle
+from quorumlog.proto import (
+    DigestMismatchError,
+    DigestType,
+    UnauthorizedError,
+    decode_entry,
+    mac_key,
+)
 
 RECOVERY_WINDOW_INITIAL = 4
 """Entries read ahead at the start of the scan (doubles while entries are found)."""

@@ -40,13 +40,11 @@ import functools
 from collections import deque
 from typing import Any
 
-import quorumlog.bookie._protocol as wire
+from quorumlog import proto as wire
 from quorumlog import rpc
-from quorumlog.bookie._errors import LedgerFencedError, NoSuchLedgerError, UnauthorizedError
 from quorumlog.errors import QuorumlogError, UsageError, invariant
 from quorumlog.ledger._bookie_client import BookieOutcome, outcome_of
 from quorumlog.ledger._context import LedgerContext
-from quorumlog.ledger._digest import encode_entry, mac_key
 from quorumlog.ledger._errors import (
     LedgerClosedError,
     LedgerRecoveryError,
@@ -54,13 +52,20 @@ from quorumlog.ledger._errors import (
     MetadataConflictError,
 )
 from quorumlog.ledger._metadata import (
-    DigestType,
     LedgerMetadata,
     LedgerState,
     master_key,
 )
 from quorumlog.ledger._placement import NotEnoughBookiesError, choose_replacement
 from quorumlog.ledger._quorum import AckSet
+from quorumlog.proto import (
+    DigestType,
+    LedgerFencedError,
+    NoSuchLedgerError,
+    UnauthorizedError,
+    encode_entry,
+    mac_key,
+)
 
 RACK_LABELS = {"random": None, "rack_aware": "rack", "zone_aware": "zone"}
 """Placement policy name -> the bookie label that names its failure domain."""

@@ -21,6 +21,7 @@ from quorumlog.meta._commands import (
     IdResult,
     KeyValue,
     NextId,
+    Op,
     PutOp,
     PutResult,
     RangeOp,
@@ -37,6 +38,8 @@ from quorumlog.meta._service import (
     LEASE_CLOCK_DRIFT_PERCENT,
     READ_MODES,
     MetaRequestFailedError,
+    MetaService,
+    MetaStatusRequest,
     ReadMode,
 )
 from quorumlog.meta._state import CompactedError, MetaLimits, MetaStateMachine
@@ -63,8 +66,11 @@ __all__ = [
     "MetaClient",
     "MetaLimits",
     "MetaRequestFailedError",
+    "MetaService",
     "MetaStateMachine",
+    "MetaStatusRequest",
     "NextId",
+    "Op",
     "PutOp",
     "PutResult",
     "RangeOp",

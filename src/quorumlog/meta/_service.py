@@ -47,8 +47,7 @@ from quorumlog.meta._commands import (
 from quorumlog.meta._leases import LeaseKeeper
 from quorumlog.meta._read_lease import ReadLease, lease_duration_s
 from quorumlog.meta._state import CompactedError, MetaLimits, MetaStateMachine
-from quorumlog.raft._driver import RaftHost
-from quorumlog.raft._types import ConfChange, ConfChangeSingle, ConfChangeType, Role
+from quorumlog.raft import ConfChange, ConfChangeSingle, ConfChangeType, RaftHost, Role
 
 META_GROUP_ID = 1
 WATCH_WAIT_MS_MAX = 60_000  # a parked watch answers (maybe empty) within this

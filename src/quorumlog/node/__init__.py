@@ -21,7 +21,7 @@ from quorumlog.node._cluster import (
     wait_serving,
 )
 from quorumlog.node._config import MetaSection, NodeConfig, NodeSection, load_node_config
-from quorumlog.node._process import EXIT_CONFIG, META_ONLY_ENV
+from quorumlog.node._process import EXIT_CONFIG, META_ONLY_ENV, run_node
 
 __all__ = [
     "DEFAULT_DIR",
@@ -38,6 +38,7 @@ __all__ = [
     "load_node_config",
     "meta_addresses",
     "restart_node",
+    "run_node",
     "running",
     "security_toml",
     "status",

@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from quorumlog import rpc
-from quorumlog.bookie._protocol import BookieStatusRequest
 from quorumlog.errors import DeadlineExceededError, QuorumlogError, UsageError
-from quorumlog.meta._service import MetaStatusRequest
+from quorumlog.meta import MetaStatusRequest
+from quorumlog.proto import BookieStatusRequest
 
 DEFAULT_DIR = Path(os.environ.get("QUORUMLOG_CLUSTER_DIR", ".quorumlog/cluster"))
 CLUSTER_FILE = "cluster.json"

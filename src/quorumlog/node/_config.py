@@ -55,7 +55,7 @@ import os
 from pathlib import Path
 
 from quorumlog import config
-from quorumlog.bookie._bookie_config import BookieConfig
+from quorumlog.bookie import BookieConfig
 from quorumlog.config import Config, require
 from quorumlog.meta import LEASE_CLOCK_DRIFT_PERCENT, READ_MODES, ReadMode
 from quorumlog.rpc import RpcSecurityConfig

@@ -38,10 +38,10 @@ from quorumlog import rpc
 from quorumlog.bookie import BookieService, InvalidCookieError
 from quorumlog.errors import ConfigError
 from quorumlog.log import configure, get_logger
-from quorumlog.meta._service import MetaService
+from quorumlog.meta import MetaService
 from quorumlog.node._config import NodeConfig, parse_address
 from quorumlog.node._health import Health, start_http
-from quorumlog.raft._driver import HostConfig, RaftHost
+from quorumlog.raft import HostConfig, RaftHost
 
 _log = get_logger(__name__)
 

@@ -9,6 +9,7 @@ driver loop.
 
 from quorumlog.raft._confchange import ConfChangeError
 from quorumlog.raft._config import RaftConfig, ReadOnlyMode
+from quorumlog.raft._driver import HostConfig, RaftHost
 from quorumlog.raft._errors import (
     CompactedError,
     ConfChangePendingError,
@@ -65,11 +66,13 @@ __all__ = [
     "Entry",
     "EntryType",
     "HardState",
+    "HostConfig",
     "MemoryStorage",
     "Message",
     "MessageType",
     "ProposalDroppedError",
     "RaftConfig",
+    "RaftHost",
     "RaftNode",
     "RaftStorage",
     "ReadOnlyMode",

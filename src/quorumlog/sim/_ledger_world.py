@@ -29,19 +29,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import quorumlog.bookie._protocol as wire
+from quorumlog import proto as wire
 from quorumlog import rpc
-from quorumlog.bookie import (
+from quorumlog.bookie import limbo_error
+from quorumlog.errors import DeadlineExceededError, QuorumlogError, invariant
+from quorumlog.ledger import BatchReply, EntryReply, LacReply, LedgerMetadata, LedgerState
+from quorumlog.meta import KeyValue
+from quorumlog.proto import (
+    BadEnvelopeError,
     LedgerFencedError,
     NoSuchEntryError,
     NoSuchLedgerError,
     UnauthorizedError,
-    limbo_error,
+    parse_envelope,
 )
-from quorumlog.errors import DeadlineExceededError, QuorumlogError, invariant
-from quorumlog.ledger import BatchReply, EntryReply, LacReply, LedgerMetadata, LedgerState
-from quorumlog.ledger._digest import BadEnvelopeError, parse_envelope
-from quorumlog.meta._commands import KeyValue
 from quorumlog.sim._trace import Tracer
 
 

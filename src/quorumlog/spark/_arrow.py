@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from quorumlog.errors import UsageError
-from quorumlog.stream._entry import ColumnSink, OutgoingMessage
+from quorumlog.stream import ColumnSink, OutgoingMessage
 
 SCHEMA_DDL = (
     "stream string, partition int, ledger_id long, entry_id long, batch_index int, "

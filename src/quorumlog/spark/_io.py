@@ -18,8 +18,7 @@ from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 from quorumlog.ledger import LedgerClient
-from quorumlog.stream._layout import StreamRecord
-from quorumlog.stream._meta import load_record
+from quorumlog.stream import StreamRecord, load_record
 
 T = TypeVar("T")
 

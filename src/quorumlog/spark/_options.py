@@ -14,9 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quorumlog.errors import UsageError
-from quorumlog.stream._errors import BadPositionError
-from quorumlog.stream._layout import check_name
-from quorumlog.stream._position import EARLIEST, LATEST
+from quorumlog.stream import EARLIEST, LATEST, BadPositionError, check_name
 
 MAX_ROWS_PER_PARTITION_DEFAULT = 200_000
 ARROW_BATCH_ROWS_DEFAULT = 8192

@@ -18,9 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quorumlog.errors import UsageError
-from quorumlog.stream import LedgerInfo, PartitionHead
-from quorumlog.stream._errors import BadPositionError, DataLossError
-from quorumlog.stream._position import SeqPosition
+from quorumlog.stream import BadPositionError, DataLossError, LedgerInfo, PartitionHead, SeqPosition
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,19 +58,32 @@ from quorumlog.spark._plan import (
     position_offset,
     split_limit,
 )
-from quorumlog.stream import LedgerInfo, LedgerList, PartitionHead, first_position
-from quorumlog.stream._entry import ColumnSink, decode_entry_columns
-from quorumlog.stream._layout import LedgerStats, StreamRecord
-from quorumlog.stream._link import (
+from quorumlog.stream import (
+    EARLIEST,
+    LATEST,
+    ColumnSink,
     JobLedgerWriter,
+    LedgerHandles,
+    LedgerInfo,
+    LedgerList,
+    LedgerStats,
+    PartitionHead,
+    Position,
+    RoundRobin,
+    SeqPosition,
+    StartSpec,
+    StreamRecord,
     abort_job_ledgers,
+    decode_entry_columns,
+    end_position,
+    first_position,
     link_job_ledgers,
     new_job_id,
+    now_ms,
+    parse_positions,
+    partition_for_key,
+    resolve_start,
 )
-from quorumlog.stream._meta import now_ms
-from quorumlog.stream._position import EARLIEST, LATEST, Position, SeqPosition, parse_positions
-from quorumlog.stream._reader import LedgerHandles, StartSpec, end_position, resolve_start
-from quorumlog.stream._retention import RoundRobin, partition_for_key
 
 log = get_logger(__name__)
 

@@ -28,7 +28,14 @@ from quorumlog.stream._client import (
 )
 from quorumlog.stream._config import RetentionPolicy, RolloverPolicy, StreamConfig
 from quorumlog.stream._consumer import Consumer, ConsumerConfig
-from quorumlog.stream._entry import DecodedMessage, OutgoingMessage, decode_entry, encode_entry
+from quorumlog.stream._entry import (
+    ColumnSink,
+    DecodedMessage,
+    OutgoingMessage,
+    decode_entry,
+    decode_entry_columns,
+    encode_entry,
+)
 from quorumlog.stream._errors import (
     BadPositionError,
     DataLossError,
@@ -47,13 +54,26 @@ from quorumlog.stream._errors import (
 from quorumlog.stream._layout import (
     LedgerInfo,
     LedgerRun,
+    LedgerStats,
     PartitionHead,
     StreamRecord,
+    check_name,
 )
 from quorumlog.stream._ledgers import LedgerList
+from quorumlog.stream._link import JobLedgerWriter, abort_job_ledgers, link_job_ledgers, new_job_id
+from quorumlog.stream._meta import load_record, now_ms
 from quorumlog.stream._position import EARLIEST, LATEST, Position, SeqPosition, parse_positions
 from quorumlog.stream._producer import MessageId, Producer, ProducerConfig
-from quorumlog.stream._reader import Message, Reader, first_position
+from quorumlog.stream._reader import (
+    LedgerHandles,
+    Message,
+    Reader,
+    StartSpec,
+    end_position,
+    first_position,
+    resolve_start,
+)
+from quorumlog.stream._retention import RoundRobin, partition_for_key
 
 __all__ = [
     "EARLIEST",
@@ -63,14 +83,18 @@ __all__ = [
     "BlockingProducer",
     "BlockingReader",
     "BlockingStreamClient",
+    "ColumnSink",
     "Consumer",
     "ConsumerConfig",
     "DataLossError",
     "DecodedMessage",
     "JobEndedError",
+    "JobLedgerWriter",
+    "LedgerHandles",
     "LedgerInfo",
     "LedgerList",
     "LedgerRun",
+    "LedgerStats",
     "Message",
     "MessageFormatError",
     "MessageId",
@@ -84,7 +108,9 @@ __all__ = [
     "Reader",
     "RetentionPolicy",
     "RolloverPolicy",
+    "RoundRobin",
     "SeqPosition",
+    "StartSpec",
     "StreamClient",
     "StreamConfig",
     "StreamError",
@@ -96,8 +122,18 @@ __all__ = [
     "TrimReport",
     "WriterBusyError",
     "WriterStuckError",
+    "abort_job_ledgers",
+    "check_name",
     "decode_entry",
+    "decode_entry_columns",
     "encode_entry",
+    "end_position",
     "first_position",
+    "link_job_ledgers",
+    "load_record",
+    "new_job_id",
+    "now_ms",
     "parse_positions",
+    "partition_for_key",
+    "resolve_start",
 ]

@@ -48,8 +48,7 @@ from quorumlog import rpc
 from quorumlog.errors import DeadlineExceededError, QuorumlogError, UsageError
 from quorumlog.ledger import LedgerClient, WriteHandle
 from quorumlog.log import get_logger
-from quorumlog.meta import Compare, DeleteOp, PutOp
-from quorumlog.meta._commands import Op
+from quorumlog.meta import Compare, DeleteOp, Op, PutOp
 from quorumlog.stream._config import LINK_FIXED_OPS, LINK_OPS_PER_PARTITION, TXN_OPS_MAX
 from quorumlog.stream._entry import OutgoingMessage, encode_entry
 from quorumlog.stream._errors import JobEndedError

@@ -14,10 +14,10 @@ from quorumlog.meta import (
     CompareOp,
     CompareTarget,
     KeyValue,
+    MetaClient,
+    Op,
     PutOp,
 )
-from quorumlog.meta._client import MetaClient
-from quorumlog.meta._commands import Op
 from quorumlog.stream._errors import StreamNotFoundError
 from quorumlog.stream._layout import (
     TAIL_LEDGERS_MAX,

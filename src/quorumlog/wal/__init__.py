@@ -58,6 +58,7 @@ CorruptionError naming file and byte offset. See docs/wal.md for the format.
 """
 
 from quorumlog.wal._check import (
+    RECORDS_LIMIT_DEFAULT,
     RecordInfo,
     SegmentReport,
     VerifySummary,
@@ -81,6 +82,7 @@ from quorumlog.wal._types import (
 from quorumlog.wal._wal import Wal
 
 __all__ = [
+    "RECORDS_LIMIT_DEFAULT",
     "RecordInfo",
     "RepairReport",
     "SegmentReport",

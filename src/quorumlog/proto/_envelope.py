@@ -1,4 +1,6 @@
-"""The entry envelope: what a ledger client sends to bookies and reads back.
+"""The entry envelope and its digests (BookKeeper's ``DigestManager``).
+
+What a ledger client sends to bookies and reads back.
 
 Each entry travels and is stored as one envelope (BookKeeper's digest-wrapped
 entry)::
@@ -17,6 +19,7 @@ readers verify the digest of every entry they read.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
 import struct
@@ -25,22 +28,20 @@ from typing import NamedTuple
 
 import crc32c
 
-from quorumlog.errors import CorruptionError, UsageError
-from quorumlog.ledger._metadata import DigestType
+from quorumlog.proto._errors import BadEnvelopeError, DigestMismatchError
+
+
+class DigestType(enum.StrEnum):
+    """How an entry's envelope is protected; chosen per ledger at creation."""
+
+    CRC32C = "crc32c"
+    HMAC_SHA256 = "hmac-sha256"
 
 ENVELOPE_HEADER = struct.Struct(">QQqIB")
 _DIGEST_CODES = {DigestType.CRC32C: 1, DigestType.HMAC_SHA256: 2}
 _DIGEST_BY_CODE = {code: kind for kind, code in _DIGEST_CODES.items()}
 DIGEST_SIZES = {DigestType.CRC32C: 4, DigestType.HMAC_SHA256: 32}
 _CRC = struct.Struct(">I")
-
-
-class BadEnvelopeError(UsageError):
-    """An envelope that is not well formed (sizes, ids or digest type)."""
-
-
-class DigestMismatchError(CorruptionError):
-    """An entry's digest does not match its content."""
 
 
 class Envelope(NamedTuple):

@@ -1,9 +1,10 @@
-"""The bookie's wire protocol (rpc type ids 1200-1299) and its keys in meta.
+"""The bookie's request/response messages and flags (rpc type ids 1200-1299).
 
-This module is the contract between bookies (``quorumlog.bookie`` server
-role) and ledger clients (``quorumlog.ledger``). Entries travel as envelopes
-(``quorumlog.ledger._digest``) in the rpc payload, never inside the message
-struct, so they are not copied by the message codec.
+The contract between bookies (``quorumlog.bookie`` server role) and ledger
+clients (``quorumlog.ledger``); neither package owns it. Entries travel as
+envelopes (``_envelope.py``) in the rpc payload, never inside the message
+struct, so they are not copied by the message codec. Error codes are in
+``_errors.py``, keys in meta in ``_keys.py``.
 
 Requests and their meaning:
 
@@ -36,96 +37,17 @@ Requests and their meaning:
 - ``ForceLedgerRequest``: make all adds of the ledger so far durable.
 - Admin: ``BookieStatusRequest``, ``LedgerInfoRequest``, ``GcRequest``,
   ``ScrubRequest``.
-
-Meta layout: a live, registered bookie has the ephemeral key
-``/bookies/available/<bookie id>`` (bound to its session) whose value is a
-msgpack ``BookieRegistration``; its ``instance_id`` tells a bookie that was
-wiped and re-added (a new instance) from the one that wrote earlier
-ledgers. Every bookie that ever started has the persistent key
-``/bookies/cookies/<bookie id>``: its cookie (sealed JSON), the identity its
-directories must match. Ledger metadata lives under
-``/ledgers/<id, 20 digits>`` (``ledger_key``); ledger ids come from
-``next_id(LEDGER_ID_COUNTER)``. A ledger a bookie stores whose key is gone
-from meta was deleted and is garbage-collected.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-import msgspec
-
 from quorumlog import rpc
-from quorumlog.bookie._errors import (
-    BookieError,
-    EntryInLimboError,
-    EntryTooLargeError,
-    LedgerFencedError,
-    NoSuchEntryError,
-    NoSuchLedgerError,
-    ReadOnlyError,
-    UnauthorizedError,
-    WriteCacheFullError,
-)
-from quorumlog.ledger._digest import BadEnvelopeError, DigestMismatchError
 
 FLAG_RECOVERY = 1
 FLAG_NO_SYNC = 2
 FLAG_FENCE = 4
-
-BOOKIE_REGISTRY_PREFIX = "/bookies/available/"
-# Persistent (not ephemeral) keys: each bookie's identity, its cookie (see
-# quorumlog.bookie._cookie). Deleted only by `quorumlog bookie format`.
-BOOKIE_COOKIE_PREFIX = "/bookies/cookies/"
-BOOKIE_LIMBO_PREFIX = "/bookies/limbo/"  # re-added bookies: ledgers they may have lost
-LEDGER_KEY_PREFIX = "/ledgers/"
-LEDGER_ID_COUNTER = "ledger"
-
-
-def ledger_key(ledger_id: int) -> str:
-    return f"{LEDGER_KEY_PREFIX}{ledger_id:020d}"
-
-
-def ledger_id_of_key(key: str) -> int | None:
-    """The ledger id of a ``/ledgers/...`` key, None for any other key."""
-    if not key.startswith(LEDGER_KEY_PREFIX):
-        return None
-    tail = key[len(LEDGER_KEY_PREFIX):]
-    return int(tail) if tail.isdigit() else None
-
-
-class BookieRegistration(msgspec.Struct, frozen=True, kw_only=True):
-    """What a bookie publishes about itself in meta."""
-
-    id: str  # the bookie id: its rpc address "host:port"
-    address: str
-    labels: dict[str, str] = msgspec.field(default_factory=dict)  # rack, zone, ...
-    read_only: bool = False
-    # The instance (cookie) serving under this id; "" from bookies before cookies.
-    instance_id: str = ""
-
-    def encode(self) -> bytes:
-        return msgspec.msgpack.encode(self)
-
-    @classmethod
-    def decode(cls, data: bytes) -> BookieRegistration:
-        return msgspec.msgpack.decode(data, type=cls)
-
-
-for _code, _cls in (
-    (1200, BookieError),
-    (1201, NoSuchLedgerError),
-    (1202, NoSuchEntryError),
-    (1203, UnauthorizedError),
-    (1204, LedgerFencedError),
-    (1205, EntryTooLargeError),
-    (1206, WriteCacheFullError),
-    (1207, ReadOnlyError),
-    (1208, BadEnvelopeError),
-    (1209, DigestMismatchError),
-    (1210, EntryInLimboError),
-):
-    rpc.register_error(_code, _cls)
 
 
 # ----- entries ----------------------------------------------------------------
