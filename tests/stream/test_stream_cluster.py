@@ -22,9 +22,11 @@ from quorumlog import node as cluster
 from quorumlog import rpc
 from quorumlog.bookie._protocol import ledger_key
 from quorumlog.errors import UsageError
+from quorumlog.ledger import BlockingLedgerClient
 from quorumlog.meta import PutOp
 from quorumlog.stream import (
     BadPositionError,
+    BlockingStreamClient,
     ConsumerConfig,
     DataLossError,
     JobEndedError,
@@ -94,6 +96,32 @@ async def read_all(client: StreamClient, stream: str, start: Any = "earliest",
                 break
             out.append(message)
     return out
+
+
+def test_blocking_clients_run_on_one_loop_thread(meta: list[str]) -> None:
+    """BlockingStreamClient and BlockingLedgerClient run on rpc.LoopThread:
+    data goes through, a blocking call from the loop is refused, close twice is fine."""
+    with BlockingStreamClient(meta) as client:
+        client.create_stream("blocking", small())
+        with client.producer("blocking") as producer:
+            producer.send_many([b"a", b"b"])
+        with client.reader("blocking") as reader:
+            got = [reader.read_next(int(DEADLINE_S * 1000)) for _ in range(2)]
+        assert [m.value for m in got if m is not None] == [b"a", b"b"]
+
+        async def reenter() -> list[str]:
+            return client.list_streams()
+
+        with pytest.raises(rpc.LoopReentryError, match="list_streams"):
+            client.run(reenter())
+        assert "blocking" in client.list_streams()
+    client.close()
+    with BlockingLedgerClient(meta) as ledgers:
+        writer = ledgers.create_ledger(3, 2, 2)
+        writer.append(b"x")
+        writer.close()
+        assert [e.payload for e in ledgers.open_ledger(writer.id).read(0, 0)] == [b"x"]
+    ledgers.close()
 
 
 def test_rollover_order_positions_and_seek(meta: list[str]) -> None:
