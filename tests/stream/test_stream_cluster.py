@@ -21,6 +21,7 @@ import pytest
 from quorumlog import node as cluster
 from quorumlog import rpc
 from quorumlog.bookie._protocol import ledger_key
+from quorumlog.clock import ManualClock
 from quorumlog.errors import UsageError
 from quorumlog.ledger import BlockingLedgerClient
 from quorumlog.meta import PutOp
@@ -353,6 +354,37 @@ def test_consumer_resumes_after_crash(meta: list[str]) -> None:
             await again.close()
 
     rpc.run(resume())
+
+
+def test_retention_by_age_follows_the_injected_clock(meta: list[str]) -> None:
+    """Close stamps and the trimmer's "now" come from the client's clock: a
+    ManualClock ages a stream by 7 days in no time (before, only trim's
+    ``at_ms`` could move "now", and close stamps were always the wall clock)."""
+    clock = ManualClock(wall_ms=1_700_000_000_000)
+    week_ms = RetentionPolicy().time_ms
+
+    async def main() -> None:
+        async with await StreamClient.connect(meta, clock=clock) as client:
+            await client.create_stream("aged", small(entries=2))  # default: keep 7 days
+            producer = await client.producer("aged")
+            for i in range(6):  # 3 ledgers of 2 entries, then an empty one the close closes
+                await producer.send(b"%d" % i)
+            await producer.close()
+            ledgers = (await client.stream_info("aged"))["partitions"][0]["ledgers"]
+            assert [lg.get("entries", 0) for lg in ledgers] == [2, 2, 2, 0]
+            created = await client.ledger_client.ledger_metadata(ledgers[0]["ledger_id"])
+            assert created.created_ms == clock.wall_ms()  # the ledger protocol's stamp too
+            assert (await client.trim("aged")).deleted_ledgers == []
+            clock.advance(ms=week_ms - 1)
+            assert (await client.trim("aged")).deleted_ledgers == []
+            clock.advance(ms=1)
+            report = await client.trim("aged")
+            # Every ledger but the last (it anchors "latest") is a week old now.
+            assert report.deleted_ledgers == [lg["ledger_id"] for lg in ledgers[:3]]
+            for ledger in ledgers[:3]:
+                assert await client.ledger_client.meta.get(ledger_key(ledger["ledger_id"])) is None
+
+    asyncio.run(main())
 
 
 def test_retention_deletes_exactly_consumed_ledgers(meta: list[str]) -> None:

@@ -67,7 +67,6 @@ from quorumlog.stream._link import (
     link_job_ledgers,
     new_job_id,
 )
-from quorumlog.stream._meta import now_ms
 from quorumlog.stream._position import EARLIEST, LATEST, Position, SeqPosition, parse_positions
 from quorumlog.stream._reader import LedgerHandles, StartSpec, end_position, resolve_start
 from quorumlog.stream._retention import RoundRobin, partition_for_key
@@ -545,7 +544,7 @@ def write_task(options: SourceOptions, record: StreamRecord, job: str,
 
     try:
         for batch in batches:
-            last_ms = max(now_ms(), last_ms)
+            last_ms = max(client.clock.wall_ms(), last_ms)
             _io.run(add(list(messages_of(batch, last_ms))))
         return QuorumlogCommitMessage(ledgers=_io.run(close_all()), task=task_id)
     except BaseException:
@@ -570,7 +569,7 @@ class QuorumlogWriter(DataSourceArrowWriter):
     def __init__(self, options: SourceOptions, record: StreamRecord) -> None:
         self.options = options
         self.record = record
-        self.job = new_job_id("spark")
+        self.job = new_job_id("spark", _io.ledger_client(options.meta).clock)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> QuorumlogCommitMessage:
         return write_task(self.options, self.record, self.job, iterator)
@@ -597,7 +596,7 @@ class QuorumlogStreamWriter(DataSourceStreamArrowWriter):
         self.record = record
         self.writer_id = writer_id
         # One job per micro-batch (a job ends once), under this run's prefix.
-        self.job_prefix = new_job_id("stream")
+        self.job_prefix = new_job_id("stream", _io.ledger_client(options.meta).clock)
 
     def job(self, batch_id: int) -> str:
         return f"{self.job_prefix}-b{batch_id:012d}"

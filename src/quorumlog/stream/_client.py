@@ -7,6 +7,7 @@ from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 from quorumlog import rpc
+from quorumlog.clock import Clock
 from quorumlog.ledger import LedgerClient
 from quorumlog.stream import _admin
 from quorumlog.stream._config import RetentionPolicy, StreamConfig
@@ -39,8 +40,12 @@ class StreamClient:
         self._own = own
 
     @classmethod
-    async def connect(cls, meta_addresses: Sequence[str]) -> StreamClient:
-        return cls(await LedgerClient.connect(list(meta_addresses)), own=True)
+    async def connect(cls, meta_addresses: Sequence[str], *,
+                      clock: Clock | None = None) -> StreamClient:
+        """A client with its own ledger client; every time the stream logic
+        stamps or compares (ledger close times, cursors, retention, TTL) comes
+        from ``clock`` (the system clock by default), via ``ledger_client.clock``."""
+        return cls(await LedgerClient.connect(list(meta_addresses), clock=clock), own=True)
 
     async def close(self) -> None:
         if self._own:
