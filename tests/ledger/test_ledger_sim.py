@@ -9,15 +9,19 @@ the seed, the invariant and the command that replays it with a transcript.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
 from quorumlog.bookie import Verdict
-from quorumlog.ledger import ReadAnswer, Schedule, _quorum, _read, _recovery, _write
+from quorumlog.ledger import BookieOutcome, ReadAnswer, Schedule, _quorum, _read, _recovery, _write
+from quorumlog.ledger._fanout import BookieAnswer, fan_out
+from quorumlog.proto import NoSuchEntryError
 from quorumlog.sim import LEDGER_MIXES, _ledger_runner, _ledger_world, run_ledger_seed
 
 pytestmark = pytest.mark.sim
@@ -141,6 +145,25 @@ def test_unknown_counted_as_no_such_entry_is_caught() -> None:
         return ReadAnswer.NO_SUCH_ENTRY if answer is ReadAnswer.UNKNOWN else answer
 
     with _planted(_recovery, "answer_of", careless):
+        assert _caught(range(800)) & {"acked-lost", "fenced-writer-committed"}
+
+
+@pytest.mark.slow
+def test_a_fan_out_reporting_timeouts_as_no_such_entry_is_caught() -> None:
+    """The one write-set fan-out (``_fanout``) is what recovery runs on: a
+    fan-out that turns a silent bookie into "no such entry" loses entries."""
+    original = fan_out
+
+    async def careless(targets: Any, request: Any) -> AsyncGenerator[BookieAnswer[Any], None]:
+        async with contextlib.aclosing(original(targets, request)) as answers:
+            async for answer in answers:
+                if answer.outcome is BookieOutcome.UNKNOWN:
+                    yield BookieAnswer(answer.index, answer.bookie, None,
+                                       NoSuchEntryError("planted"))
+                else:
+                    yield answer
+
+    with _planted(_recovery, "fan_out", careless):
         assert _caught(range(800)) & {"acked-lost", "fenced-writer-committed"}
 
 

@@ -20,11 +20,14 @@ import pytest
 
 from quorumlog import node as cluster
 from quorumlog import rpc
+from quorumlog.clock import ManualClock
 from quorumlog.errors import UsageError
+from quorumlog.ledger import BlockingLedgerClient
 from quorumlog.meta import PutOp
 from quorumlog.proto import ledger_key
 from quorumlog.stream import (
     BadPositionError,
+    BlockingStreamClient,
     ConsumerConfig,
     DataLossError,
     JobEndedError,
@@ -94,6 +97,32 @@ async def read_all(client: StreamClient, stream: str, start: Any = "earliest",
                 break
             out.append(message)
     return out
+
+
+def test_blocking_clients_run_on_one_loop_thread(meta: list[str]) -> None:
+    """BlockingStreamClient and BlockingLedgerClient run on rpc.LoopThread:
+    data goes through, a blocking call from the loop is refused, close twice is fine."""
+    with BlockingStreamClient(meta) as client:
+        client.create_stream("blocking", small())
+        with client.producer("blocking") as producer:
+            producer.send_many([b"a", b"b"])
+        with client.reader("blocking") as reader:
+            got = [reader.read_next(int(DEADLINE_S * 1000)) for _ in range(2)]
+        assert [m.value for m in got if m is not None] == [b"a", b"b"]
+
+        async def reenter() -> list[str]:
+            return client.list_streams()
+
+        with pytest.raises(rpc.LoopReentryError, match="list_streams"):
+            client.run(reenter())
+        assert "blocking" in client.list_streams()
+    client.close()
+    with BlockingLedgerClient(meta) as ledgers:
+        writer = ledgers.create_ledger(3, 2, 2)
+        writer.append(b"x")
+        writer.close()
+        assert [e.payload for e in ledgers.open_ledger(writer.id).read(0, 0)] == [b"x"]
+    ledgers.close()
 
 
 def test_rollover_order_positions_and_seek(meta: list[str]) -> None:
@@ -325,6 +354,37 @@ def test_consumer_resumes_after_crash(meta: list[str]) -> None:
             await again.close()
 
     rpc.run(resume())
+
+
+def test_retention_by_age_follows_the_injected_clock(meta: list[str]) -> None:
+    """Close stamps and the trimmer's "now" come from the client's clock: a
+    ManualClock ages a stream by 7 days in no time (before, only trim's
+    ``at_ms`` could move "now", and close stamps were always the wall clock)."""
+    clock = ManualClock(wall_ms=1_700_000_000_000)
+    week_ms = RetentionPolicy().time_ms
+
+    async def main() -> None:
+        async with await StreamClient.connect(meta, clock=clock) as client:
+            await client.create_stream("aged", small(entries=2))  # default: keep 7 days
+            producer = await client.producer("aged")
+            for i in range(6):  # 3 ledgers of 2 entries (close rolls no empty one over)
+                await producer.send(b"%d" % i)
+            await producer.close()
+            ledgers = (await client.stream_info("aged"))["partitions"][0]["ledgers"]
+            assert [lg.get("entries", 0) for lg in ledgers] == [2, 2, 2]
+            created = await client.ledger_client.ledger_metadata(ledgers[0]["ledger_id"])
+            assert created.created_ms == clock.wall_ms()  # the ledger protocol's stamp too
+            assert (await client.trim("aged")).deleted_ledgers == []
+            clock.advance(ms=week_ms - 1)
+            assert (await client.trim("aged")).deleted_ledgers == []
+            clock.advance(ms=1)
+            report = await client.trim("aged")
+            # Every ledger but the last (it anchors "latest") is a week old now.
+            assert report.deleted_ledgers == [lg["ledger_id"] for lg in ledgers[:2]]
+            for ledger in ledgers[:2]:
+                assert await client.ledger_client.meta.get(ledger_key(ledger["ledger_id"])) is None
+
+    asyncio.run(main())
 
 
 def test_retention_deletes_exactly_consumed_ledgers(meta: list[str]) -> None:

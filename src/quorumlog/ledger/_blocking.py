@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
-import threading
 from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from quorumlog import rpc
-from quorumlog.errors import UsageError
 from quorumlog.ledger._client import LedgerClient, _connect
 from quorumlog.ledger._config import LedgerClientConfig
 from quorumlog.ledger._metadata import LedgerMetadata
@@ -22,37 +19,7 @@ H = TypeVar("H", WriteHandle, ReadHandle)
 
 READ_CHUNK_ENTRIES = 1000
 """Entries a blocking ``read`` fetches per round trip to the loop thread."""
-
-
-def _new_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-    return loop
-
-
-class _Loop:
-    def __init__(self) -> None:
-        self.loop = _new_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True,
-                                       name="quorumlog-ledger-client")
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        if threading.current_thread() is self.thread:
-            coro.close()
-            raise UsageError("blocking ledger calls cannot be made from the client's loop")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join()
-        self.loop.close()
+LOOP_THREAD_NAME = "quorumlog-ledger-client"
 
 
 class BlockingLedgerClient:
@@ -62,11 +29,11 @@ class BlockingLedgerClient:
         self, addresses: Sequence[str], *, config: LedgerClientConfig | None = None,
         security: rpc.RpcSecurityConfig | None = None,
     ) -> None:
-        self._loop = _Loop()
+        self._loop = rpc.LoopThread(LOOP_THREAD_NAME)
         try:
-            self._client: LedgerClient = self._loop.run(_connect(addresses, config, security))
+            self._client: LedgerClient = self._loop.call(_connect(addresses, config, security))
         except BaseException:
-            self._loop.stop()
+            self._loop.close()
             raise
 
     @property
@@ -80,7 +47,7 @@ class BlockingLedgerClient:
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a coroutine on the client's loop and wait for it."""
-        return self._loop.run(coro)
+        return self._loop.call(coro)
 
     def __enter__(self) -> BlockingLedgerClient:
         return self
@@ -89,46 +56,47 @@ class BlockingLedgerClient:
         self.close()
 
     def close(self) -> None:
-        if self._loop.thread.is_alive():
-            try:
-                self._loop.run(self._client.close())
-            finally:
-                self._loop.stop()
+        if self._loop.closed:
+            return
+        try:
+            self._loop.call(self._client.close())
+        finally:
+            self._loop.close()
 
     def create_ledger(
         self, ensemble: int = 3, write_quorum: int = 2, ack_quorum: int = 2, *,
         digest: str | DigestType = "crc32c", password: bytes = b"",
         placement: str = "random", metadata: Mapping[str, bytes] | None = None,
     ) -> BlockingWriteHandle:
-        handle = self._loop.run(self._client.create_ledger(
+        handle = self._loop.call(self._client.create_ledger(
             ensemble, write_quorum, ack_quorum, digest=digest, password=password,
             placement=placement, metadata=metadata))
         return BlockingWriteHandle(self._loop, handle)
 
     def open_ledger(self, ledger_id: int, *, password: bytes = b"",
                     recovery: bool = True) -> BlockingReadHandle:
-        handle = self._loop.run(self._client.open_ledger(
+        handle = self._loop.call(self._client.open_ledger(
             ledger_id, password=password, recovery=recovery))
         return BlockingReadHandle(self._loop, handle)
 
     def open_for_append(self, ledger_id: int, *, password: bytes = b"") -> BlockingWriteHandle:
-        handle = self._loop.run(self._client.open_for_append(ledger_id, password=password))
+        handle = self._loop.call(self._client.open_for_append(ledger_id, password=password))
         return BlockingWriteHandle(self._loop, handle)
 
     def delete_ledger(self, ledger_id: int, *, force: bool = False) -> None:
-        self._loop.run(self._client.delete_ledger(ledger_id, force=force))
+        self._loop.call(self._client.delete_ledger(ledger_id, force=force))
 
     def list_ledgers(self, *, limit: int = 10_000) -> list[int]:
-        return self._loop.run(self._client.list_ledgers(limit=limit))
+        return self._loop.call(self._client.list_ledgers(limit=limit))
 
     def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
-        return self._loop.run(self._client.ledger_metadata(ledger_id))
+        return self._loop.call(self._client.ledger_metadata(ledger_id))
 
 
 class _BlockingHandle(Generic[H]):
     """What a blocking write handle and a blocking read handle share."""
 
-    def __init__(self, loop: _Loop, handle: H) -> None:
+    def __init__(self, loop: rpc.LoopThread, handle: H) -> None:
         self._loop = loop
         self._handle: H = handle
 
@@ -155,17 +123,17 @@ class _BlockingHandle(Generic[H]):
 
 class BlockingWriteHandle(_BlockingHandle[WriteHandle]):
     def append(self, payload: bytes) -> int:
-        return self._loop.run(self._handle.append(payload))
+        return self._loop.call(self._handle.append(payload))
 
     def append_async(self, payload: bytes) -> concurrent.futures.Future[int]:
         """Queue an append (in call order); waits for room on the loop, not here."""
         return self._loop.submit(self._handle.append(payload))
 
     def close(self) -> None:
-        self._loop.run(self._handle.close())
+        self._loop.call(self._handle.close())
 
     def detach(self) -> None:
-        self._loop.run(self._handle.detach())
+        self._loop.call(self._handle.detach())
 
 
 class BlockingReadHandle(_BlockingHandle[ReadHandle]):
@@ -174,17 +142,17 @@ class BlockingReadHandle(_BlockingHandle[ReadHandle]):
         start = first
         while start <= last:
             end = min(last, start + READ_CHUNK_ENTRIES - 1)
-            yield from self._loop.run(self._handle.read_batch(start, end))
+            yield from self._loop.call(self._handle.read_batch(start, end))
             start = end + 1
 
     def read_batch(self, first: int, last: int) -> list[LedgerEntry]:
-        return self._loop.run(self._handle.read_batch(first, last))
+        return self._loop.call(self._handle.read_batch(first, last))
 
     def read_last_add_confirmed(self) -> int:
-        return self._loop.run(self._handle.read_last_add_confirmed())
+        return self._loop.call(self._handle.read_last_add_confirmed())
 
     def wait_for_entry(self, after: int, timeout_ms: int = 1000) -> LedgerEntry | None:
-        return self._loop.run(self._handle.wait_for_entry(after, timeout_ms))
+        return self._loop.call(self._handle.wait_for_entry(after, timeout_ms))
 
     def close(self) -> None:
-        self._loop.run(self._handle.close())
+        self._loop.call(self._handle.close())

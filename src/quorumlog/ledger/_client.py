@@ -24,6 +24,7 @@ from typing import Any
 
 from quorumlog import proto as wire
 from quorumlog import rpc
+from quorumlog.clock import Clock
 from quorumlog.errors import QuorumlogError, UsageError
 from quorumlog.ledger._bookie_client import (
     BookieOutcome,
@@ -64,14 +65,14 @@ class LedgerClient:
     def __init__(
         self, meta: MetaStore, bookies: BookieTransport, *,
         config: LedgerClientConfig | None = None, rng: random.Random | None = None,
-        now_ms: Callable[[], int] | None = None, log: Any = None,
+        clock: Clock | None = None, log: Any = None,
         on_close: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         config = config or LedgerClientConfig()
         config.validate()
         self._ctx = LedgerContext(meta, bookies, config, rng or random.Random())
-        if now_ms is not None:
-            self._ctx.now_ms = now_ms
+        if clock is not None:
+            self._ctx.clock = clock
         if log is not None:
             self._ctx.log = log
         self._on_close = on_close
@@ -80,10 +81,10 @@ class LedgerClient:
     @classmethod
     def connect(
         cls, addresses: Sequence[str], *, config: LedgerClientConfig | None = None,
-        security: rpc.RpcSecurityConfig | None = None,
+        security: rpc.RpcSecurityConfig | None = None, clock: Clock | None = None,
     ) -> _Connecting:
         """``await LedgerClient.connect(meta_addresses)`` or ``async with ...``."""
-        return _Connecting(lambda: _connect(addresses, config, security))
+        return _Connecting(lambda: _connect(addresses, config, security, clock))
 
     @property
     def meta(self) -> Any:
@@ -93,6 +94,11 @@ class LedgerClient:
     @property
     def config(self) -> LedgerClientConfig:
         return self._ctx.config
+
+    @property
+    def clock(self) -> Clock:
+        """Where this client and what runs on it (streams) read time."""
+        return self._ctx.clock
 
     @property
     def context(self) -> LedgerContext:
@@ -136,7 +142,7 @@ class LedgerClient:
         created = LedgerMetadata(
             ledger_id=ledger_id, ensemble_size=ensemble, write_quorum=write_quorum,
             ack_quorum=ack_quorum, digest=digest_type, password_sha256=password_digest(password),
-            ensembles=(Fragment(0, bookies),), custom=custom, created_ms=self._ctx.now_ms(),
+            ensembles=(Fragment(0, bookies),), custom=custom, created_ms=self._ctx.clock.wall_ms(),
         )
         if not await self._ctx.meta.cas(wire.ledger_key(ledger_id), 0, created.encode()):
             raise QuorumlogError(
@@ -295,7 +301,7 @@ def _custom(metadata: Mapping[str, bytes] | None) -> dict[str, bytes]:
 
 async def _connect(
     addresses: Sequence[str], config: LedgerClientConfig | None,
-    security: rpc.RpcSecurityConfig | None,
+    security: rpc.RpcSecurityConfig | None, clock: Clock | None = None,
 ) -> LedgerClient:
     from quorumlog.meta import MetaClient
 
@@ -307,7 +313,7 @@ async def _connect(
                                           write_buffer_high_water_bytes=16 * 1024 * 1024),
                     security=security)
     return LedgerClient(meta, RpcBookieTransport(pool, own_pool=True), config=config,
-                        on_close=meta.close)
+                        clock=clock, on_close=meta.close)
 
 
 class _Connecting:

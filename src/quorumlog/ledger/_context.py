@@ -9,14 +9,13 @@ methods.
 from __future__ import annotations
 
 import random
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgspec
 
 from quorumlog import proto as wire
+from quorumlog.clock import SYSTEM_CLOCK, Clock
 from quorumlog.errors import UsageError
 from quorumlog.ledger._bookie_client import BookieTransport
 from quorumlog.ledger._config import LedgerClientConfig
@@ -55,17 +54,13 @@ class MetaStore(Protocol):
     async def delete(self, key: str, *, prefix: bool = False) -> int: ...
 
 
-def _wall_ms() -> int:
-    return int(time.time() * 1000)
-
-
 @dataclass(slots=True)
 class LedgerContext:
     meta: MetaStore
     bookies: BookieTransport
     config: LedgerClientConfig = field(default_factory=LedgerClientConfig)
     rng: random.Random = field(default_factory=random.Random)
-    now_ms: Callable[[], int] = _wall_ms
+    clock: Clock = SYSTEM_CLOCK  # every time the protocol stamps (created_ms) comes from here
     log: Any = field(default_factory=lambda: get_logger("quorumlog.ledger"))
 
     async def load_metadata(self, ledger_id: int) -> tuple[LedgerMetadata, int]:

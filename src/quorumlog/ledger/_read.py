@@ -33,6 +33,7 @@ from quorumlog.ledger._bookie_client import (
 )
 from quorumlog.ledger._context import LedgerContext
 from quorumlog.ledger._errors import EntryUnavailableError, ReadPastLacError
+from quorumlog.ledger._fanout import fan_out
 from quorumlog.ledger._metadata import LedgerMetadata
 from quorumlog.proto import (
     DigestMismatchError,
@@ -230,74 +231,62 @@ class EntryReader:
         fragment = metadata.ensembles[-1]
         coverage = metadata.schedule.coverage_set()
         lac = fragment.first_entry_id - 1
-        tasks = {
-            asyncio.ensure_future(self._ctx.bookies.read_lac(
-                bookie, self._ledger_id, timeout_s=self._timeout_s)): index
-            for index, bookie in enumerate(fragment.bookies)
-        }
         answered = False
         errors: dict[str, BaseException] = {}
-        try:
-            while tasks:
-                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                for task in in_order(done, tasks):
-                    index = tasks.pop(task)
-                    error = task.exception()
-                    if error is None:
-                        answered = True
-                        lac = max(lac, task.result().lac)
-                        if coverage.add(index):
-                            return lac
-                    elif outcome_of(error) is BookieOutcome.NO_SUCH_ENTRY:
-                        answered = True  # the bookie has nothing of this ledger yet
-                        if coverage.add(index):
-                            return lac
-                    else:
-                        errors[fragment.bookies[index]] = error
-        finally:
-            cancel_quietly(tasks)
+        async with contextlib.aclosing(fan_out(enumerate(fragment.bookies),
+                                               self._lac_read)) as answers:
+            async for answer in answers:
+                if answer.error is None:
+                    answered = True
+                    lac = max(lac, answer.result().lac)
+                    if coverage.add(answer.index):
+                        return lac
+                elif answer.outcome is BookieOutcome.NO_SUCH_ENTRY:
+                    answered = True  # the bookie has nothing of this ledger yet
+                    if coverage.add(answer.index):
+                        return lac
+                else:
+                    errors[answer.bookie] = answer.error
         if not answered:
             raise EntryUnavailableError(
                 f"ledger {self._ledger_id}: no bookie answered a LAC read: "
                 + _describe(errors))
         return lac
 
+    def _lac_read(self, bookie: str) -> Awaitable[LacReply]:
+        return self._ctx.bookies.read_lac(bookie, self._ledger_id, timeout_s=self._timeout_s)
+
     async def long_poll(self, metadata: LedgerMetadata, after: int,
                         timeout_ms: int) -> tuple[int, LedgerEntry | None]:
         """Wait until some bookie of entry ``after + 1``'s write set has a LAC
         past ``after``; return (that LAC, the entry if it came along)."""
         bookies = metadata.write_set_bookies(after + 1)
-        tasks = {
-            asyncio.ensure_future(self._ctx.bookies.read_lac(
+
+        def poll(bookie: str) -> Awaitable[LacReply]:
+            return self._ctx.bookies.read_lac(
                 bookie, self._ledger_id, timeout_s=self._timeout_s, previous_lac=after,
-                long_poll_ms=timeout_ms, with_entry=True)): bookie
-            for bookie in bookies
-        }
+                long_poll_ms=timeout_ms, with_entry=True)
+
         best = after
         errors: dict[str, BaseException] = {}
-        try:
-            while tasks:
-                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                for task in in_order(done, tasks):
-                    bookie = tasks.pop(task)
-                    error = task.exception()
-                    if error is not None:
-                        if outcome_of(error) is not BookieOutcome.NO_SUCH_ENTRY:
-                            errors[bookie] = error  # (no such ledger yet: nothing new)
-                        continue
-                    reply: LacReply = task.result()
-                    if reply.lac <= after:
-                        continue
-                    best = max(best, reply.lac)
-                    if reply.envelope is not None:
-                        try:
-                            return best, self.decode(reply.envelope, after + 1, bookie)
-                        except DigestMismatchError as exc:
-                            self._ctx.log.warning("ledger_entry_digest_mismatch",
-                                                  bookie=bookie, error=str(exc))
-                    return best, None
-        finally:
-            cancel_quietly(tasks)
+        async with contextlib.aclosing(fan_out(enumerate(bookies), poll)) as answers:
+            async for answer in answers:
+                bookie = answer.bookie
+                if answer.error is not None:
+                    if answer.outcome is not BookieOutcome.NO_SUCH_ENTRY:
+                        errors[bookie] = answer.error  # (no such ledger yet: nothing new)
+                    continue
+                reply = answer.result()
+                if reply.lac <= after:
+                    continue
+                best = max(best, reply.lac)
+                if reply.envelope is not None:
+                    try:
+                        return best, self.decode(reply.envelope, after + 1, bookie)
+                    except DigestMismatchError as exc:
+                        self._ctx.log.warning("ledger_entry_digest_mismatch",
+                                              bookie=bookie, error=str(exc))
+                return best, None
         if len(errors) == len(bookies):
             raise EntryUnavailableError(
                 f"ledger {self._ledger_id}: no bookie of entry {after + 1}'s write set "

@@ -31,18 +31,22 @@ never saw the old writer's entries; its "no such entry" would prove nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
+from collections.abc import Awaitable
 
 from quorumlog import proto as wire
 from quorumlog.errors import QuorumlogError, invariant
 from quorumlog.ledger._bookie_client import (
     BookieOutcome,
+    EntryReply,
+    LacReply,
     cancel_quietly,
-    in_order,
     outcome_of,
 )
 from quorumlog.ledger._context import LedgerContext
 from quorumlog.ledger._errors import LedgerRecoveryError
+from quorumlog.ledger._fanout import fan_out
 from quorumlog.ledger._metadata import Fragment, LedgerMetadata, LedgerState, master_key
 from quorumlog.ledger._quorum import ReadAnswer, RecoveryRead, RecoveryVerdict
 from quorumlog.ledger._write import ClosedByOtherError, WriteHandle
@@ -126,32 +130,24 @@ async def _fence(ctx: LedgerContext, metadata: LedgerMetadata, fragment: Fragmen
     """Fence the fragment's bookies until every write set has Qf of them; the max LAC."""
     coverage = metadata.schedule.coverage_set()
     timeout_s = ctx.config.read_timeout_ms / 1000
-    tasks = {
-        asyncio.ensure_future(ctx.bookies.fence(bookie, metadata.ledger_id, key,
-                                                timeout_s=timeout_s)): index
-        for index, bookie in enumerate(fragment.bookies)
-    }
+
+    def fence(bookie: str) -> Awaitable[LacReply]:
+        return ctx.bookies.fence(bookie, metadata.ledger_id, key, timeout_s=timeout_s)
+
     lac = -1
     errors: dict[str, str] = {}
-    try:
-        while tasks:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            for task in in_order(done, tasks):
-                index = tasks.pop(task)
-                bookie = fragment.bookies[index]
-                error = task.exception()
-                if error is None:
-                    lac = max(lac, task.result().lac)
-                    if coverage.add(index):
-                        return lac
-                    continue
-                if outcome_of(error) is BookieOutcome.UNAUTHORIZED:
-                    raise UnauthorizedError(
-                        f"bookie {bookie} refused to fence ledger {metadata.ledger_id}: "
-                        f"wrong password ({error})")
-                errors[bookie] = str(error)
-    finally:
-        cancel_quietly(tasks)
+    async with contextlib.aclosing(fan_out(enumerate(fragment.bookies), fence)) as answers:
+        async for answer in answers:
+            if answer.error is None:
+                lac = max(lac, answer.result().lac)
+                if coverage.add(answer.index):
+                    return lac
+                continue
+            if answer.outcome is BookieOutcome.UNAUTHORIZED:
+                raise UnauthorizedError(
+                    f"bookie {answer.bookie} refused to fence ledger {metadata.ledger_id}: "
+                    f"wrong password ({answer.error})")
+            errors[answer.bookie] = str(answer.error)
     raise LedgerRecoveryError(
         f"ledger {metadata.ledger_id}: could not fence Qf={metadata.schedule.fence_quorum} "
         f"bookies of every write set: {'; '.join(f'{b}: {e}' for b, e in errors.items())}")
@@ -191,45 +187,39 @@ async def _recovery_read(ctx: LedgerContext, metadata: LedgerMetadata, fragment:
     schedule = metadata.schedule
     decision = RecoveryRead(schedule, entry_id)
     timeout_s = ctx.config.read_timeout_ms / 1000
-    tasks = {
-        asyncio.ensure_future(ctx.bookies.read_entry(
-            fragment.bookies[index], metadata.ledger_id, entry_id, timeout_s=timeout_s,
-            fence=True, master_key=key)): index
-        for index in schedule.write_set(entry_id)
-    }
+
+    def read(bookie: str) -> Awaitable[EntryReply]:
+        return ctx.bookies.read_entry(bookie, metadata.ledger_id, entry_id, timeout_s=timeout_s,
+                                      fence=True, master_key=key)
+
+    targets = [(index, fragment.bookies[index]) for index in schedule.write_set(entry_id)]
     errors: dict[str, str] = {}
-    try:
-        while tasks:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            for task in in_order(done, tasks):
-                index = tasks.pop(task)
-                bookie = fragment.bookies[index]
-                error = task.exception()
-                if outcome_of(error) is BookieOutcome.UNAUTHORIZED:
-                    raise UnauthorizedError(
-                        f"bookie {bookie} refused a recovery read of ledger "
-                        f"{metadata.ledger_id}: wrong password ({error})")
-                if error is None:
-                    envelope = task.result().envelope
-                    try:
-                        parsed = decode_entry(envelope, ledger_id=metadata.ledger_id,
-                                              entry_id=entry_id, digest=metadata.digest,
-                                              key=digest_key, source=bookie)
-                    except DigestMismatchError as exc:
-                        ctx.log.warning("ledger_entry_digest_mismatch", bookie=bookie,
-                                        error=str(exc))
-                        errors[bookie] = str(exc)
-                        decision.record(index, ReadAnswer.UNKNOWN)
-                        continue
-                    verdict = decision.record(index, ReadAnswer.FOUND)
-                    invariant(verdict is RecoveryVerdict.RECOVERABLE, "found means recoverable")
-                    return _Found(bytes(envelope), len(parsed.payload))
-                errors[bookie] = str(error)
-                verdict = decision.record(index, answer_of(error))
-                if verdict is RecoveryVerdict.END_OF_LEDGER:
-                    return None
-    finally:
-        cancel_quietly(tasks)
+    async with contextlib.aclosing(fan_out(targets, read)) as answers:
+        async for answer in answers:
+            bookie, error = answer.bookie, answer.error
+            if answer.outcome is BookieOutcome.UNAUTHORIZED:
+                raise UnauthorizedError(
+                    f"bookie {bookie} refused a recovery read of ledger "
+                    f"{metadata.ledger_id}: wrong password ({error})")
+            if error is None:
+                envelope = answer.result().envelope
+                try:
+                    parsed = decode_entry(envelope, ledger_id=metadata.ledger_id,
+                                          entry_id=entry_id, digest=metadata.digest,
+                                          key=digest_key, source=bookie)
+                except DigestMismatchError as exc:
+                    ctx.log.warning("ledger_entry_digest_mismatch", bookie=bookie,
+                                    error=str(exc))
+                    errors[bookie] = str(exc)
+                    decision.record(answer.index, ReadAnswer.UNKNOWN)
+                    continue
+                verdict = decision.record(answer.index, ReadAnswer.FOUND)
+                invariant(verdict is RecoveryVerdict.RECOVERABLE, "found means recoverable")
+                return _Found(bytes(envelope), len(parsed.payload))
+            errors[bookie] = str(error)
+            verdict = decision.record(answer.index, answer_of(error))
+            if verdict is RecoveryVerdict.END_OF_LEDGER:
+                return None
     raise LedgerRecoveryError(
         f"ledger {metadata.ledger_id}: cannot tell whether entry {entry_id} exists: "
         f"fewer than Qf={schedule.fence_quorum} bookies said 'no such entry' and none had "

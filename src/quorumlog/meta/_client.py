@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -85,6 +84,7 @@ OPERATION_DEADLINE_S = 20.0  # all attempts of one operation
 SESSION_TTL_MS = 60_000
 KEEPALIVES_PER_TTL = 3  # keep-alive every third of the TTL: two may be lost
 CLOSE_REVOKE_DEADLINE_S = 1.0  # close() revokes the session, best effort, this long
+BLOCKING_LOOP_THREAD_NAME = "quorumlog-meta-client"
 
 
 class MetaClient:
@@ -422,14 +422,15 @@ class BlockingMetaClient:
     def __init__(
         self, addresses: Sequence[str], *, deadline_s: float = OPERATION_DEADLINE_S
     ) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
-                                        name="quorumlog-meta-client")
-        self._thread.start()
-        self._client: MetaClient = self._run(_make_client(addresses, deadline_s))
+        self._loop = rpc.LoopThread(BLOCKING_LOOP_THREAD_NAME)
+        try:
+            self._client: MetaClient = self._run(_make_client(addresses, deadline_s))
+        except BaseException:
+            self._loop.close()
+            raise
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        return self._loop.call(coro)
 
     def __enter__(self) -> BlockingMetaClient:
         return self
@@ -438,10 +439,12 @@ class BlockingMetaClient:
         self.close()
 
     def close(self) -> None:
-        self._run(self._client.close())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
+        if self._loop.closed:
+            return
+        try:
+            self._run(self._client.close())
+        finally:
+            self._loop.close()
 
     def put(self, key: str, value: bytes, *, session_id: int = 0) -> int:
         return self._run(self._client.put(key, value, session_id=session_id))

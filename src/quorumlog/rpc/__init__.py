@@ -48,6 +48,11 @@ Public API:
   a package's own error class a wire code. A handler's QuorumlogError is raised
   again, same class, on the client.
 - ``install_uvloop()``, ``run(main)``: event loop helpers.
+- ``LoopThread(name, *, call_timeout_s=None)``: one event loop on a daemon
+  thread for blocking clients: ``call(coro, timeout_s=...)``, ``submit(coro)``,
+  ``close()``; errors ``LoopCallTimeoutError`` (the call was cancelled),
+  ``LoopReentryError`` (a blocking call from the loop thread itself),
+  ``LoopClosedError``.
 - ``metrics_registry``: the prometheus_client registry with the rpc counters.
 
 See docs/rpc.md for the wire format, the copy count of payloads and the limits.
@@ -70,6 +75,12 @@ from ._errors import (
     register_error,
 )
 from ._loop import install_uvloop, run
+from ._loop_thread import (
+    LoopCallTimeoutError,
+    LoopClosedError,
+    LoopReentryError,
+    LoopThread,
+)
 from ._messages import Message, Request
 from ._metrics import metrics_registry
 from ._pool import Pool
@@ -81,6 +92,10 @@ __all__ = [
     "ConnectFailedError",
     "Connection",
     "ConnectionClosedError",
+    "LoopCallTimeoutError",
+    "LoopClosedError",
+    "LoopReentryError",
+    "LoopThread",
     "Message",
     "Pool",
     "RemoteInternalError",

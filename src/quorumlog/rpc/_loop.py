@@ -18,6 +18,12 @@ def _uvloop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return factory
 
 
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A new uvloop loop (asyncio's when uvloop is unavailable)."""
+    factory = _uvloop_factory()
+    return asyncio.new_event_loop() if factory is None else factory()
+
+
 def install_uvloop() -> bool:
     """Make new event loops uvloop loops; False when uvloop is unavailable."""
     try:

@@ -2,7 +2,7 @@
 
 - :class:`SimBookie` keeps what a real bookie keeps per ledger (the master
   key, the fenced flag, entries as envelopes, piggybacked and explicit LACs)
-  with the same rules (``quorumlog.bookie._protocol``): the first add or
+  with the same rules (``quorumlog.proto``): the first add or
   fence records the master key and another key is refused; a fenced ledger
   refuses adds without ``FLAG_RECOVERY``; a fencing read or a fence makes the
   ledger fenced, durably, before answering; adds are answered after the
@@ -719,13 +719,20 @@ class LedgerWorld:
     def now_ms(self) -> int:
         return _ms(self.network)
 
+    # The clients' quorumlog.clock.Clock: the world's virtual time.
+    def wall_ms(self) -> int:
+        return _ms(self.network)
+
+    def monotonic_s(self) -> float:
+        return _ms(self.network) / 1000
+
     def client(self, name: str, config: Any = None, *, log: Any = None) -> Any:
         """A ``LedgerClient`` whose bookie traffic goes through this world as ``name``."""
         from quorumlog.ledger import LedgerClient
 
         return LedgerClient(self.meta, SimBookieNetwork(name, self.network), config=config,
                             rng=random.Random(self._client_rng.getrandbits(64)),
-                            now_ms=self.now_ms, log=log or _QuietLog())
+                            clock=self, log=log or _QuietLog())
 
 
 class _QuietLog:

@@ -10,33 +10,33 @@ batch (the loop thread keeps the connections serviced in between).
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import os
 import threading
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
+from quorumlog import rpc
 from quorumlog.ledger import LedgerClient
 from quorumlog.stream import StreamRecord, load_record
 
 T = TypeVar("T")
 
 CALL_TIMEOUT_S = 600.0  # one bounded call (a batch of reads, a commit)
+LOOP_THREAD_NAME = "quorumlog-spark-io"
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
 
 
-def _loop() -> asyncio.AbstractEventLoop:
+def _loop() -> rpc.LoopThread:
+    """This process's loop thread. A process forked from one that had it (Spark
+    forks its Python workers) has the object but not the thread: start anew."""
     with _lock:
-        loop = _state.get("loop")
+        loop: rpc.LoopThread | None = _state.get("loop")
         if loop is None or _state.get("pid") != os.getpid():
             _configure_logging()
-            loop = asyncio.new_event_loop()
-            thread = threading.Thread(target=loop.run_forever, daemon=True,
-                                      name="quorumlog-spark-io")
-            thread.start()
+            loop = rpc.LoopThread(LOOP_THREAD_NAME, call_timeout_s=CALL_TIMEOUT_S)
             _state.clear()
             _state.update(loop=loop, pid=os.getpid(), clients={})
         return loop
@@ -54,14 +54,15 @@ def _configure_logging() -> None:
 
 
 def run(coro: Coroutine[Any, Any, T], timeout_s: float = CALL_TIMEOUT_S) -> T:
-    """Run ``coro`` on this process's quorumlog loop and wait for it."""
-    return asyncio.run_coroutine_threadsafe(coro, _loop()).result(timeout_s)
+    """Run ``coro`` on this process's quorumlog loop and wait for it; past
+    ``timeout_s`` it is cancelled (``rpc.LoopCallTimeoutError``)."""
+    return _loop().call(coro, timeout_s=timeout_s)
 
 
 def submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
     """Start ``coro`` on this process's quorumlog loop; the caller goes on (a
     reader decodes one chunk while the next one is read)."""
-    return asyncio.run_coroutine_threadsafe(coro, _loop())
+    return _loop().submit(coro)
 
 
 async def _client(addresses: tuple[str, ...]) -> LedgerClient:

@@ -79,7 +79,6 @@ from quorumlog.stream import (
     first_position,
     link_job_ledgers,
     new_job_id,
-    now_ms,
     parse_positions,
     partition_for_key,
     resolve_start,
@@ -558,7 +557,7 @@ def write_task(options: SourceOptions, record: StreamRecord, job: str,
 
     try:
         for batch in batches:
-            last_ms = max(now_ms(), last_ms)
+            last_ms = max(client.clock.wall_ms(), last_ms)
             _io.run(add(list(messages_of(batch, last_ms))))
         return QuorumlogCommitMessage(ledgers=_io.run(close_all()), task=task_id)
     except BaseException:
@@ -583,7 +582,7 @@ class QuorumlogWriter(DataSourceArrowWriter):
     def __init__(self, options: SourceOptions, record: StreamRecord) -> None:
         self.options = options
         self.record = record
-        self.job = new_job_id("spark")
+        self.job = new_job_id("spark", _io.ledger_client(options.meta).clock)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> QuorumlogCommitMessage:
         return write_task(self.options, self.record, self.job, iterator)
@@ -610,7 +609,7 @@ class QuorumlogStreamWriter(DataSourceStreamArrowWriter):
         self.record = record
         self.writer_id = writer_id
         # One job per micro-batch (a job ends once), under this run's prefix.
-        self.job_prefix = new_job_id("stream")
+        self.job_prefix = new_job_id("stream", _io.ledger_client(options.meta).clock)
 
     def job(self, batch_id: int) -> str:
         return f"{self.job_prefix}-b{batch_id:012d}"

@@ -61,7 +61,7 @@ from quorumlog.stream._layout import (
 )
 from quorumlog.stream._ledgers import LedgerList
 from quorumlog.stream._link import JobLedgerWriter, abort_job_ledgers, link_job_ledgers, new_job_id
-from quorumlog.stream._meta import load_record, now_ms
+from quorumlog.stream._meta import load_record
 from quorumlog.stream._position import EARLIEST, LATEST, Position, SeqPosition, parse_positions
 from quorumlog.stream._producer import MessageId, Producer, ProducerConfig
 from quorumlog.stream._reader import (
@@ -132,7 +132,6 @@ __all__ = [
     "link_job_ledgers",
     "load_record",
     "new_job_id",
-    "now_ms",
     "parse_positions",
     "partition_for_key",
     "resolve_start",

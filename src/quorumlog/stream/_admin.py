@@ -55,7 +55,7 @@ from quorumlog.stream._layout import (
     writer_key,
 )
 from quorumlog.stream._ledgers import LedgerList
-from quorumlog.stream._meta import CAS_ATTEMPTS_MAX, load_record, now_ms, version_is
+from quorumlog.stream._meta import CAS_ATTEMPTS_MAX, load_record, version_is
 from quorumlog.stream._position import SeqPosition
 from quorumlog.stream._retention import EntrySearch, ledgers_to_trim, ttl_mark_delete
 
@@ -77,7 +77,8 @@ ENTRY_END = 2**31 - 1  # batch_index meaning "every message of the entry"
 async def create_stream(client: LedgerClient, name: str, config: StreamConfig) -> StreamRecord:
     check_name("stream", name)
     config.validate()
-    record = StreamRecord(name=name, config=config, password=os.urandom(16), created_ms=now_ms())
+    record = StreamRecord(name=name, config=config, password=os.urandom(16),
+                          created_ms=client.clock.wall_ms())
     ops: list[Any] = [PutOp(key=name_key(name), value=b""),
                       PutOp(key=config_key(name), value=record.encode())]
     empty = PartitionHead().encode()
@@ -155,7 +156,7 @@ async def trim_stream(client: LedgerClient, name: str, *,
     """Apply TTL and retention now; delete what they free (meta first)."""
     record = await load_record(client.meta, name)
     policy = retention or record.config.retention
-    now = now_ms() if at_ms is None else at_ms
+    now = client.clock.wall_ms() if at_ms is None else at_ms
     report = TrimReport()
     for partition in range(record.config.partitions):
         if policy.message_ttl_ms > 0:
@@ -355,7 +356,7 @@ async def delete_stream(client: LedgerClient, name: str, *, force: bool = False)
             await _delete_ledger(client, ledger_id)
             deleted.append(ledger_id)
     deleted += await _empty_trash(client, name)
-    deleted += await _delete_orphans(client, name, now_ms(), 0)
+    deleted += await _delete_orphans(client, name, client.clock.wall_ms(), 0)
     await client.meta.txn(success=[DeleteOp(key=stream_prefix(name), prefix=True),
                                    DeleteOp(key=name_key(name))])
     log.info("stream_deleted", stream=name, ledgers=len(deleted))

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
+from quorumlog import rpc
+from quorumlog.clock import Clock
 from quorumlog.ledger import LedgerClient
 from quorumlog.stream import _admin
 from quorumlog.stream._config import RetentionPolicy, StreamConfig
@@ -18,6 +19,7 @@ from quorumlog.stream._producer import MessageId, Producer, ProducerConfig
 from quorumlog.stream._reader import Message, Reader, StartSpec
 
 T = TypeVar("T")
+LOOP_THREAD_NAME = "quorumlog-stream-client"
 
 
 class StreamClient:
@@ -38,8 +40,12 @@ class StreamClient:
         self._own = own
 
     @classmethod
-    async def connect(cls, meta_addresses: Sequence[str]) -> StreamClient:
-        return cls(await LedgerClient.connect(list(meta_addresses)), own=True)
+    async def connect(cls, meta_addresses: Sequence[str], *,
+                      clock: Clock | None = None) -> StreamClient:
+        """A client with its own ledger client; every time the stream logic
+        stamps or compares (ledger close times, cursors, retention, TTL) comes
+        from ``clock`` (the system clock by default), via ``ledger_client.clock``."""
+        return cls(await LedgerClient.connect(list(meta_addresses), clock=clock), own=True)
 
     async def close(self) -> None:
         if self._own:
@@ -101,23 +107,24 @@ class BlockingStreamClient:
     """
 
     def __init__(self, meta_addresses: Sequence[str]) -> None:
-        from quorumlog.rpc import install_uvloop
-
-        install_uvloop()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
-                                        name="quorumlog-stream-client")
-        self._thread.start()
-        self._client: StreamClient = self.run(StreamClient.connect(meta_addresses))
+        self._loop = rpc.LoopThread(LOOP_THREAD_NAME)
+        try:
+            self._client: StreamClient = self.run(StreamClient.connect(meta_addresses))
+        except BaseException:
+            self._loop.close()
+            raise
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        """Run a coroutine on the client's loop thread and wait for it."""
+        return self._loop.call(coro)
 
     def close(self) -> None:
-        self.run(self._client.close())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
+        if self._loop.closed:
+            return
+        try:
+            self.run(self._client.close())
+        finally:
+            self._loop.close()
 
     def __enter__(self) -> BlockingStreamClient:
         return self

@@ -33,7 +33,6 @@ from quorumlog.stream._ledgers import LedgerList
 from quorumlog.stream._meta import (
     created_at,
     load_record,
-    now_ms,
     version_is,
     watch_key_once,
 )
@@ -82,7 +81,7 @@ async def load_or_create_cursor(client: LedgerClient, record: StreamRecord, subs
             start = await end_position(LedgerHandles(client, record.password), head)
         else:
             start = await first_position(ledgers)
-        state = CursorState(start=start, updated_ms=now_ms())
+        state = CursorState(start=start, updated_ms=client.clock.wall_ms())
         if await client.meta.cas(key, 0, state.encode()):
             return state, 1
     raise SubscriptionBusyError(f"could not create cursor {subscription!r} on {record.name!r}")
@@ -241,7 +240,7 @@ class Consumer:
         owner = cursor_owner_key(self.stream, self.subscription)
         for _ in range(CURSOR_CAS_ATTEMPTS_MAX):
             kv = await self._client.meta.get(key)
-            state = tracker.state(now_ms())
+            state = tracker.state(self._client.clock.wall_ms())
             if kv is not None:
                 stored = CursorState.decode(kv.value)
                 if stored.mark_delete is not None and (
@@ -299,7 +298,7 @@ async def _acquire_owner(client: LedgerClient, stream: str, subscription: str, s
     key = cursor_owner_key(stream, subscription)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_ms / 1000
-    lease = WriterLease(owner=owner_name(), acquired_ms=now_ms()).encode()
+    lease = WriterLease(owner=owner_name(), acquired_ms=client.clock.wall_ms()).encode()
     while True:
         result = await client.meta.txn(compares=[version_is(key, 0)],
                                        success=[PutOp(key=key, value=lease,

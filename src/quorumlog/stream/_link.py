@@ -45,6 +45,7 @@ import uuid
 from collections.abc import Iterable
 
 from quorumlog import rpc
+from quorumlog.clock import Clock
 from quorumlog.errors import DeadlineExceededError, QuorumlogError, UsageError
 from quorumlog.ledger import LedgerClient, WriteHandle
 from quorumlog.log import get_logger
@@ -77,7 +78,6 @@ from quorumlog.stream._layout import (
 from quorumlog.stream._meta import (
     CAS_ATTEMPTS_MAX,
     load_head,
-    now_ms,
     tidy_partition,
     version_is,
 )
@@ -122,7 +122,7 @@ class JobLedgerWriter:
 
     async def open(self) -> None:
         config = self._record.config
-        self._created_ms = now_ms()
+        self._created_ms = self._client.clock.wall_ms()
         handle = await self._client.create_ledger(
             ensemble=config.ensemble_size, write_quorum=config.write_quorum,
             ack_quorum=config.ack_quorum, digest=config.digest.value,
@@ -229,7 +229,7 @@ async def link_job_ledgers(client: LedgerClient, record: StreamRecord, job: str,
                 return False
             compares.append(version_is(key, kv.version if kv else 0))
             ops.append(PutOp(key=key, value=SinkMark(batch_id=batch_id,
-                                                     committed_ms=now_ms()).encode()))
+                                                     committed_ms=client.clock.wall_ms()).encode()))
         heads = {}
         for partition, stats in sorted(ledgers.items()):
             if stats:
@@ -242,9 +242,9 @@ async def link_job_ledgers(client: LedgerClient, record: StreamRecord, job: str,
         leftovers = [i for i in leftovers if i not in linked_ids]
         ops.append(DeleteOp(key=pending_prefix(stream, job), prefix=True))
         compares.append(version_is(job_key(stream, job), 0))
-        ops.append(PutOp(key=job_key(stream, job),
-                         value=JobMark(state=JobState.COMMITTED, ended_ms=now_ms()).encode()))
-        link_compares, link_ops = commit_ops(stream, job, heads, ledgers, now_ms(),
+        ended = JobMark(state=JobState.COMMITTED, ended_ms=client.clock.wall_ms())
+        ops.append(PutOp(key=job_key(stream, job), value=ended.encode()))
+        link_compares, link_ops = commit_ops(stream, job, heads, ledgers, client.clock.wall_ms(),
                                              fixed_ops=len(compares) + len(ops))
         result = await client.meta.txn(compares=[*compares, *link_compares],
                                        success=[*ops, *link_ops])
@@ -327,7 +327,7 @@ async def _closed_for_link(client: LedgerClient, record: StreamRecord,
     if current is None:
         return head
     stats = await recover_ledger_stats(client, record, current.ledger_id, current.created_ms)
-    return head.with_ledger_closed(stats, now_ms())
+    return head.with_ledger_closed(stats, client.clock.wall_ms())
 
 
 async def abort_job_ledgers(client: LedgerClient, record: StreamRecord, job: str,
@@ -336,7 +336,7 @@ async def abort_job_ledgers(client: LedgerClient, record: StreamRecord, job: str
     """End the job as aborted, then delete its ledgers: those given, and every
     one still marked pending. A job that was committed is left alone."""
     stream = record.name
-    mark = JobMark(state=JobState.ABORTED, ended_ms=now_ms()).encode()
+    mark = JobMark(state=JobState.ABORTED, ended_ms=client.clock.wall_ms()).encode()
     ended = await client.meta.txn(compares=[version_is(job_key(stream, job), 0)],
                                   success=[PutOp(key=job_key(stream, job), value=mark)])
     if not ended.succeeded and await _job_state(client, stream, job) is JobState.COMMITTED:
@@ -361,10 +361,11 @@ async def _job_state(client: LedgerClient, stream: str, job: str) -> JobState | 
     return None if kv is None else JobMark.decode(kv.value).state
 
 
-def new_job_id(kind: str) -> str:
-    """A job id that sorts by creation time, so old job marks are found by a range read."""
+def new_job_id(kind: str, clock: Clock) -> str:
+    """A job id that sorts by creation time (``clock``'s), so old job marks are
+    found by a range read."""
     check_name("job kind", kind)
-    return f"{now_ms():013d}-{kind}-{uuid.uuid4().hex[:16]}"
+    return f"{clock.wall_ms():013d}-{kind}-{uuid.uuid4().hex[:16]}"
 
 
 async def _forget_old_jobs(client: LedgerClient, stream: str) -> None:
@@ -373,7 +374,7 @@ async def _forget_old_jobs(client: LedgerClient, stream: str) -> None:
     Ids from :func:`new_job_id` sort by creation time, so only jobs created
     before the horizon are read (at most JOB_MARKS_SCAN_MAX keys, at most
     JOB_MARKS_FORGET_MAX deleted per call)."""
-    horizon = now_ms() - JOB_MARK_RETENTION_MS
+    horizon = client.clock.wall_ms() - JOB_MARK_RETENTION_MS
     result, _ = await client.meta.range(jobs_prefix(stream),
                                         end=f"{jobs_prefix(stream)}{horizon:013d}",
                                         limit=JOB_MARKS_SCAN_MAX)

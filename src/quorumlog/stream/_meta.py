@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections.abc import Callable, Sequence
 
 from quorumlog.errors import DeadlineExceededError
@@ -32,10 +31,6 @@ from quorumlog.stream._layout import (
 
 CAS_ATTEMPTS_MAX = 64  # conflicting writers of one list (writer, trimmer, Spark commit)
 CAS_BACKOFF_MAX_S = 0.2
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 async def load_record(meta: MetaClient, stream: str) -> StreamRecord:

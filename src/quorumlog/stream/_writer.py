@@ -64,7 +64,6 @@ from quorumlog.stream._layout import (
 from quorumlog.stream._meta import (
     created_at,
     load_head,
-    now_ms,
     update_partition,
     version_is,
     watch_key_once,
@@ -153,6 +152,7 @@ class PartitionWriter:
     def __init__(self, client: LedgerClient, record: StreamRecord, partition: int,
                  session_id: int, *, owner: str | None = None) -> None:
         self._client = client
+        self._clock = client.clock
         self._meta = client.meta
         self._record = record
         self._config = record.config
@@ -198,7 +198,7 @@ class PartitionWriter:
     async def _acquire_lease(self, *, steal: bool, wait_ms: int) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
-        lease = WriterLease(owner=self._owner, acquired_ms=now_ms()).encode()
+        lease = WriterLease(owner=self._owner, acquired_ms=self._clock.wall_ms()).encode()
         while True:
             kv = await self._meta.get(self._key)
             compares = ([created_at(self._key, kv.create_revision)] if kv
@@ -242,7 +242,7 @@ class PartitionWriter:
 
     async def _start_ledger(self, *, closing: LedgerStats | None, takeover: bool) -> None:
         """Create the next ledger and record it (and ``closing``) in the list."""
-        created = now_ms()
+        created = self._clock.wall_ms()
         handle = await self._client.create_ledger(
             ensemble=self._config.ensemble_size, write_quorum=self._config.write_quorum,
             ack_quorum=self._config.ack_quorum, digest=self._config.digest.value,
@@ -260,7 +260,7 @@ class PartitionWriter:
                         f"stream {self.stream!r} partition {self.partition}: ledger "
                         f"{current.ledger_id} is open in the list and is not this writer's"
                     )
-                head = head.with_ledger_closed(closing, now_ms())
+                head = head.with_ledger_closed(closing, self._clock.wall_ms())
             return head.with_ledger_opened(ledger_id, created, takeover=takeover)
 
         try:
@@ -285,7 +285,7 @@ class PartitionWriter:
 
     def next_publish_ms(self) -> int:
         """A publish time for a new message: wall clock, never before the previous one."""
-        self._last_publish_ms = max(now_ms(), self._last_publish_ms)
+        self._last_publish_ms = max(self._clock.wall_ms(), self._last_publish_ms)
         return self._last_publish_ms
 
     def submit(self, payload: bytes, info: EntryInfo) -> asyncio.Future[Position]:
@@ -456,7 +456,7 @@ class PartitionWriter:
     def due_for_rollover(self) -> bool:
         current = self._current
         return current is not None and self._config.rollover.should_roll(
-            current.issued, current.issued_bytes, now_ms() - current.created_ms)
+            current.issued, current.issued_bytes, self._clock.wall_ms() - current.created_ms)
 
     # ----- failure: recover own ledger, continue or stop -------------------------------
 
@@ -576,7 +576,7 @@ class PartitionWriter:
                         now = head.open_ledger
                         if now is None or now.ledger_id != current.ledger_id:
                             return None
-                        return head.with_ledger_closed(stats, now_ms())
+                        return head.with_ledger_closed(stats, self._clock.wall_ms())
 
                     await update_partition(self._meta, self.stream, self.partition, edit,
                                            compares=[created_at(self._key, self._token)],
