@@ -1,4 +1,4 @@
-"""One simulated node process: a Raft core, its disk, its key-value state machine.
+"""One simulated node process: a Raft core, its disk, the metadata state machine.
 
 The host is the driver of :class:`~quorumlog.raft.RaftNode` in the
 simulator. It handles every ``Ready`` in the documented order:
@@ -13,11 +13,21 @@ simulator. It handles every ``Ready`` in the documented order:
    reads whose index is applied;
 4. ``advance``.
 
-Client requests: a write or log read is proposed (only the leader accepts;
-others answer "not leader" with a hint) and answered by the node that
-applies it, if that node still holds the request. A ReadIndex read goes
-through ``read_index`` (followers forward it to the leader) and is answered
-once the read index is applied locally.
+The state machine is the real :class:`~quorumlog.meta.MetaStateMachine`.
+Next to it the host keeps a :class:`LogDigest`: a hash chained over every
+applied log entry (index, term, payload), so two replicas at the same applied
+index have the same digest iff they applied the same entries. A snapshot
+carries the state machine's own snapshot and that digest
+(:class:`SimSnapshot`), which lets the invariants check that an installed
+snapshot is the state the log would have produced.
+
+Client requests: a write or log read (an encoded meta ``Request``) is
+proposed (only the leader accepts; others answer "not leader" with a hint)
+and answered by the node that proposed it, when the entry at the position the
+core appended it at - (term, index), as ``RaftHost`` matches proposals - is
+applied. A ReadIndex read goes through ``read_index`` (followers forward it
+to the leader) and is answered from the state machine once the read index is
+applied locally.
 
 Crash: the in-memory Raft core, storage, state machine and pending requests
 are dropped; the disk loses (part of) its unsynced tail. Restart: a fresh
@@ -28,12 +38,16 @@ snapshot index, so every committed entry after the snapshot is applied again.
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import msgspec
+
 from quorumlog.errors import InvariantViolation, ProtocolError, invariant
+from quorumlog.meta import MetaStateMachine
 from quorumlog.raft import (
     ConfChange,
     ConfChangeError,
@@ -62,7 +76,6 @@ from quorumlog.sim._invariants import (
     RaftInvariants,
     fail,
 )
-from quorumlog.sim._kv import KvOp, KvStateMachine, decode_command, encode_command
 
 LOG_READ_BYTES_MAX = 1 << 40
 """Byte cap for reading a whole (short, simulated) log back from storage."""
@@ -72,6 +85,54 @@ READIES_PER_FLUSH_MAX = 1_000
 
 PENDING_REQUESTS_MAX = 10_000
 """Client requests one node holds while waiting for them to apply."""
+
+DIGEST_BYTES = 16
+
+
+@dataclass(slots=True)
+class LogDigest:
+    """The applied index and a hash chained over every applied entry."""
+
+    applied_index: int = 0
+    digest: bytes = bytes(DIGEST_BYTES)
+
+    def note(self, entry: Entry) -> None:
+        invariant(
+            entry.index == self.applied_index + 1,
+            f"entry {entry.index} applied after {self.applied_index}: entries must be "
+            "applied in order without gaps",
+        )
+        self.applied_index = entry.index
+        hasher = hashlib.blake2b(self.digest, digest_size=DIGEST_BYTES)
+        hasher.update(entry.index.to_bytes(8, "big"))
+        hasher.update(entry.term.to_bytes(8, "big"))
+        hasher.update(entry.data)
+        self.digest = hasher.digest()
+
+
+class SimSnapshot(msgspec.Struct, frozen=True, array_like=True):
+    """A Raft snapshot's data in the simulator: the state machine's snapshot and
+    the log digest at the snapshot index."""
+
+    digest: bytes
+    state: bytes
+
+
+_snapshot_encoder = msgspec.msgpack.Encoder()
+_snapshot_decoder = msgspec.msgpack.Decoder(SimSnapshot)
+
+
+def restore_state(snapshot: Snapshot) -> tuple[MetaStateMachine, LogDigest]:
+    """The state machine and digest a Raft snapshot holds (empty data: bootstrap)."""
+    machine = MetaStateMachine()
+    if not snapshot.data:
+        return machine, LogDigest(snapshot.meta.index)
+    try:
+        sim_snapshot = _snapshot_decoder.decode(snapshot.data)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"snapshot is not a simulator snapshot: {exc}") from None
+    machine.restore(sim_snapshot.state)
+    return machine, LogDigest(snapshot.meta.index, sim_snapshot.digest)
 
 
 class EntriesRecord(NamedTuple):
@@ -126,8 +187,10 @@ class SimRaftHost:
     crash_mid_send: bool = False  # the crash cuts off the rest of the Ready's messages
     _raft: RaftNode | None = None
     _storage: MemoryStorage | None = None
-    _kv: KvStateMachine = field(default_factory=KvStateMachine)
-    _pending_writes: dict[tuple[int, int], ClientRequest] = field(default_factory=dict)
+    _machine: MetaStateMachine = field(default_factory=MetaStateMachine)
+    _log_digest: LogDigest = field(default_factory=LogDigest)
+    # Proposed requests by log index: (term the core appended them in, request).
+    _pending_writes: dict[int, tuple[int, ClientRequest]] = field(default_factory=dict)
     _pending_reads: dict[bytes, ClientRequest] = field(default_factory=dict)
     _waiting_reads: list[tuple[int, ClientRequest]] = field(default_factory=list)
     _read_counter: int = 0
@@ -157,8 +220,12 @@ class SimRaftHost:
         return storage
 
     @property
-    def kv(self) -> KvStateMachine:
-        return self._kv
+    def machine(self) -> MetaStateMachine:
+        return self._machine
+
+    @property
+    def applied_index(self) -> int:
+        return self._log_digest.applied_index
 
     def log_entries(self) -> list[Entry]:
         storage = self.storage
@@ -177,7 +244,7 @@ class SimRaftHost:
             _replay(storage, record)
         snapshot = storage.snapshot()
         self._storage = storage
-        self._kv = KvStateMachine.at_snapshot(snapshot.data, snapshot.meta.index)
+        self._machine, self._log_digest = restore_state(snapshot)
         raft = RaftNode(self.raft_config, storage, self.rng)
         self._raft = raft
         self._synced_hard_state = storage.hard_state()  # all of it survived the crash
@@ -200,7 +267,7 @@ class SimRaftHost:
         outcome = self.disk.crash(rng, mix)
         self._raft = None
         self._storage = None
-        self._kv = KvStateMachine()
+        self._machine, self._log_digest = MetaStateMachine(), LogDigest()
         self._pending_writes.clear()
         self._pending_reads.clear()
         self._waiting_reads.clear()
@@ -229,7 +296,7 @@ class SimRaftHost:
             return
         raft = self.raft
         try:
-            if request.read_index and request.command.op is KvOp.GET:
+            if request.read_index:
                 self._read_counter += 1
                 context = (
                     f"{self.node_id}.{request.client_id}.{request.seq}.{self._read_counter}"
@@ -237,8 +304,8 @@ class SimRaftHost:
                 raft.read_index(context)
                 self._pending_reads[context] = request
             else:
-                raft.propose(encode_command(request.command))
-                self._pending_writes[(request.client_id, request.seq)] = request
+                term, index = raft.propose(request.payload)
+                self._pending_writes[index] = (term, request)
         except ProposalDroppedError as exc:
             self.stats.proposals_dropped += 1
             self._reject(request, leader_hint=exc.leader_hint)
@@ -325,18 +392,18 @@ class SimRaftHost:
     def _apply(self, ready: Ready) -> None:
         if ready.snapshot is not None:
             self._install_snapshot(ready.snapshot)
-        kv = self._kv
+        log_digest = self._log_digest
         for entry in ready.committed_entries:
-            if ready.snapshot is not None and entry.index <= kv.applied_index:
+            if ready.snapshot is not None and entry.index <= log_digest.applied_index:
                 continue  # covered by the snapshot installed just now
-            if entry.index != kv.applied_index + 1:
+            if entry.index != log_digest.applied_index + 1:
                 fail(
                     "applied-in-order",
                     f"node {self.node_id} is handed entry {entry.index} to apply after "
-                    f"{kv.applied_index}",
+                    f"{log_digest.applied_index}",
                 )
-            kv.note_entry(entry.index, entry.term, entry.data)
-            self.invariants.on_apply(self.node_id, entry, kv.digest)
+            log_digest.note(entry)
+            self.invariants.on_apply(self.node_id, entry, log_digest.digest)
             if entry.type is EntryType.CONF_CHANGE:
                 self._trace(f"node {self.node_id} applies conf change {entry.index}: "
                             f"{_describe_conf_change(entry.data)}")
@@ -350,30 +417,30 @@ class SimRaftHost:
 
     def _install_snapshot(self, snapshot: Snapshot) -> None:
         self.stats.snapshots_installed += 1
-        self._kv = KvStateMachine.at_snapshot(snapshot.data, snapshot.meta.index)
-        self.invariants.on_snapshot_installed(self.node_id, snapshot, self._kv.digest)
+        self._machine, self._log_digest = restore_state(snapshot)
+        self.invariants.on_snapshot_installed(self.node_id, snapshot, self._log_digest.digest)
         self._trace(f"node {self.node_id} installs snapshot {snapshot.meta.term}/"
                     f"{snapshot.meta.index} epoch={snapshot.meta.epoch}")
 
     def _apply_command(self, entry: Entry) -> None:
-        command = decode_command(entry.data)
-        applied = self._kv.apply(command)
-        request = self._pending_writes.pop((command.client_id, command.seq), None)
-        if request is None or applied.stale:
-            return
-        response = ClientResponse(command.client_id, command.seq, True, applied.result)
-        self.outbox.send_client(command.client_id, response)
+        result, _ = self._machine.apply(entry.index, entry.data)
+        pending = self._pending_writes.pop(entry.index, None)
+        if pending is None or pending[0] != entry.term:
+            return  # not proposed here, or another leader's entry replaced it
+        request = pending[1]
+        response = ClientResponse(request.client_id, request.seq, True, result)
+        self.outbox.send_client(request.client_id, response)
 
     def _serve_reads(self) -> None:
         if not self._waiting_reads:
             return
-        applied = self._kv.applied_index
+        applied = self._log_digest.applied_index
         still: list[tuple[int, ClientRequest]] = []
         for index, request in self._waiting_reads:
             if index > applied:
                 still.append((index, request))
                 continue
-            value = self._kv.get(request.command.key)
+            value = self._machine.get(request.key)
             response = ClientResponse(request.client_id, request.seq, True, value)
             self.outbox.send_client(request.client_id, response)
         self._waiting_reads = still
@@ -381,8 +448,8 @@ class SimRaftHost:
     def _report_state(self) -> None:
         raft = self.raft
         invariant(
-            self._kv.applied_index == raft.applied_index,
-            f"node {self.node_id}: state machine at {self._kv.applied_index}, "
+            self._log_digest.applied_index == raft.applied_index,
+            f"node {self.node_id}: state machine at {self._log_digest.applied_index}, "
             f"core applied {raft.applied_index}",
         )
         if not self.joined and self.node_id in raft.conf_state.members():
@@ -408,19 +475,20 @@ class SimRaftHost:
 
     def compact(self, *, min_entries: int, keep_entries: int) -> bool:
         """Snapshot the state machine at the applied index and compact the log."""
-        raft, storage, kv = self.raft, self.storage, self._kv
+        raft, storage, applied = self.raft, self.storage, self._log_digest
         snapshot_index = storage.snapshot().meta.index
-        if kv.applied_index - snapshot_index < min_entries:
+        if applied.applied_index - snapshot_index < min_entries:
             return False
         self.sync()  # the checkpoint below replaces the disk: nothing may be lost
-        storage.create_snapshot(kv.applied_index, raft.conf_state, kv.snapshot(), raft.epoch)
-        compact_to = max(kv.applied_index - keep_entries, snapshot_index + 1)
+        data = _snapshot_encoder.encode(SimSnapshot(applied.digest, self._machine.snapshot()))
+        storage.create_snapshot(applied.applied_index, raft.conf_state, data, raft.epoch)
+        compact_to = max(applied.applied_index - keep_entries, snapshot_index + 1)
         storage.compact(compact_to)
         self.disk.rewrite(
             [storage.snapshot(), EntriesRecord(tuple(self.log_entries())), storage.hard_state()]
         )
         self.stats.compactions += 1
-        self._trace(f"node {self.node_id} snapshots at {kv.applied_index}, "
+        self._trace(f"node {self.node_id} snapshots at {applied.applied_index}, "
                     f"compacts to {compact_to}")
         return True
 
