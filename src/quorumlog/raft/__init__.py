@@ -18,6 +18,14 @@ from quorumlog.raft._errors import (
     UnavailableError,
 )
 from quorumlog.raft._node import RaftNode, fold_epoch
+from quorumlog.raft._ready_pass import (
+    MemoryReadyStorage,
+    PendingPass,
+    ReadyGroup,
+    ReadyPass,
+    ReadyStorage,
+    ReadyTransport,
+)
 from quorumlog.raft._storage import (
     BOOTSTRAP_INDEX,
     BOOTSTRAP_TERM,
@@ -65,9 +73,11 @@ __all__ = [
     "Entry",
     "EntryType",
     "HardState",
+    "MemoryReadyStorage",
     "MemoryStorage",
     "Message",
     "MessageType",
+    "PendingPass",
     "ProposalDroppedError",
     "RaftConfig",
     "RaftNode",
@@ -75,6 +85,10 @@ __all__ = [
     "ReadOnlyMode",
     "ReadState",
     "Ready",
+    "ReadyGroup",
+    "ReadyPass",
+    "ReadyStorage",
+    "ReadyTransport",
     "Role",
     "Snapshot",
     "SnapshotMeta",

@@ -1,17 +1,25 @@
 """One simulated node process: a Raft core, its disk, the metadata state machine.
 
-The host is the driver of :class:`~quorumlog.raft.RaftNode` in the
-simulator. It handles every ``Ready`` in the documented order:
+The host wires :class:`~quorumlog.raft.RaftNode` to the simulator with the
+production ready pass (:class:`~quorumlog.raft.ReadyPass`, the one
+``RaftHost`` runs): its storage is :class:`SimRaftStorage` (records on a
+:class:`SimDisk`: snapshot, then entries, then hard state, so a crash that
+keeps a prefix of the unsynced records never keeps a commit index without its
+entries; ``sync()`` when ``must_sync``, and whenever the Ready installs a
+snapshot, as etcd's driver does: a snapshot file is always fsynced), its
+transport the simulated network. So, per ``Ready``, in production order:
 
-1. persist: snapshot, then entries, then hard state, as records on a
-   :class:`SimDisk` (in that order, so a crash that keeps a prefix of the
-   unsynced records never keeps a commit index without its entries), and
-   ``sync()`` when ``must_sync`` - and also whenever the Ready installs a
-   snapshot (as etcd's driver does: a snapshot file is always fsynced);
-2. send the messages;
-3. install the snapshot in the state machine, apply committed entries, serve
-   reads whose index is applied;
-4. ``advance``.
+1. a leader's messages leave (before its own write, Raft §10.2.1);
+2. persist, then install in the ``MemoryStorage`` the core reads;
+3. everyone else's messages leave;
+4. install the snapshot in the state machine, apply committed entries, serve
+   reads whose index is applied; ``advance``.
+
+A process that dies while its leader messages leave (the nemesis's "leader
+dies while sending") does nothing after that: it neither persists nor
+applies that Ready. One that dies while the others' messages leave has
+persisted already; the rest of its messages are lost, and it still applies
+what it had committed (in memory only: the crash drops it).
 
 The state machine is the real :class:`~quorumlog.meta.MetaStateMachine`.
 Next to it the host keeps a :class:`LogDigest`: a hash chained over every
@@ -40,7 +48,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -63,6 +71,7 @@ from quorumlog.raft import (
     RaftConfig,
     RaftNode,
     Ready,
+    ReadyPass,
     Role,
     Snapshot,
     format_message,
@@ -149,6 +158,96 @@ def tear_record(record: DiskRecord, rng: random.Random) -> DiskRecord | None:
     return None
 
 
+class SimRaftStorage:
+    """The ready pass's storage in the simulator: records on the node's
+    :class:`SimDisk`, and the ``MemoryStorage`` its core reads.
+
+    It tracks what is durable (the hard state last synced, the lowest entry
+    index written since the last sync) for the invariants' send checks.
+    """
+
+    __slots__ = ("_written_hard_state", "disk", "invariants", "memory", "node_id",
+                 "synced_hard_state", "unsynced_from_index")
+
+    def __init__(
+        self, node_id: int, memory: MemoryStorage, disk: SimDisk[DiskRecord],
+        invariants: RaftInvariants,
+    ) -> None:
+        self.node_id = node_id
+        self.memory = memory
+        self.disk = disk
+        self.invariants = invariants
+        # After a (re)start all of the stored state survived the crash.
+        self.synced_hard_state = self._written_hard_state = memory.hard_state()
+        self.unsynced_from_index = 0  # lowest index written since the last sync; 0: none
+
+    def persist(
+        self,
+        hard_state: HardState | None,
+        entries: list[Entry],
+        snapshot: Snapshot | None,
+        *,
+        must_sync: bool,
+    ) -> None:
+        disk = self.disk
+        if snapshot is not None:
+            disk.write(snapshot)
+        if entries:
+            disk.write(EntriesRecord(tuple(entries)))
+            first_written = entries[0].index
+            if not self.unsynced_from_index or first_written < self.unsynced_from_index:
+                self.unsynced_from_index = first_written
+        if hard_state is not None:
+            disk.write(hard_state)
+            self._written_hard_state = hard_state
+        if must_sync or snapshot is not None:
+            self.sync()
+
+    def install(
+        self, hard_state: HardState | None, entries: list[Entry], snapshot: Snapshot | None
+    ) -> None:
+        memory = self.memory
+        if snapshot is not None:
+            memory.apply_snapshot(snapshot)
+        if entries:
+            fresh = [e for e in entries if e.index >= memory.first_index()]
+            if fresh:
+                first, last = fresh[0].index, memory.last_index()
+                prev_term = memory.term(first - 1)
+                replaced = (
+                    memory.entries(first, last + 1, LOG_READ_BYTES_MAX) if first <= last else []
+                )
+                self.invariants.on_persist_entries(self.node_id, fresh, prev_term, replaced)
+            memory.append(entries)
+        if hard_state is not None:
+            memory.set_hard_state(hard_state)
+
+    def sync(self) -> None:
+        """fsync: everything written so far is durable."""
+        self.disk.sync()
+        self.synced_hard_state = self._written_hard_state
+        self.unsynced_from_index = 0
+
+    def durable_view(self) -> DurableView:
+        return DurableView(
+            self.synced_hard_state, self.unsynced_from_index, self.memory.last_index()
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SimGroup:
+    """The one Raft group of a simulated process, as the ready pass sees it."""
+
+    node: RaftNode
+    storage: SimRaftStorage
+    group_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _SimTransport:
+    send: Callable[[Sequence[tuple[int, Message]]], None]
+
+
 @dataclass(slots=True)
 class HostStats:
     readies: int = 0
@@ -185,8 +284,8 @@ class SimRaftHost:
     removed_since_ms: int = -1  # first seen outside the leader's configuration
     crash_requested: bool = False
     crash_mid_send: bool = False  # the crash cuts off the rest of the Ready's messages
-    _raft: RaftNode | None = None
-    _storage: MemoryStorage | None = None
+    _group: SimGroup | None = None
+    _pass: ReadyPass[SimGroup] = field(init=False)
     _machine: MetaStateMachine = field(default_factory=MetaStateMachine)
     _log_digest: LogDigest = field(default_factory=LogDigest)
     # Proposed requests by log index: (term the core appended them in, request).
@@ -196,28 +295,28 @@ class SimRaftHost:
     _read_counter: int = 0
     _was_leader: bool = False
     _promise: DurabilityPromise | None = None
-    _synced_hard_state: HardState = field(default_factory=HardState)
-    _unsynced_from_index: int = 0  # lowest index written since the last sync; 0: none
 
     def __post_init__(self) -> None:
         self.disk = SimDisk(tear_record)
         self.joined = self.bootstrap is not None
+        self._pass = ReadyPass(_SimTransport(self._send_all), self._apply)
 
     # -- accessors ---------------------------------------------------------------
 
     @property
-    def raft(self) -> RaftNode:
-        raft = self._raft
-        if raft is None:
+    def group(self) -> SimGroup:
+        group = self._group
+        if group is None:
             raise InvariantViolation(f"invariant violated: node {self.node_id} is not running")
-        return raft
+        return group
+
+    @property
+    def raft(self) -> RaftNode:
+        return self.group.node
 
     @property
     def storage(self) -> MemoryStorage:
-        storage = self._storage
-        if storage is None:
-            raise InvariantViolation(f"invariant violated: node {self.node_id} is not running")
-        return storage
+        return self.group.storage.memory
 
     @property
     def machine(self) -> MetaStateMachine:
@@ -243,12 +342,10 @@ class SimRaftHost:
         for record in self.disk.records():
             _replay(storage, record)
         snapshot = storage.snapshot()
-        self._storage = storage
         self._machine, self._log_digest = restore_state(snapshot)
         raft = RaftNode(self.raft_config, storage, self.rng)
-        self._raft = raft
-        self._synced_hard_state = storage.hard_state()  # all of it survived the crash
-        self._unsynced_from_index = 0
+        self._group = SimGroup(
+            raft, SimRaftStorage(self.node_id, storage, self.disk, self.invariants))
         self.up = True
         self._was_leader = False
         if self._promise is not None:
@@ -265,8 +362,7 @@ class SimRaftHost:
         invariant(self.up, f"node {self.node_id} is already down")
         self._promise = self.invariants.promise_at_crash(self.node_id, self._log_terms())
         outcome = self.disk.crash(rng, mix)
-        self._raft = None
-        self._storage = None
+        self._group = None
         self._machine, self._log_digest = MetaStateMachine(), LogDigest()
         self._pending_writes.clear()
         self._pending_reads.clear()
@@ -318,8 +414,9 @@ class SimRaftHost:
     # -- Ready -----------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Handle Readies until there are none, or a crash was requested."""
-        raft = self.raft
+        """Run ready passes until there is no Ready, or a crash was requested."""
+        group = self.group
+        raft = group.node
         readies = 0
         while not self.crash_requested and raft.has_ready():
             readies += 1
@@ -329,67 +426,45 @@ class SimRaftHost:
                     f"node {self.node_id} produced more than {READIES_PER_FLUSH_MAX} Readies "
                     "after one input: the core does not settle",
                 )
-            ready = raft.ready()
+            pending = self._pass.begin((group,))
+            if pending is None:
+                return
             self.stats.readies += 1
-            self._persist(ready)
-            self._send_all(ready)
-            self._apply(ready)
-            raft.advance(ready)
-            for message in ready.messages:
-                if message.type is MessageType.SNAP:
-                    raft.report_snapshot(message.to, ok=True)
+            if self.crash_mid_send:
+                return  # died while its leader messages left: nothing more happens
+            pending.persist()
+            self._pass.finish(pending)
+            for _, ready in pending.batch:
+                for message in ready.messages:
+                    if message.type is MessageType.SNAP:
+                        raft.report_snapshot(message.to, ok=True)
             self._report_state()
 
     def sync(self) -> None:
         """fsync: everything written so far is durable."""
-        self.disk.sync()
-        if self._storage is not None:
-            self._synced_hard_state = self._storage.hard_state()
-        self._unsynced_from_index = 0
+        if self._group is None:
+            self.disk.sync()
+        else:
+            self._group.storage.sync()
 
-    def _send_all(self, ready: Ready) -> None:
-        durable = DurableView(
-            self._synced_hard_state, self._unsynced_from_index, self.storage.last_index()
-        )
+    def _send_all(self, messages: Sequence[tuple[int, Message]]) -> None:
+        """The ready pass's transport: the simulated network (and the nemesis,
+        which may kill the process between two messages)."""
+        durable = self.group.storage.durable_view()
         outbox = self.outbox
-        for message in ready.messages:
+        for _, message in messages:
             if not self.crash_mid_send and outbox.dies_before_send(self.node_id, message):
                 self.crash_requested = self.crash_mid_send = True
             if self.crash_mid_send:
-                # The process dies with these still queued: they never leave (what it
-                # persisted stays, and it still applies what it had committed).
+                # The process dies with these still queued: they never leave.
                 self._trace(f"node {self.node_id} dies before sending {format_message(message)}")
                 continue
             self.invariants.on_send(self.node_id, message, durable)
-            self.outbox.send_raft(message)
-            self.outbox.on_sent(self.node_id, message)
+            outbox.send_raft(message)
+            outbox.on_sent(self.node_id, message)
 
-    def _persist(self, ready: Ready) -> None:
-        storage, disk = self.storage, self.disk
-        if ready.snapshot is not None:
-            storage.apply_snapshot(ready.snapshot)
-            disk.write(ready.snapshot)
-        if ready.entries:
-            fresh = [e for e in ready.entries if e.index >= storage.first_index()]
-            if fresh:
-                first, last = fresh[0].index, storage.last_index()
-                prev_term = storage.term(first - 1)
-                replaced = (
-                    storage.entries(first, last + 1, LOG_READ_BYTES_MAX) if first <= last else []
-                )
-                self.invariants.on_persist_entries(self.node_id, fresh, prev_term, replaced)
-            storage.append(ready.entries)
-            disk.write(EntriesRecord(tuple(ready.entries)))
-            first_written = ready.entries[0].index
-            if not self._unsynced_from_index or first_written < self._unsynced_from_index:
-                self._unsynced_from_index = first_written
-        if ready.hard_state is not None:
-            storage.set_hard_state(ready.hard_state)
-            disk.write(ready.hard_state)
-        if ready.must_sync or ready.snapshot is not None:
-            self.sync()
-
-    def _apply(self, ready: Ready) -> None:
+    def _apply(self, _group: SimGroup, ready: Ready) -> None:
+        """The ready pass's application step."""
         if ready.snapshot is not None:
             self._install_snapshot(ready.snapshot)
         log_digest = self._log_digest
