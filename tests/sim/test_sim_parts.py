@@ -20,8 +20,8 @@ from quorumlog.sim._client import (
 from quorumlog.sim._clock import TimerQueue, VirtualClock
 from quorumlog.sim._config import MIXES, FaultMix, SimConfig, mix_for_seed
 from quorumlog.sim._disk import SimDisk
-from quorumlog.sim._host import LogDigest, SimSnapshot, restore_state
 from quorumlog.sim._linearizability import OpKind
+from quorumlog.sim._machine import LogDigest, SimSnapshot, restore_state
 from quorumlog.sim._network import SimNetwork
 
 # -- network ---------------------------------------------------------------------

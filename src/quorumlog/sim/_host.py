@@ -2,12 +2,9 @@
 
 The host wires :class:`~quorumlog.raft.RaftNode` to the simulator with the
 production ready pass (:class:`~quorumlog.raft.ReadyPass`, the one
-``RaftHost`` runs): its storage is :class:`SimRaftStorage` (records on a
-:class:`SimDisk`: snapshot, then entries, then hard state, so a crash that
-keeps a prefix of the unsynced records never keeps a commit index without its
-entries; ``sync()`` when ``must_sync``, and whenever the Ready installs a
-snapshot, as etcd's driver does: a snapshot file is always fsynced), its
-transport the simulated network. So, per ``Ready``, in production order:
+``RaftHost`` runs): its storage is ``_raft_storage.SimRaftStorage`` (records
+on a :class:`SimDisk`), its transport the simulated network. So, per
+``Ready``, in production order:
 
 1. a leader's messages leave (before its own write, Raft §10.2.1);
 2. persist, then install in the ``MemoryStorage`` the core reads;
@@ -21,13 +18,8 @@ applies that Ready. One that dies while the others' messages leave has
 persisted already; the rest of its messages are lost, and it still applies
 what it had committed (in memory only: the crash drops it).
 
-The state machine is the real :class:`~quorumlog.meta.MetaStateMachine`.
-Next to it the host keeps a :class:`LogDigest`: a hash chained over every
-applied log entry (index, term, payload), so two replicas at the same applied
-index have the same digest iff they applied the same entries. A snapshot
-carries the state machine's own snapshot and that digest
-(:class:`SimSnapshot`), which lets the invariants check that an installed
-snapshot is the state the log would have produced.
+The state machine is the real :class:`~quorumlog.meta.MetaStateMachine`,
+with the log digest the invariants compare next to it (``_machine``).
 
 Client requests: a write or log read (an encoded meta ``Request``) is
 proposed (only the leader accepts; others answer "not leader" with a hint)
@@ -46,13 +38,9 @@ snapshot index, so every committed entry after the snapshot is applied again.
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
-
-import msgspec
 
 from quorumlog.errors import InvariantViolation, ProtocolError, invariant
 from quorumlog.meta import MetaStateMachine
@@ -63,7 +51,6 @@ from quorumlog.raft import (
     ConfState,
     Entry,
     EntryType,
-    HardState,
     MemoryStorage,
     Message,
     MessageType,
@@ -81,158 +68,24 @@ from quorumlog.sim._config import FaultMix
 from quorumlog.sim._disk import CrashOutcome, SimDisk
 from quorumlog.sim._invariants import (
     DurabilityPromise,
-    DurableView,
     RaftInvariants,
     fail,
 )
-
-LOG_READ_BYTES_MAX = 1 << 40
-"""Byte cap for reading a whole (short, simulated) log back from storage."""
+from quorumlog.sim._machine import SNAPSHOT_ENCODER, LogDigest, SimSnapshot, restore_state
+from quorumlog.sim._raft_storage import (
+    LOG_READ_BYTES_MAX,
+    DiskRecord,
+    EntriesRecord,
+    SimRaftStorage,
+    replay_record,
+    tear_record,
+)
 
 READIES_PER_FLUSH_MAX = 1_000
 """Readies one input may cause before the core is declared not to settle."""
 
 PENDING_REQUESTS_MAX = 10_000
 """Client requests one node holds while waiting for them to apply."""
-
-DIGEST_BYTES = 16
-
-
-@dataclass(slots=True)
-class LogDigest:
-    """The applied index and a hash chained over every applied entry."""
-
-    applied_index: int = 0
-    digest: bytes = bytes(DIGEST_BYTES)
-
-    def note(self, entry: Entry) -> None:
-        invariant(
-            entry.index == self.applied_index + 1,
-            f"entry {entry.index} applied after {self.applied_index}: entries must be "
-            "applied in order without gaps",
-        )
-        self.applied_index = entry.index
-        hasher = hashlib.blake2b(self.digest, digest_size=DIGEST_BYTES)
-        hasher.update(entry.index.to_bytes(8, "big"))
-        hasher.update(entry.term.to_bytes(8, "big"))
-        hasher.update(entry.data)
-        self.digest = hasher.digest()
-
-
-class SimSnapshot(msgspec.Struct, frozen=True, array_like=True):
-    """A Raft snapshot's data in the simulator: the state machine's snapshot and
-    the log digest at the snapshot index."""
-
-    digest: bytes
-    state: bytes
-
-
-_snapshot_encoder = msgspec.msgpack.Encoder()
-_snapshot_decoder = msgspec.msgpack.Decoder(SimSnapshot)
-
-
-def restore_state(snapshot: Snapshot) -> tuple[MetaStateMachine, LogDigest]:
-    """The state machine and digest a Raft snapshot holds (empty data: bootstrap)."""
-    machine = MetaStateMachine()
-    if not snapshot.data:
-        return machine, LogDigest(snapshot.meta.index)
-    try:
-        sim_snapshot = _snapshot_decoder.decode(snapshot.data)
-    except msgspec.DecodeError as exc:
-        raise ProtocolError(f"snapshot is not a simulator snapshot: {exc}") from None
-    machine.restore(sim_snapshot.state)
-    return machine, LogDigest(snapshot.meta.index, sim_snapshot.digest)
-
-
-class EntriesRecord(NamedTuple):
-    entries: tuple[Entry, ...]
-
-
-DiskRecord = Snapshot | EntriesRecord | HardState
-
-
-def tear_record(record: DiskRecord, rng: random.Random) -> DiskRecord | None:
-    """A torn write: a prefix of an entries batch; any other record is lost whole."""
-    if isinstance(record, EntriesRecord) and len(record.entries) > 1:
-        return EntriesRecord(record.entries[: rng.randrange(1, len(record.entries))])
-    return None
-
-
-class SimRaftStorage:
-    """The ready pass's storage in the simulator: records on the node's
-    :class:`SimDisk`, and the ``MemoryStorage`` its core reads.
-
-    It tracks what is durable (the hard state last synced, the lowest entry
-    index written since the last sync) for the invariants' send checks.
-    """
-
-    __slots__ = ("_written_hard_state", "disk", "invariants", "memory", "node_id",
-                 "synced_hard_state", "unsynced_from_index")
-
-    def __init__(
-        self, node_id: int, memory: MemoryStorage, disk: SimDisk[DiskRecord],
-        invariants: RaftInvariants,
-    ) -> None:
-        self.node_id = node_id
-        self.memory = memory
-        self.disk = disk
-        self.invariants = invariants
-        # After a (re)start all of the stored state survived the crash.
-        self.synced_hard_state = self._written_hard_state = memory.hard_state()
-        self.unsynced_from_index = 0  # lowest index written since the last sync; 0: none
-
-    def persist(
-        self,
-        hard_state: HardState | None,
-        entries: list[Entry],
-        snapshot: Snapshot | None,
-        *,
-        must_sync: bool,
-    ) -> None:
-        disk = self.disk
-        if snapshot is not None:
-            disk.write(snapshot)
-        if entries:
-            disk.write(EntriesRecord(tuple(entries)))
-            first_written = entries[0].index
-            if not self.unsynced_from_index or first_written < self.unsynced_from_index:
-                self.unsynced_from_index = first_written
-        if hard_state is not None:
-            disk.write(hard_state)
-            self._written_hard_state = hard_state
-        if must_sync or snapshot is not None:
-            self.sync()
-
-    def install(
-        self, hard_state: HardState | None, entries: list[Entry], snapshot: Snapshot | None
-    ) -> None:
-        memory = self.memory
-        if snapshot is not None:
-            memory.apply_snapshot(snapshot)
-        if entries:
-            fresh = [e for e in entries if e.index >= memory.first_index()]
-            if fresh:
-                first, last = fresh[0].index, memory.last_index()
-                prev_term = memory.term(first - 1)
-                replaced = (
-                    memory.entries(first, last + 1, LOG_READ_BYTES_MAX) if first <= last else []
-                )
-                self.invariants.on_persist_entries(self.node_id, fresh, prev_term, replaced)
-            memory.append(entries)
-        if hard_state is not None:
-            memory.set_hard_state(hard_state)
-
-    def sync(self) -> None:
-        """fsync: everything written so far is durable."""
-        self.disk.sync()
-        self.synced_hard_state = self._written_hard_state
-        self.unsynced_from_index = 0
-
-    def durable_view(self) -> DurableView:
-        return DurableView(
-            self.synced_hard_state, self.unsynced_from_index, self.memory.last_index()
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class SimGroup:
@@ -340,7 +193,7 @@ class SimRaftHost:
         invariant(not self.up and not self.decommissioned, f"node {self.node_id} cannot start")
         storage = MemoryStorage(self.bootstrap)
         for record in self.disk.records():
-            _replay(storage, record)
+            replay_record(storage, record)
         snapshot = storage.snapshot()
         self._machine, self._log_digest = restore_state(snapshot)
         raft = RaftNode(self.raft_config, storage, self.rng)
@@ -555,7 +408,7 @@ class SimRaftHost:
         if applied.applied_index - snapshot_index < min_entries:
             return False
         self.sync()  # the checkpoint below replaces the disk: nothing may be lost
-        data = _snapshot_encoder.encode(SimSnapshot(applied.digest, self._machine.snapshot()))
+        data = SNAPSHOT_ENCODER.encode(SimSnapshot(applied.digest, self._machine.snapshot()))
         storage.create_snapshot(applied.applied_index, raft.conf_state, data, raft.epoch)
         compact_to = max(applied.applied_index - keep_entries, snapshot_index + 1)
         storage.compact(compact_to)
@@ -579,16 +432,6 @@ class SimRaftHost:
     def _trace(self, text: str) -> None:
         if self.outbox.trace is not None:
             self.outbox.trace(text)
-
-
-def _replay(storage: MemoryStorage, record: DiskRecord) -> None:
-    if isinstance(record, Snapshot):
-        if record.meta.index > storage.snapshot().meta.index:
-            storage.apply_snapshot(record)
-    elif isinstance(record, EntriesRecord):
-        storage.append(list(record.entries))
-    else:
-        storage.set_hard_state(record)
 
 
 def _describe_conf_change(data: bytes) -> str:
