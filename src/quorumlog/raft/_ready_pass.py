@@ -126,21 +126,39 @@ class ReadyPass(Generic[G]):
 
         None when no group has a Ready.
         """
-        batch = [(g, g.node.ready()) for g in groups if g.node.has_ready()]
+        # One loop, no intermediate lists: the simulator runs a pass per input.
+        batch: list[tuple[G, Ready]] = []
+        followers: list[tuple[G, Ready]] = []
+        leader_messages: list[tuple[int, Message]] = []
+        for group in groups:
+            node = group.node
+            if not node.has_ready():
+                continue
+            ready = node.ready()
+            batch.append((group, ready))
+            if node.role is not Role.LEADER:
+                followers.append((group, ready))
+            elif ready.messages:
+                group_id = group.group_id
+                leader_messages.extend([(group_id, m) for m in ready.messages])
         if not batch:
             return None
-        leaders = [(g, r) for g, r in batch if g.node.role is Role.LEADER]
-        followers = [(g, r) for g, r in batch if g.node.role is not Role.LEADER]
-        self._send(leaders)
+        if leader_messages:
+            self._transport.send(leader_messages)
         return PendingPass(batch, followers)
 
     def finish(self, pending: PendingPass[G]) -> None:
         """Steps 3 (install) to 5, once :meth:`PendingPass.persist` has run."""
-        for group, ready in pending.batch:
+        batch = pending.batch
+        for group, ready in batch:
             group.storage.install(ready.hard_state, ready.entries, ready.snapshot)
-        self._send(pending.followers)
-        for group, ready in pending.batch:
-            after = self._apply(group, ready)
+        follower_messages = [
+            (g.group_id, m) for g, r in pending.followers for m in r.messages]
+        if follower_messages:
+            self._transport.send(follower_messages)
+        apply = self._apply
+        for group, ready in batch:
+            after = apply(group, ready)
             group.node.advance(ready)
             if after is not None:
                 after()
@@ -152,11 +170,6 @@ class ReadyPass(Generic[G]):
             pending.persist()
             self.finish(pending)
         return pending
-
-    def _send(self, batch: list[tuple[G, Ready]]) -> None:
-        messages = [(g.group_id, m) for g, r in batch for m in r.messages]
-        if messages:
-            self._transport.send(messages)
 
 
 class MemoryReadyStorage:

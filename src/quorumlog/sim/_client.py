@@ -273,7 +273,7 @@ class SimClient:
             fail("client-result", f"client {self.client_id} {_describe(request)}: the state "
                  f"machine answered {result.code}: {result.message}")
         if request.op is ClientOp.OPEN_SESSION:
-            invariant(isinstance(result, SessionResult), f"open session answered {result!r}")
+            _expect(isinstance(result, SessionResult), request, result)
             self._session_id = result.session_id if isinstance(result, SessionResult) else 0
             if self._trace is not None:
                 self._trace(f"client {self.client_id} opened session {self._session_id}")
@@ -326,20 +326,28 @@ def _outcome(request: ClientRequest, result: ClientResult) -> object:
     """What an answer means for the register model: the value read (None:
     absent), whether a CAS succeeded, or None for a put or delete."""
     if request.read_index:
-        invariant(result is None or isinstance(result, KeyValue),
-                  f"a ReadIndex get answered {result!r}")
-        return result.value.decode() if isinstance(result, KeyValue) else None
-    invariant(isinstance(result, TxnResult), f"{_describe(request)} answered {result!r}")
+        if isinstance(result, KeyValue):
+            return result.value.decode()
+        _expect(result is None, request, result)
+        return None
     if not isinstance(result, TxnResult):
+        _expect(False, request, result)
         return None
     if request.op is ClientOp.CAS:
         return result.succeeded
     if request.op is ClientOp.GET:
         ranged = result.results[0]
-        invariant(isinstance(ranged, RangeResult), f"a get answered {ranged!r}")
-        if isinstance(ranged, RangeResult) and ranged.kvs:
-            return ranged.kvs[0].value.decode()
+        if not isinstance(ranged, RangeResult):
+            _expect(False, request, ranged)
+            return None
+        return ranged.kvs[0].value.decode() if ranged.kvs else None
     return None
+
+
+def _expect(condition: bool, request: ClientRequest, answer: object) -> None:
+    """invariant(), with the message formatted only when it fails (per operation)."""
+    if not condition:
+        invariant(False, f"{_describe(request)} answered {answer!r}")
 
 
 def _describe(request: ClientRequest) -> str:
