@@ -1,7 +1,8 @@
 """A small in-test network of Raft cores with a transcript.
 
 Each node has a MemoryStorage that plays its disk. ``deliver()`` runs every
-node's Ready in the documented order (persist, send, apply, advance) and
+node's Ready through the production ready pass (``quorumlog.raft.ReadyPass``
+with ``MemoryReadyStorage``, the order ``RaftHost`` and the simulator use) and
 passes messages between nodes until the network is quiet, writing one line
 per message (``1->2 VOTE term=2 log=1/5``) to the transcript. Links can be
 cut (``cut``, ``isolate``) and healed; messages on a cut link are dropped and
@@ -12,7 +13,8 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from quorumlog.raft import (
@@ -20,16 +22,37 @@ from quorumlog.raft import (
     ConfState,
     Entry,
     EntryType,
+    MemoryReadyStorage,
     MemoryStorage,
     Message,
     MessageType,
     RaftConfig,
     RaftNode,
+    Ready,
+    ReadyPass,
     Role,
     format_message,
 )
 
 MAX_DELIVERY_ROUNDS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class _Member:
+    """One node as the ready pass sees it (one group per node)."""
+
+    node_id: int
+    node: RaftNode
+    storage: MemoryReadyStorage
+    group_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _QueueTransport:
+    queue: deque[Message]
+
+    def send(self, messages: Sequence[tuple[int, Message]]) -> None:
+        self.queue.extend(message for _, message in messages)
 
 
 class Network:
@@ -54,6 +77,7 @@ class Network:
         self.down: set[int] = set()
         self.report_snapshots = True
         self.queue: deque[Message] = deque()
+        self.ready_pass: ReadyPass[_Member] = ReadyPass(_QueueTransport(self.queue), self._apply)
         cs = ConfState(
             voters=frozenset(ids if voters is None else voters), learners=frozenset(learners)
         )
@@ -115,15 +139,13 @@ class Network:
         node = self.nodes[node_id]
         if node_id in self.down or not node.has_ready():
             return
-        rd = node.ready()
-        storage = self.storages[node_id]
+        storage = MemoryReadyStorage(self.storages[node_id])
+        self.ready_pass.run([_Member(node_id, node, storage)])
+
+    def _apply(self, member: _Member, rd: Ready) -> None:
+        node_id = member.node_id
         if rd.snapshot is not None:
-            storage.apply_snapshot(rd.snapshot)
             self.applied[node_id] = [rd.snapshot.data]
-        storage.append(rd.entries)
-        if rd.hard_state is not None:
-            storage.set_hard_state(rd.hard_state)
-        self.queue.extend(rd.messages)
         for entry in rd.committed_entries:
             if entry.type == EntryType.NORMAL and entry.data:
                 self.applied[node_id].append(entry.data)
@@ -135,7 +157,6 @@ class Network:
             self.transcript.append(
                 f"{node_id}: read_state index={rs.index} ctx={rs.context.decode()}"
             )
-        node.advance(rd)
 
     def deliver_one(self, m: Message) -> None:
         line = format_message(m)

@@ -1,7 +1,8 @@
 """The simulator catches planted Raft bugs (slow: ``make test-slow``).
 
 Each mutant copies the package to a temporary directory, plants one bug in the
-*copy* of ``quorumlog.raft`` (the real code is never touched) and runs a few
+*copy* of ``quorumlog.raft`` (the real code is never touched: the core, or the
+ready pass ``RaftHost`` and the simulator share) and runs a few
 dozen seeds of the fault mixes that expose it, in a subprocess whose
 ``PYTHONPATH`` puts the copy first. The run must report one of the expected
 invariants. If the Raft code changed so that a mutant's target text is gone,
@@ -81,6 +82,14 @@ MUTANTS = [
         "if can_vote:",
         ("figure8",), 20,
         frozenset({"leader-completeness", "committed-entry-lost", "state-machine-safety"}),
+    ),
+    Mutant(
+        "ready pass sends every message before persisting (not only a leader's)",
+        "raft/_ready_pass.py",
+        "if node.role is not Role.LEADER:",
+        "if False:  # mutant: every group's messages go with the leaders'",
+        ("calm",), 5,
+        frozenset({"acknowledged-entries-durable", "vote-durable", "term-durable"}),
     ),
 ]
 

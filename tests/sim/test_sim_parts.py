@@ -1,18 +1,27 @@
-"""The simulator's parts on their own: network, disk, clock, KV state machine, clients."""
+"""The simulator's parts on their own: network, disk, clock, snapshots, clients."""
 
 from __future__ import annotations
 
 import random
 
+import msgspec
 import pytest
 
 from quorumlog.errors import ConfigError, InvariantViolation, ProtocolError
-from quorumlog.sim._client import CLIENT_ID_BASE, ClientResponse, SimClient
+from quorumlog.meta import MetaStateMachine, PutResult, SessionResult, TxnResult
+from quorumlog.raft import ConfState, Entry, Snapshot, SnapshotMeta
+from quorumlog.sim._client import (
+    CLIENT_ID_BASE,
+    ClientOp,
+    ClientRequest,
+    ClientResponse,
+    SimClient,
+)
 from quorumlog.sim._clock import TimerQueue, VirtualClock
 from quorumlog.sim._config import MIXES, FaultMix, SimConfig, mix_for_seed
 from quorumlog.sim._disk import SimDisk
-from quorumlog.sim._kv import KvCommand, KvOp, KvStateMachine, decode_command, encode_command
 from quorumlog.sim._linearizability import OpKind
+from quorumlog.sim._machine import LogDigest, SimSnapshot, restore_state
 from quorumlog.sim._network import SimNetwork
 
 # -- network ---------------------------------------------------------------------
@@ -204,59 +213,89 @@ def test_mixes_validate_and_rotate() -> None:
         SimConfig().replace(heartbeat_interval_ticks=50)
 
 
-# -- key-value state machine -----------------------------------------------------
+# -- state machine, snapshots and digest -------------------------------------------
 
 
-def _cmd(client: int, seq: int, op: KvOp, key: str = "k", value: str | None = None,
-         expected: str | None = None) -> KvCommand:
-    return KvCommand(client, seq, op, key, value, expected)
-
-
-def test_kv_put_get_cas() -> None:
-    kv = KvStateMachine()
-    assert kv.apply(_cmd(1, 1, KvOp.PUT, value="a")).result is None
-    assert kv.apply(_cmd(1, 2, KvOp.GET)).result == "a"
-    assert kv.apply(_cmd(1, 3, KvOp.CAS, value="b", expected="x")).result is False
-    assert kv.apply(_cmd(1, 4, KvOp.CAS, value="b", expected="a")).result is True
-    assert kv.get("k") == "b"
-
-
-def test_kv_retried_write_is_applied_once() -> None:
-    kv = KvStateMachine()
-    first = kv.apply(_cmd(1, 1, KvOp.CAS, value="a", expected=None))
-    assert first.result is True
-    kv.apply(_cmd(2, 1, KvOp.PUT, value="z"))
-    again = kv.apply(_cmd(1, 1, KvOp.CAS, value="a", expected=None))
-    assert again.duplicate and again.result is True
-    assert kv.get("k") == "z"
-    kv.apply(_cmd(1, 2, KvOp.PUT, value="c"))
-    stale = kv.apply(_cmd(1, 1, KvOp.PUT, value="old"))
-    assert stale.stale
-    assert kv.get("k") == "c"
-
-
-def test_kv_snapshot_round_trip_and_digest() -> None:
-    kv = KvStateMachine()
-    for index in range(1, 6):
-        command = _cmd(1, index, KvOp.PUT, key=f"k{index % 2}", value=str(index))
-        kv.note_entry(index, 1, encode_command(command))
-        kv.apply(command)
-    restored = KvStateMachine.at_snapshot(kv.snapshot(), 5)
-    assert restored == kv
-    other = KvStateMachine()
-    other.note_entry(1, 2, b"")
-    assert other.digest != KvStateMachine().digest
+def test_log_digest_chains_every_entry_in_order() -> None:
+    digest = LogDigest()
+    digest.note(Entry(term=1, index=1, data=b"a"))
+    other = LogDigest()
+    other.note(Entry(term=2, index=1, data=b"a"))
+    assert digest.digest != other.digest != LogDigest().digest
     with pytest.raises(InvariantViolation):
-        KvStateMachine.at_snapshot(kv.snapshot(), 4)
-    with pytest.raises(InvariantViolation):
-        kv.note_entry(9, 1, b"")
+        digest.note(Entry(term=1, index=3))
 
 
-def test_kv_command_codec() -> None:
-    command = _cmd(3, 4, KvOp.CAS, value="n", expected="o")
-    assert decode_command(encode_command(command)) == command
+def test_snapshot_restores_the_meta_state_machine_and_digest() -> None:
+    machine = MetaStateMachine()
+    session = machine.apply(1, _payload(_open_session_request()))[0]
+    assert isinstance(session, SessionResult)
+    machine.apply(2, b"\xc1")  # garbage is answered with an error, not applied
+    digest = LogDigest(2, b"d" * 16)
+    data = msgspec.msgpack.encode(SimSnapshot(digest.digest, machine.snapshot()))
+    restored, restored_digest = restore_state(
+        Snapshot(meta=_meta(2), data=data))
+    assert restored.snapshot() == machine.snapshot()
+    assert restored_digest == digest
+    empty, empty_digest = restore_state(Snapshot(meta=_meta(4)))
+    assert len(empty) == 0 and empty_digest == LogDigest(4)
     with pytest.raises(ProtocolError):
-        decode_command(b"\xff\x00")
+        restore_state(Snapshot(meta=_meta(2), data=b"\xff\x00"))
+
+
+def _meta(index: int) -> SnapshotMeta:
+    return SnapshotMeta(index=index, term=1, conf_state=ConfState(voters=frozenset({1})), epoch=1)
+
+
+def _payload(request: ClientRequest) -> bytes:
+    return request.payload
+
+
+def _open_session_request() -> ClientRequest:
+    client, _ = _client()
+    [(_, request)] = client.wake(client.wake_ms, [1])
+    assert request.op is ClientOp.OPEN_SESSION
+    return request
+
+
+def test_client_commands_have_register_semantics_on_the_meta_state_machine() -> None:
+    """The client's put / CAS / get / delete, applied by the real state machine,
+    answer what the linearizability checker's register model expects; a retried
+    write is applied once and a late copy of an abandoned one is refused."""
+    config = SimConfig(client_get_probability=0.3, client_cas_probability=0.3,
+                       client_delete_probability=0.2, read_index_probability=0.0, keys=1)
+    clock = VirtualClock()
+    client = SimClient(CLIENT_ID_BASE, random.Random(7), config, clock.stamp)
+    machine = MetaStateMachine()
+    register: str | None = None
+    index = 0
+    sent: list[ClientRequest] = []
+    while client.completed < 40:
+        now = client.wake_ms
+        clock.advance_to(now)
+        [(_, request)] = client.wake(now, [1])
+        sent.append(request)
+        index += 1
+        result, _ = machine.apply(index, request.payload)
+        if request.op is ClientOp.CAS:
+            succeeded = register == request.expected
+            assert isinstance(result, TxnResult) and result.succeeded is succeeded
+            register = request.value if succeeded else register
+        elif request.op is ClientOp.PUT:
+            register = request.value
+        elif request.op is ClientOp.DELETE:
+            register = None
+        clock.advance_to(now + 1)
+        client.on_response(now + 1, ClientResponse(CLIENT_ID_BASE, request.seq, True, result))
+        if request.op is ClientOp.GET:
+            assert client.history[-1].output == register
+    kinds = {op.kind for op in client.history}
+    assert kinds == {OpKind.PUT, OpKind.GET, OpKind.CAS, OpKind.DELETE}
+    last = sent[-1]
+    again, _ = machine.apply(index + 1, last.payload)
+    assert again == machine.apply(index + 2, last.payload)[0]  # the kept first answer
+    stale, _ = machine.apply(index + 3, sent[-3].payload)
+    assert not isinstance(stale, (TxnResult, PutResult))  # already acknowledged
 
 
 # -- clients ---------------------------------------------------------------------
@@ -264,21 +303,37 @@ def test_kv_command_codec() -> None:
 
 def _client(seed: int = 1) -> tuple[SimClient, VirtualClock]:
     clock = VirtualClock()
-    config = SimConfig(client_get_probability=0.0, client_cas_probability=0.0)
+    config = SimConfig(client_get_probability=0.0, client_cas_probability=0.0,
+                       client_delete_probability=0.0)
     return SimClient(CLIENT_ID_BASE, random.Random(seed), config, clock.stamp), clock
+
+
+def _with_session(client: SimClient, clock: VirtualClock) -> None:
+    """Answer the client's first request, which opens its session."""
+    start = client.wake_ms
+    clock.advance_to(start)
+    [(_, request)] = client.wake(start, [1, 2, 3])
+    assert request.op is ClientOp.OPEN_SESSION
+    session = SessionResult(session_id=7, ttl_ms=1_000)
+    client.on_response(start, ClientResponse(CLIENT_ID_BASE, request.seq, True, session))
+    assert not client.history and not client.busy
+
+
+_PUT_DONE = TxnResult(succeeded=True, results=(PutResult(),), revision=1)
 
 
 def test_client_retries_with_same_seq_then_records_unknown() -> None:
     client, clock = _client()
+    _with_session(client, clock)
     config = SimConfig()
     sends = []
-    now = 0
+    now = client.wake_ms
     while now <= config.client_operation_deadline_ms + 100 and not client.history:
         clock.advance_to(now)
         sends.extend(client.wake(now, [1, 2, 3]))
         now += 1
     seqs = {request.seq for _, request in sends}
-    assert seqs == {1}
+    assert seqs == {2}
     assert len(sends) > 3
     assert {node for node, _ in sends} == {1, 2, 3}
     [op] = client.history
@@ -287,6 +342,7 @@ def test_client_retries_with_same_seq_then_records_unknown() -> None:
 
 def test_client_follows_leader_hint_and_records_result() -> None:
     client, clock = _client()
+    _with_session(client, clock)
     start = client.wake_ms
     [(node, request)] = client.wake(start, [1, 2, 3])
     clock.advance_to(start + 1)
@@ -295,10 +351,10 @@ def test_client_follows_leader_hint_and_records_result() -> None:
     clock.advance_to(client.wake_ms)
     [(again, retried)] = client.wake(client.wake_ms, [1, 2, 3])
     assert again == hint and retried == request
-    client.on_response(clock.now_ms, ClientResponse(CLIENT_ID_BASE, request.seq, True, None))
+    client.on_response(clock.now_ms, ClientResponse(CLIENT_ID_BASE, request.seq, True, _PUT_DONE))
     [op] = client.history
     assert op.outcome_known and op.call < op.ret  # type: ignore[operator]
     assert client.completed == 1
     # A late answer to an old attempt is ignored.
-    client.on_response(clock.now_ms, ClientResponse(CLIENT_ID_BASE, request.seq, True, None))
+    client.on_response(clock.now_ms, ClientResponse(CLIENT_ID_BASE, request.seq, True, _PUT_DONE))
     assert len(client.history) == 1

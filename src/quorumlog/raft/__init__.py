@@ -19,6 +19,14 @@ from quorumlog.raft._errors import (
     UnavailableError,
 )
 from quorumlog.raft._node import RaftNode, fold_epoch
+from quorumlog.raft._ready_pass import (
+    MemoryReadyStorage,
+    PendingPass,
+    ReadyGroup,
+    ReadyPass,
+    ReadyStorage,
+    ReadyTransport,
+)
 from quorumlog.raft._storage import (
     BOOTSTRAP_INDEX,
     BOOTSTRAP_TERM,
@@ -67,9 +75,11 @@ __all__ = [
     "EntryType",
     "HardState",
     "HostConfig",
+    "MemoryReadyStorage",
     "MemoryStorage",
     "Message",
     "MessageType",
+    "PendingPass",
     "ProposalDroppedError",
     "RaftConfig",
     "RaftHost",
@@ -78,6 +88,10 @@ __all__ = [
     "ReadOnlyMode",
     "ReadState",
     "Ready",
+    "ReadyGroup",
+    "ReadyPass",
+    "ReadyStorage",
+    "ReadyTransport",
     "Role",
     "Snapshot",
     "SnapshotMeta",

@@ -4,11 +4,13 @@ One :class:`RaftHost` per process hosts any number of groups keyed by group
 id (the tables' copysets need many; the metadata service uses one). It owns:
 
 * one ticker for every group (``tick_interval_ms``);
-* one *ready pass* at a time: collect the Ready of every group that has one,
-  persist all of them in one hop to the I/O thread (group commit across
-  groups: the fsyncs of one pass share the hop, and proposals that arrived
-  meanwhile share each fsync), then send the messages — coalesced into one
-  request per peer process — then apply committed entries, then advance;
+* one *ready pass* at a time (``_ready_pass.ReadyPass``, the implementation
+  the simulator runs too): collect the Ready of every group that has one,
+  send the leaders' messages, persist all of them in one hop to the I/O
+  thread (group commit across groups: the fsyncs of one pass share the hop,
+  and proposals that arrived meanwhile share each fsync), then send the
+  others' messages — coalesced into one request per peer process — then
+  apply committed entries, then advance;
 * the state machines (one per group) and the futures of local proposals and
   linearizable reads;
 * snapshots every ``snapshot_entries`` applied entries, then log compaction;
@@ -33,7 +35,7 @@ import itertools
 import random
 import struct
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +56,7 @@ from quorumlog.log import get_logger
 from quorumlog.raft._config import MIB, RaftConfig
 from quorumlog.raft._errors import ProposalDroppedError
 from quorumlog.raft._node import RaftNode
+from quorumlog.raft._ready_pass import AfterAdvance, ReadyPass
 from quorumlog.raft._snapshot_transfer import (
     ReceiveStats,
     SnapshotReceiver,
@@ -270,6 +273,13 @@ class _Group:
     leader_id: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class _RpcTransport:
+    """The ready pass's transport in a process: the host's coalescing rpc sender."""
+
+    send: Callable[[Sequence[tuple[int, Message]]], None]
+
+
 class RaftHost:
     """Runs Raft groups in one asyncio process; see the module docstring."""
 
@@ -309,6 +319,8 @@ class RaftHost:
             self._snapshot_io, hosts_group=self._groups.__contains__,
             deliver=self._deliver_snapshot)
         self._snapshot_sends: dict[tuple[int, int], asyncio.Task[None]] = {}
+        self._pass: ReadyPass[_Group] = ReadyPass(
+            _RpcTransport(self._send_all), self._apply_ready)
         self._rejections = LogRateLimiter(self.config.rejected_message_log_interval_ms / 1000)
         self.snapshot_send_stats = SnapshotSendStats()
         self._work = asyncio.Event()  # hosts are created inside the running loop
@@ -551,49 +563,36 @@ class RaftHost:
         for group in self._groups.values():
             if group.queued:
                 self._propose_queued(group)
-        batch = [(g, g.node.ready()) for g in self._groups.values() if g.node.has_ready()]
-        if not batch:
+        pending = self._pass.begin(self._groups.values())
+        if pending is None:
             return
-        # A leader's messages may leave before its own log write (Raft §10.2.1,
-        # as etcd does): an entry is only applied, and acknowledged, after a
-        # later pass, when this pass's write is durable on the leader too.
-        # Everyone else sends after persisting (votes and acks promise state).
-        leaders = [(g, r) for g, r in batch if g.node.role is Role.LEADER]
-        others = [(g, r) for g, r in batch if g.node.role is not Role.LEADER]
-        self._send_all(leaders)
-        if any(r.must_sync or r.snapshot is not None for _, r in batch):
-            await asyncio.get_running_loop().run_in_executor(self._io, _persist_all, batch)
+        if pending.needs_sync:
+            await asyncio.get_running_loop().run_in_executor(self._io, pending.persist)
         else:
             # Nothing to fsync (only a new commit index, say): a buffered write
             # costs less than the two thread hand-offs of the I/O thread.
-            _persist_all(batch)
-        for group, ready in batch:
-            group.storage.install(ready.hard_state, ready.entries, ready.snapshot)
-        self._send_all(others)
-        for group, ready in batch:
-            conf_changes = self._apply(group, ready)
-            group.node.advance(ready)  # the core applies conf changes here
-            for proposal in conf_changes:
-                _resolve(proposal.future, group.node.conf_state)
-        for group, _ in batch:
+            pending.persist()
+        self._pass.finish(pending)
+        for group, _ in pending.batch:
             await self._maybe_snapshot(group)
         if any(g.node.has_ready() for g in self._groups.values()):
             self._kick()
 
     # ----- messages -------------------------------------------------------------
 
-    def _send_all(self, batch: list[tuple[_Group, Ready]]) -> None:
+    def _send_all(self, messages: Sequence[tuple[int, Message]]) -> None:
+        """The ready pass's transport: one request per peer (bounded), SNAP
+        messages as snapshot transfers."""
         per_peer: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
-        for group, ready in batch:
-            for message in ready.messages:
-                if message.type is MessageType.SNAP:
-                    self._start_snapshot_send(group, message)
-                else:
-                    per_peer[message.to].append((group.group_id, encode_message(message)))
+        for group_id, message in messages:
+            if message.type is MessageType.SNAP:
+                self._start_snapshot_send(group_id, message)
+            else:
+                per_peer[message.to].append((group_id, encode_message(message)))
         count_max = self.config.messages_per_send_max
         bytes_max = self.config.message_bytes_per_send_max
-        for peer, messages in per_peer.items():
-            for request in split_messages(messages, count_max, bytes_max):
+        for peer, encoded in per_peer.items():
+            for request in split_messages(encoded, count_max, bytes_max):
                 self._send(peer, request)
 
     def _send(self, peer: int, messages: list[tuple[int, bytes]]) -> None:
@@ -633,15 +632,15 @@ class RaftHost:
 
     # ----- snapshot transfers ------------------------------------------------------
 
-    def _start_snapshot_send(self, group: _Group, message: Message) -> None:
+    def _start_snapshot_send(self, group_id: int, message: Message) -> None:
         """Stream the snapshot of a SNAP message the core emitted (one transfer per
         follower and group at a time: a running one reports when it ends)."""
-        key = (group.group_id, message.to)
+        key = (group_id, message.to)
         if key in self._snapshot_sends:
             return
         task = asyncio.get_running_loop().create_task(
-            self._send_snapshot(group.group_id, message),
-            name=f"raft-snapshot-{self.node_id}-{group.group_id}-{message.to}")
+            self._send_snapshot(group_id, message),
+            name=f"raft-snapshot-{self.node_id}-{group_id}-{message.to}")
         self._snapshot_sends[key] = task
         # A task cancelled before it ran never reaches its finally: forget it here.
         task.add_done_callback(lambda done: self._forget_snapshot_send(key, done))
@@ -715,6 +714,19 @@ class RaftHost:
         return RaftMessagesResponse(accepted=accepted)
 
     # ----- applying -------------------------------------------------------------
+
+    def _apply_ready(self, group: _Group, ready: Ready) -> AfterAdvance | None:
+        """The ready pass's application step; conf change proposals are resolved
+        after ``advance()``, which is where the core switches configuration."""
+        conf_changes = self._apply(group, ready)
+        if not conf_changes:
+            return None
+
+        def resolve_conf_changes() -> None:
+            for proposal in conf_changes:
+                _resolve(proposal.future, group.node.conf_state)
+
+        return resolve_conf_changes
 
     def _apply(self, group: _Group, ready: Ready) -> list[Proposal]:
         """Install the snapshot, apply committed entries, resolve their proposals;
@@ -830,14 +842,6 @@ async def _with_deadline(future: asyncio.Future[T], timeout_s: float, message: s
 def _expire(future: asyncio.Future[Any], message: str) -> None:
     if not future.done():
         future.set_exception(DeadlineExceededError(message))
-
-
-def _persist_all(batch: list[tuple[_Group, Ready]]) -> None:
-    """Runs on the I/O thread: every group's Ready of this pass, in one hop."""
-    for group, ready in batch:
-        group.storage.persist(
-            ready.hard_state, ready.entries, ready.snapshot, must_sync=ready.must_sync
-        )
 
 
 def _resolve(future: asyncio.Future[Any], result: Any) -> None:

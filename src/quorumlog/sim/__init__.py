@@ -5,7 +5,7 @@
 - Simulator parts, each seeded and replayable: a virtual clock and timer
   queue, a faulty network (delay, drop, duplicate, reorder, symmetric and
   one-way partitions), disks that lose or tear unsynced writes on a crash.
-- A Raft key-value cluster simulator built on them: :func:`run_seed` runs one
+- A Raft cluster simulator of the metadata state machine built on them: :func:`run_seed` runs one
   seed of a :class:`FaultMix` and returns a :class:`SimResult` (which
   invariant, if any, was violated; whether the client history was
   linearizable); :func:`run_many` runs many seeds, in several processes.
@@ -19,12 +19,11 @@ See docs/sim.md for the invariants, the fault mixes and how to replay a seed.
 """
 
 from quorumlog.sim._batch import BatchSummary, MixSummary, SeedSpec, run_many, run_spec
-from quorumlog.sim._client import ClientRequest, ClientResponse, SimClient
+from quorumlog.sim._client import ClientOp, ClientRequest, ClientResponse, SimClient
 from quorumlog.sim._clock import TimerQueue, VirtualClock
 from quorumlog.sim._config import MIX_ROTATION, MIXES, FaultMix, SimConfig, mix_for_seed
 from quorumlog.sim._disk import CrashOutcome, SimDisk
 from quorumlog.sim._invariants import RaftInvariants, SimInvariantViolation
-from quorumlog.sim._kv import KvCommand, KvOp, KvStateMachine
 from quorumlog.sim._ledger_loop import SimDeadlockError, VirtualTimeLoop, run_virtual
 from quorumlog.sim._ledger_runner import (
     LEDGER_MIXES,
@@ -54,15 +53,13 @@ __all__ = [
     "MIXES",
     "MIX_ROTATION",
     "BatchSummary",
+    "ClientOp",
     "ClientRequest",
     "ClientResponse",
     "CrashOutcome",
     "Envelope",
     "FaultMix",
     "KeyResult",
-    "KvCommand",
-    "KvOp",
-    "KvStateMachine",
     "LedgerFaultMix",
     "LedgerSimResult",
     "LedgerSimulation",

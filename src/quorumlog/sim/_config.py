@@ -114,6 +114,7 @@ class SimConfig(Config, frozen=True):
     client_operation_deadline_ms: int = 300  # then the outcome is unknown
     client_cas_probability: float = 0.25
     client_get_probability: float = 0.4
+    client_delete_probability: float = 0.1  # the rest of the operations are puts
     read_index_probability: float = 0.5  # gets via ReadIndex, else via the log
     # An operation goes to a random node instead of the believed leader (a
     # follower redirects writes and forwards ReadIndex reads to its leader,
@@ -169,13 +170,16 @@ class SimConfig(Config, frozen=True):
             "client attempt timeout must be positive and within the operation deadline",
         )
         for name in ("client_cas_probability", "client_get_probability",
+                     "client_delete_probability",
                      "read_index_probability", "pre_vote_probability",
                      "client_random_target_probability",
                      "check_quorum_probability"):
             _probability(name, getattr(self, name))
         require(
-            self.client_cas_probability + self.client_get_probability <= 1.0,
-            "client_cas_probability + client_get_probability must be <= 1",
+            self.client_cas_probability + self.client_get_probability
+            + self.client_delete_probability <= 1.0,
+            "client_cas_probability + client_get_probability + client_delete_probability "
+            "must be <= 1",
         )
         require(self.linearizability_step_limit > 0, "linearizability_step_limit > 0")
 

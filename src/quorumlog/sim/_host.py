@@ -1,23 +1,33 @@
-"""One simulated node process: a Raft core, its disk, its key-value state machine.
+"""One simulated node process: a Raft core, its disk, the metadata state machine.
 
-The host is the driver of :class:`~quorumlog.raft.RaftNode` in the
-simulator. It handles every ``Ready`` in the documented order:
+The host wires :class:`~quorumlog.raft.RaftNode` to the simulator with the
+production ready pass (:class:`~quorumlog.raft.ReadyPass`, the one
+``RaftHost`` runs): its storage is ``_raft_storage.SimRaftStorage`` (records
+on a :class:`SimDisk`), its transport the simulated network. So, per
+``Ready``, in production order:
 
-1. persist: snapshot, then entries, then hard state, as records on a
-   :class:`SimDisk` (in that order, so a crash that keeps a prefix of the
-   unsynced records never keeps a commit index without its entries), and
-   ``sync()`` when ``must_sync`` - and also whenever the Ready installs a
-   snapshot (as etcd's driver does: a snapshot file is always fsynced);
-2. send the messages;
-3. install the snapshot in the state machine, apply committed entries, serve
-   reads whose index is applied;
-4. ``advance``.
+1. a leader's messages leave (before its own write, Raft §10.2.1);
+2. persist, then install in the ``MemoryStorage`` the core reads;
+3. everyone else's messages leave;
+4. install the snapshot in the state machine, apply committed entries, serve
+   reads whose index is applied; ``advance``.
 
-Client requests: a write or log read is proposed (only the leader accepts;
-others answer "not leader" with a hint) and answered by the node that
-applies it, if that node still holds the request. A ReadIndex read goes
-through ``read_index`` (followers forward it to the leader) and is answered
-once the read index is applied locally.
+A process that dies while its leader messages leave (the nemesis's "leader
+dies while sending") does nothing after that: it neither persists nor
+applies that Ready. One that dies while the others' messages leave has
+persisted already; the rest of its messages are lost, and it still applies
+what it had committed (in memory only: the crash drops it).
+
+The state machine is the real :class:`~quorumlog.meta.MetaStateMachine`,
+with the log digest the invariants compare next to it (``_machine``).
+
+Client requests: a write or log read (an encoded meta ``Request``) is
+proposed (only the leader accepts; others answer "not leader" with a hint)
+and answered by the node that proposed it, when the entry at the position the
+core appended it at - (term, index), as ``RaftHost`` matches proposals - is
+applied. A ReadIndex read goes through ``read_index`` (followers forward it
+to the leader) and is answered from the state machine once the read index is
+applied locally.
 
 Crash: the in-memory Raft core, storage, state machine and pending requests
 are dropped; the disk loses (part of) its unsynced tail. Restart: a fresh
@@ -29,11 +39,11 @@ snapshot index, so every committed entry after the snapshot is applied again.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from quorumlog.errors import InvariantViolation, ProtocolError, invariant
+from quorumlog.meta import MetaStateMachine
 from quorumlog.raft import (
     ConfChange,
     ConfChangeError,
@@ -41,7 +51,6 @@ from quorumlog.raft import (
     ConfState,
     Entry,
     EntryType,
-    HardState,
     MemoryStorage,
     Message,
     MessageType,
@@ -49,6 +58,7 @@ from quorumlog.raft import (
     RaftConfig,
     RaftNode,
     Ready,
+    ReadyPass,
     Role,
     Snapshot,
     format_message,
@@ -58,14 +68,18 @@ from quorumlog.sim._config import FaultMix
 from quorumlog.sim._disk import CrashOutcome, SimDisk
 from quorumlog.sim._invariants import (
     DurabilityPromise,
-    DurableView,
     RaftInvariants,
     fail,
 )
-from quorumlog.sim._kv import KvOp, KvStateMachine, decode_command, encode_command
-
-LOG_READ_BYTES_MAX = 1 << 40
-"""Byte cap for reading a whole (short, simulated) log back from storage."""
+from quorumlog.sim._machine import SNAPSHOT_ENCODER, LogDigest, SimSnapshot, restore_state
+from quorumlog.sim._raft_storage import (
+    LOG_READ_BYTES_MAX,
+    DiskRecord,
+    EntriesRecord,
+    SimRaftStorage,
+    replay_record,
+    tear_record,
+)
 
 READIES_PER_FLUSH_MAX = 1_000
 """Readies one input may cause before the core is declared not to settle."""
@@ -73,19 +87,18 @@ READIES_PER_FLUSH_MAX = 1_000
 PENDING_REQUESTS_MAX = 10_000
 """Client requests one node holds while waiting for them to apply."""
 
+@dataclass(frozen=True, slots=True)
+class SimGroup:
+    """The one Raft group of a simulated process, as the ready pass sees it."""
 
-class EntriesRecord(NamedTuple):
-    entries: tuple[Entry, ...]
+    node: RaftNode
+    storage: SimRaftStorage
+    group_id: int = 0
 
 
-DiskRecord = Snapshot | EntriesRecord | HardState
-
-
-def tear_record(record: DiskRecord, rng: random.Random) -> DiskRecord | None:
-    """A torn write: a prefix of an entries batch; any other record is lost whole."""
-    if isinstance(record, EntriesRecord) and len(record.entries) > 1:
-        return EntriesRecord(record.entries[: rng.randrange(1, len(record.entries))])
-    return None
+@dataclass(frozen=True, slots=True)
+class _SimTransport:
+    send: Callable[[Sequence[tuple[int, Message]]], None]
 
 
 @dataclass(slots=True)
@@ -124,23 +137,32 @@ class SimRaftHost:
     removed_since_ms: int = -1  # first seen outside the leader's configuration
     crash_requested: bool = False
     crash_mid_send: bool = False  # the crash cuts off the rest of the Ready's messages
-    _raft: RaftNode | None = None
-    _storage: MemoryStorage | None = None
-    _kv: KvStateMachine = field(default_factory=KvStateMachine)
-    _pending_writes: dict[tuple[int, int], ClientRequest] = field(default_factory=dict)
+    _group: SimGroup | None = None
+    _raft: RaftNode | None = None  # _group.node, read on every input
+    _pass: ReadyPass[SimGroup] = field(init=False)
+    _machine: MetaStateMachine = field(default_factory=MetaStateMachine)
+    _log_digest: LogDigest = field(default_factory=LogDigest)
+    # Proposed requests by log index: (term the core appended them in, request).
+    _pending_writes: dict[int, tuple[int, ClientRequest]] = field(default_factory=dict)
     _pending_reads: dict[bytes, ClientRequest] = field(default_factory=dict)
     _waiting_reads: list[tuple[int, ClientRequest]] = field(default_factory=list)
     _read_counter: int = 0
     _was_leader: bool = False
     _promise: DurabilityPromise | None = None
-    _synced_hard_state: HardState = field(default_factory=HardState)
-    _unsynced_from_index: int = 0  # lowest index written since the last sync; 0: none
 
     def __post_init__(self) -> None:
         self.disk = SimDisk(tear_record)
         self.joined = self.bootstrap is not None
+        self._pass = ReadyPass(_SimTransport(self._send_all), self._apply)
 
     # -- accessors ---------------------------------------------------------------
+
+    @property
+    def group(self) -> SimGroup:
+        group = self._group
+        if group is None:
+            raise InvariantViolation(f"invariant violated: node {self.node_id} is not running")
+        return group
 
     @property
     def raft(self) -> RaftNode:
@@ -151,14 +173,15 @@ class SimRaftHost:
 
     @property
     def storage(self) -> MemoryStorage:
-        storage = self._storage
-        if storage is None:
-            raise InvariantViolation(f"invariant violated: node {self.node_id} is not running")
-        return storage
+        return self.group.storage.memory
 
     @property
-    def kv(self) -> KvStateMachine:
-        return self._kv
+    def machine(self) -> MetaStateMachine:
+        return self._machine
+
+    @property
+    def applied_index(self) -> int:
+        return self._log_digest.applied_index
 
     def log_entries(self) -> list[Entry]:
         storage = self.storage
@@ -174,14 +197,13 @@ class SimRaftHost:
         invariant(not self.up and not self.decommissioned, f"node {self.node_id} cannot start")
         storage = MemoryStorage(self.bootstrap)
         for record in self.disk.records():
-            _replay(storage, record)
+            replay_record(storage, record)
         snapshot = storage.snapshot()
-        self._storage = storage
-        self._kv = KvStateMachine.at_snapshot(snapshot.data, snapshot.meta.index)
+        self._machine, self._log_digest = restore_state(snapshot)
         raft = RaftNode(self.raft_config, storage, self.rng)
+        self._group = SimGroup(
+            raft, SimRaftStorage(self.node_id, storage, self.disk, self.invariants))
         self._raft = raft
-        self._synced_hard_state = storage.hard_state()  # all of it survived the crash
-        self._unsynced_from_index = 0
         self.up = True
         self._was_leader = False
         if self._promise is not None:
@@ -198,9 +220,8 @@ class SimRaftHost:
         invariant(self.up, f"node {self.node_id} is already down")
         self._promise = self.invariants.promise_at_crash(self.node_id, self._log_terms())
         outcome = self.disk.crash(rng, mix)
-        self._raft = None
-        self._storage = None
-        self._kv = KvStateMachine()
+        self._group = self._raft = None
+        self._machine, self._log_digest = MetaStateMachine(), LogDigest()
         self._pending_writes.clear()
         self._pending_reads.clear()
         self._waiting_reads.clear()
@@ -229,7 +250,7 @@ class SimRaftHost:
             return
         raft = self.raft
         try:
-            if request.read_index and request.command.op is KvOp.GET:
+            if request.read_index:
                 self._read_counter += 1
                 context = (
                     f"{self.node_id}.{request.client_id}.{request.seq}.{self._read_counter}"
@@ -237,8 +258,8 @@ class SimRaftHost:
                 raft.read_index(context)
                 self._pending_reads[context] = request
             else:
-                raft.propose(encode_command(request.command))
-                self._pending_writes[(request.client_id, request.seq)] = request
+                term, index = raft.propose(request.payload)
+                self._pending_writes[index] = (term, request)
         except ProposalDroppedError as exc:
             self.stats.proposals_dropped += 1
             self._reject(request, leader_hint=exc.leader_hint)
@@ -251,10 +272,14 @@ class SimRaftHost:
     # -- Ready -----------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Handle Readies until there are none, or a crash was requested."""
-        raft = self.raft
+        """Run ready passes until there is no Ready, or a crash was requested."""
+        group = self.group
+        raft = group.node
         readies = 0
-        while not self.crash_requested and raft.has_ready():
+        while not self.crash_requested:
+            pending = self._pass.begin((group,))
+            if pending is None:
+                return
             readies += 1
             if readies > READIES_PER_FLUSH_MAX:
                 fail(
@@ -262,81 +287,56 @@ class SimRaftHost:
                     f"node {self.node_id} produced more than {READIES_PER_FLUSH_MAX} Readies "
                     "after one input: the core does not settle",
                 )
-            ready = raft.ready()
             self.stats.readies += 1
-            self._persist(ready)
-            self._send_all(ready)
-            self._apply(ready)
-            raft.advance(ready)
-            for message in ready.messages:
-                if message.type is MessageType.SNAP:
-                    raft.report_snapshot(message.to, ok=True)
+            if self.crash_mid_send:
+                return  # died while its leader messages left: nothing more happens
+            pending.persist()
+            self._pass.finish(pending)
+            for _, ready in pending.batch:
+                for message in ready.messages:
+                    if message.type is MessageType.SNAP:
+                        raft.report_snapshot(message.to, ok=True)
             self._report_state()
 
     def sync(self) -> None:
         """fsync: everything written so far is durable."""
-        self.disk.sync()
-        if self._storage is not None:
-            self._synced_hard_state = self._storage.hard_state()
-        self._unsynced_from_index = 0
+        if self._group is None:
+            self.disk.sync()
+        else:
+            self._group.storage.sync()
 
-    def _send_all(self, ready: Ready) -> None:
-        durable = DurableView(
-            self._synced_hard_state, self._unsynced_from_index, self.storage.last_index()
-        )
+    def _send_all(self, messages: Sequence[tuple[int, Message]]) -> None:
+        """The ready pass's transport: the simulated network (and the nemesis,
+        which may kill the process between two messages)."""
+        durable = self.group.storage.durable_view()
         outbox = self.outbox
-        for message in ready.messages:
+        for _, message in messages:
             if not self.crash_mid_send and outbox.dies_before_send(self.node_id, message):
                 self.crash_requested = self.crash_mid_send = True
             if self.crash_mid_send:
-                # The process dies with these still queued: they never leave (what it
-                # persisted stays, and it still applies what it had committed).
+                # The process dies with these still queued: they never leave.
                 self._trace(f"node {self.node_id} dies before sending {format_message(message)}")
                 continue
             self.invariants.on_send(self.node_id, message, durable)
-            self.outbox.send_raft(message)
-            self.outbox.on_sent(self.node_id, message)
+            outbox.send_raft(message)
+            outbox.on_sent(self.node_id, message)
 
-    def _persist(self, ready: Ready) -> None:
-        storage, disk = self.storage, self.disk
-        if ready.snapshot is not None:
-            storage.apply_snapshot(ready.snapshot)
-            disk.write(ready.snapshot)
-        if ready.entries:
-            fresh = [e for e in ready.entries if e.index >= storage.first_index()]
-            if fresh:
-                first, last = fresh[0].index, storage.last_index()
-                prev_term = storage.term(first - 1)
-                replaced = (
-                    storage.entries(first, last + 1, LOG_READ_BYTES_MAX) if first <= last else []
-                )
-                self.invariants.on_persist_entries(self.node_id, fresh, prev_term, replaced)
-            storage.append(ready.entries)
-            disk.write(EntriesRecord(tuple(ready.entries)))
-            first_written = ready.entries[0].index
-            if not self._unsynced_from_index or first_written < self._unsynced_from_index:
-                self._unsynced_from_index = first_written
-        if ready.hard_state is not None:
-            storage.set_hard_state(ready.hard_state)
-            disk.write(ready.hard_state)
-        if ready.must_sync or ready.snapshot is not None:
-            self.sync()
-
-    def _apply(self, ready: Ready) -> None:
+    def _apply(self, _group: SimGroup, ready: Ready) -> None:
+        """The ready pass's application step."""
         if ready.snapshot is not None:
             self._install_snapshot(ready.snapshot)
-        kv = self._kv
+        log_digest = self._log_digest
         for entry in ready.committed_entries:
-            if ready.snapshot is not None and entry.index <= kv.applied_index:
+            if ready.snapshot is not None and entry.index <= log_digest.applied_index:
                 continue  # covered by the snapshot installed just now
-            if entry.index != kv.applied_index + 1:
+            if entry.index != log_digest.applied_index + 1:
                 fail(
                     "applied-in-order",
                     f"node {self.node_id} is handed entry {entry.index} to apply after "
-                    f"{kv.applied_index}",
+                    f"{log_digest.applied_index}",
                 )
-            kv.note_entry(entry.index, entry.term, entry.data)
-            self.invariants.on_apply(self.node_id, entry, kv.digest)
+            log_digest.note(entry)
+            self.invariants.on_apply(self.node_id, entry, log_digest.digest)
             if entry.type is EntryType.CONF_CHANGE:
                 self._trace(f"node {self.node_id} applies conf change {entry.index}: "
                             f"{_describe_conf_change(entry.data)}")
@@ -350,41 +350,39 @@ class SimRaftHost:
 
     def _install_snapshot(self, snapshot: Snapshot) -> None:
         self.stats.snapshots_installed += 1
-        self._kv = KvStateMachine.at_snapshot(snapshot.data, snapshot.meta.index)
-        self.invariants.on_snapshot_installed(self.node_id, snapshot, self._kv.digest)
+        self._machine, self._log_digest = restore_state(snapshot)
+        self.invariants.on_snapshot_installed(self.node_id, snapshot, self._log_digest.digest)
         self._trace(f"node {self.node_id} installs snapshot {snapshot.meta.term}/"
                     f"{snapshot.meta.index} epoch={snapshot.meta.epoch}")
 
     def _apply_command(self, entry: Entry) -> None:
-        command = decode_command(entry.data)
-        applied = self._kv.apply(command)
-        request = self._pending_writes.pop((command.client_id, command.seq), None)
-        if request is None or applied.stale:
-            return
-        response = ClientResponse(command.client_id, command.seq, True, applied.result)
-        self.outbox.send_client(command.client_id, response)
+        result, _ = self._machine.apply(entry.index, entry.data)
+        pending = self._pending_writes.pop(entry.index, None)
+        if pending is None or pending[0] != entry.term:
+            return  # not proposed here, or another leader's entry replaced it
+        request = pending[1]
+        response = ClientResponse(request.client_id, request.seq, True, result)
+        self.outbox.send_client(request.client_id, response)
 
     def _serve_reads(self) -> None:
         if not self._waiting_reads:
             return
-        applied = self._kv.applied_index
+        applied = self._log_digest.applied_index
         still: list[tuple[int, ClientRequest]] = []
         for index, request in self._waiting_reads:
             if index > applied:
                 still.append((index, request))
                 continue
-            value = self._kv.get(request.command.key)
+            value = self._machine.get(request.key)
             response = ClientResponse(request.client_id, request.seq, True, value)
             self.outbox.send_client(request.client_id, response)
         self._waiting_reads = still
 
     def _report_state(self) -> None:
         raft = self.raft
-        invariant(
-            self._kv.applied_index == raft.applied_index,
-            f"node {self.node_id}: state machine at {self._kv.applied_index}, "
-            f"core applied {raft.applied_index}",
-        )
+        if self._log_digest.applied_index != raft.applied_index:  # formatted only on failure
+            invariant(False, f"node {self.node_id}: state machine at "
+                      f"{self._log_digest.applied_index}, core applied {raft.applied_index}")
         if not self.joined and self.node_id in raft.conf_state.members():
             self.joined = True
         is_leader = raft.role is Role.LEADER
@@ -408,19 +406,20 @@ class SimRaftHost:
 
     def compact(self, *, min_entries: int, keep_entries: int) -> bool:
         """Snapshot the state machine at the applied index and compact the log."""
-        raft, storage, kv = self.raft, self.storage, self._kv
+        raft, storage, applied = self.raft, self.storage, self._log_digest
         snapshot_index = storage.snapshot().meta.index
-        if kv.applied_index - snapshot_index < min_entries:
+        if applied.applied_index - snapshot_index < min_entries:
             return False
         self.sync()  # the checkpoint below replaces the disk: nothing may be lost
-        storage.create_snapshot(kv.applied_index, raft.conf_state, kv.snapshot(), raft.epoch)
-        compact_to = max(kv.applied_index - keep_entries, snapshot_index + 1)
+        data = SNAPSHOT_ENCODER.encode(SimSnapshot(applied.digest, self._machine.snapshot()))
+        storage.create_snapshot(applied.applied_index, raft.conf_state, data, raft.epoch)
+        compact_to = max(applied.applied_index - keep_entries, snapshot_index + 1)
         storage.compact(compact_to)
         self.disk.rewrite(
             [storage.snapshot(), EntriesRecord(tuple(self.log_entries())), storage.hard_state()]
         )
         self.stats.compactions += 1
-        self._trace(f"node {self.node_id} snapshots at {kv.applied_index}, "
+        self._trace(f"node {self.node_id} snapshots at {applied.applied_index}, "
                     f"compacts to {compact_to}")
         return True
 
@@ -436,16 +435,6 @@ class SimRaftHost:
     def _trace(self, text: str) -> None:
         if self.outbox.trace is not None:
             self.outbox.trace(text)
-
-
-def _replay(storage: MemoryStorage, record: DiskRecord) -> None:
-    if isinstance(record, Snapshot):
-        if record.meta.index > storage.snapshot().meta.index:
-            storage.apply_snapshot(record)
-    elif isinstance(record, EntriesRecord):
-        storage.append(list(record.entries))
-    else:
-        storage.set_hard_state(record)
 
 
 def _describe_conf_change(data: bytes) -> str:

@@ -4,7 +4,11 @@ A history is a list of :class:`Operation` records, each with the time its call
 was issued and the time its response arrived. The checker decides whether some
 total order of the operations (a *linearization*) exists that respects real
 time (an operation that returned before another was called comes first) and
-the sequential semantics of a register per key (put / get / compare-and-set).
+the sequential semantics of a register per key (put / get / compare-and-set /
+delete), which is what the metadata state machine's single-key transactions
+are (``quorumlog.meta.MetaStateMachine``: a put, a range read of one key, a
+transaction comparing the value, or the version 0 of an absent key, then
+putting; a delete).
 
 How it works:
 
@@ -21,7 +25,7 @@ How it works:
   ``None`` or ``+inf``) may or may not have taken effect. It gets a return
   event at +infinity: it can be linearized anywhere after its call, and
   "never took effect" is the same as "took effect after everything else".
-  A put or CAS with unknown outcome is always accepted by the model (a CAS
+  A put, delete or CAS with unknown outcome is always accepted by the model (a CAS
   takes effect iff the register holds the expected value at that point); a
   get with unknown outcome observed nothing and is dropped. The search
   succeeds as soon as every operation with a known outcome is linearized.
@@ -62,6 +66,7 @@ class OpKind(enum.StrEnum):
     PUT = "put"
     GET = "get"
     CAS = "cas"
+    DELETE = "delete"
 
 
 class Verdict(enum.StrEnum):
@@ -75,6 +80,7 @@ class Operation:
     """One client operation on one key.
 
     - put: ``input`` is the value written, ``output`` is ignored (``None``).
+    - delete: ``input`` and ``output`` are ignored; the key becomes absent.
     - get: ``input`` is ignored (``None``), ``output`` the value read (``None``
       when the key was absent).
     - cas: ``input`` is ``(expected, new)``, ``output`` whether it succeeded.
@@ -121,6 +127,8 @@ class Operation:
         ret = f"{self.ret:g}" if self.outcome_known else "?"
         if self.kind is OpKind.PUT:
             body = f"put {self.key}={self.input!r}"
+        elif self.kind is OpKind.DELETE:
+            body = f"delete {self.key}"
         elif self.kind is OpKind.GET:
             body = f"get {self.key} -> " + (repr(self.output) if self.outcome_known else "?")
         else:
@@ -201,6 +209,8 @@ _ILLEGAL = object()
 def _compile(op: Operation) -> tuple[int, object, object]:
     if op.kind is OpKind.PUT:
         return (_CODE_PUT, op.input, None)
+    if op.kind is OpKind.DELETE:
+        return (_CODE_PUT, None, None)  # a delete writes "absent"
     if op.kind is OpKind.GET:
         return (_CODE_GET, op.output, None)
     expected, new = _cas_input(op)
