@@ -196,9 +196,4 @@ class MemoryReadyStorage:
     def install(
         self, hard_state: HardState | None, entries: list[Entry], snapshot: Snapshot | None
     ) -> None:
-        if snapshot is not None and snapshot.meta.index > self.memory.snapshot().meta.index:
-            self.memory.apply_snapshot(snapshot)
-        if entries:
-            self.memory.append(entries)
-        if hard_state is not None:
-            self.memory.set_hard_state(hard_state)
+        self.memory.install(hard_state, entries, snapshot)

@@ -127,6 +127,16 @@ class MemoryStorage:
     def set_hard_state(self, hard_state: HardState) -> None:
         self._hard_state = hard_state
 
+    def install(self, hard_state: HardState | None, entries: list[Entry],
+                snapshot: Snapshot | None) -> None:
+        """Take in what a persisted Ready changed: a newer snapshot, entries, hard state."""
+        if snapshot is not None and snapshot.meta.index > self._snapshot.meta.index:
+            self.apply_snapshot(snapshot)
+        if entries:
+            self.append(entries)
+        if hard_state is not None:
+            self.set_hard_state(hard_state)
+
     def append(self, entries: list[Entry]) -> None:
         """Append, replacing any stored suffix that ``entries`` overlaps."""
         if not entries:

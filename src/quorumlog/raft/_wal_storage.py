@@ -250,12 +250,7 @@ class WalRaftStorage:
         self, hard_state: HardState | None, entries: list[Entry], snapshot: Snapshot | None
     ) -> None:
         """Apply a persisted Ready to the memory copy (event loop)."""
-        if snapshot is not None and snapshot.meta.index > self._memory.snapshot().meta.index:
-            self._memory.apply_snapshot(snapshot)
-        if entries:
-            self._memory.append(entries)
-        if hard_state is not None:
-            self._memory.set_hard_state(hard_state)
+        self._memory.install(hard_state, entries, snapshot)
 
     def save(
         self,
