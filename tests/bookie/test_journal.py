@@ -258,14 +258,14 @@ def test_lost_journal_advice_names_what_exists_today(tmp_path: Path) -> None:
     ledgers will be re-replicated (auto-recovery is not built)."""
     from quorumlog.bookie import LedgerStorage
     from quorumlog.bookie._journal import encode_position
-    from quorumlog.bookie._server import _replay
+    from quorumlog.bookie._replay import replay
 
     with LedgerStorage(tmp_path / "ledgers") as storage:
         storage.flush(encode_position(40))
         journal = open_journal(tmp_path / "journal")  # created: the old one is gone
         try:
             with pytest.raises(CorruptionError) as caught:
-                _replay(journal, storage)
+                replay(journal, storage)
         finally:
             journal.close()
     message = caught.value.message

@@ -44,17 +44,11 @@ from quorumlog.bookie._errors import (
 from quorumlog.bookie._gc import GarbageCollector, GcResult
 from quorumlog.bookie._journal import (
     DeleteRecord,
-    FenceRecord,
     Journal,
-    KeyRecord,
-    LacRecord,
-    decode_position,
-    decode_record,
     encode_control,
     encode_position,
-    unpack_entry,
 )
-from quorumlog.bookie._limbo import LimboRecord, limbo_error, limbo_key
+from quorumlog.bookie._limbo import LimboRecord, limbo_key
 from quorumlog.bookie._metrics import (
     JOURNAL_BATCH_RECORDS,
     JOURNAL_FSYNC_SECONDS,
@@ -90,6 +84,19 @@ from quorumlog.bookie._protocol import (
     WriteLacResponse,
 )
 from quorumlog.bookie._registration import Registration
+from quorumlog.bookie._replay import replay
+from quorumlog.bookie._rules import (
+    JournalWrite,
+    absent_error,
+    add_entry,
+    batch_bounds,
+    fence_ledger,
+    lac_entry,
+    lac_or_none,
+    lac_passed,
+    long_poll_ms,
+    write_lac,
+)
 from quorumlog.bookie._storage import (
     FLUSH_SUGGESTED_FRACTION,
     INDEX_DIRECTORY,
@@ -98,15 +105,12 @@ from quorumlog.bookie._storage import (
 )
 from quorumlog.errors import (
     ConfigError,
-    CorruptionError,
     DeadlineExceededError,
     QuorumlogError,
     StorageError,
     TransientError,
     UsageError,
-    invariant,
 )
-from quorumlog.ledger._digest import BadEnvelopeError, parse_envelope
 from quorumlog.log import get_logger
 from quorumlog.meta._client import MetaClient
 
@@ -241,7 +245,7 @@ class BookieService:
             await loop.run_in_executor(self._executor, journal.close)
             raise
         try:
-            checkpoint = await loop.run_in_executor(self._executor, _replay, journal, storage)
+            checkpoint = await loop.run_in_executor(self._executor, replay, journal, storage)
         except BaseException:
             await loop.run_in_executor(self._executor, _close_quietly, journal, storage)
             raise
@@ -383,20 +387,12 @@ class BookieService:
             if self._bytes_since_flush + len(payload) > self._add_pause_bytes:
                 await self._wait_for_flush(len(payload))
             data = bytes(payload)  # the one copy: out of the receive buffer
-            envelope = parse_envelope(data)
             ledger_id, entry_id = request.ledger_id, request.entry_id
-            if envelope.ledger_id != ledger_id or envelope.entry_id != entry_id:
-                raise BadEnvelopeError(
-                    f"envelope holds entry {envelope.ledger_id}:{envelope.entry_id} but the "
-                    f"request adds {ledger_id}:{entry_id}")
-            key = request.master_key
-            keyed = ledger_id in self._keyed or storage.ledger_exists(ledger_id)
-            storage.add(ledger_id, entry_id, data, master_key=key,
-                        piggyback_lac=envelope.lac, recovery=bool(request.flags & FLAG_RECOVERY))
-            if not keyed:  # a new ledger: its master key goes to the journal first
-                journal.append_quiet(encode_control(KeyRecord(ledger_id, key)))
-                self._keyed.add(ledger_id)
-            done = journal.append(data, sync=not (request.flags & FLAG_NO_SYNC))
+            write = add_entry(storage, ledger_id, entry_id, data, request.master_key,
+                              recovery=bool(request.flags & FLAG_RECOVERY),
+                              keyed=ledger_id in self._keyed)
+            done = self._journal_write(write, sync=not (request.flags & FLAG_NO_SYNC))
+            self._keyed.add(ledger_id)
             if self._lac_waiters:
                 self._wake_lac(ledger_id)
             self._bytes_since_flush += len(data)
@@ -409,6 +405,21 @@ class BookieService:
         self.counters.adds_ok += 1
         self.counters.added_bytes += len(data)
         return AddEntryResponse(ledger_id=ledger_id, entry_id=entry_id)
+
+    def _journal_write(self, write: JournalWrite, *, sync: bool = True) -> asyncio.Future[None]:
+        """Append a change's records (no await in between: journal order is storage
+        order); the future answers the request (done at once when it need not wait)."""
+        journal = self.journal
+        *quiet, last = write.records or (b"",)
+        for record in quiet:
+            journal.append_quiet(record)
+        if write.answer_when_durable:
+            return journal.append(last, sync=sync)
+        if write.records:
+            journal.append_quiet(last)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
 
     async def _wait_for_flush(self, size: int) -> None:
         """The write cache half may be full: wait for a flush instead of blocking in add.
@@ -434,35 +445,32 @@ class BookieService:
             self.counters.reads["fence"] += 1
         try:
             data = storage.get_entry(ledger_id, entry_id)
-        except (NoSuchEntryError, NoSuchLedgerError):
-            self._raise_if_in_limbo(ledger_id, entry_id)
-            raise
+        except (NoSuchEntryError, NoSuchLedgerError) as exc:
+            raise self._absent(exc, ledger_id, entry_id) from None
         lac = storage.last_add_confirmed(ledger_id)
         self.counters.reads["entry"] += 1
         self.counters.read_bytes += len(data)
         return ReadEntryResponse(ledger_id=ledger_id, entry_id=entry_id, lac=lac), data
 
-    def _raise_if_in_limbo(self, ledger_id: int, entry_id: int) -> None:
+    def _absent(self, error: NoSuchEntryError | NoSuchLedgerError, ledger_id: int,
+                entry_id: int) -> QuorumlogError:
         """A re-added bookie never says "no such entry" for what it may have lost."""
-        error = limbo_error(self.bookie_id, ledger_id, entry_id, self._limbo_floor)
-        if error is not None:
+        answer = absent_error(error, self.bookie_id, ledger_id, entry_id, self._limbo_floor)
+        if answer is not error:
             self.counters.reads["limbo"] += 1
-            raise error
+        return answer
 
     async def _on_read_batch(
         self, request: ReadBatchRequest, ctx: rpc.RequestContext
     ) -> tuple[ReadBatchResponse, bytes]:
         storage = self.storage
-        if request.max_entries <= 0 or request.max_bytes <= 0:
-            raise UsageError("a batch read needs max_entries > 0 and max_bytes > 0")
+        max_entries, max_bytes = batch_bounds(self.config, request.max_entries,
+                                              request.max_bytes)
         try:
-            entries = storage.read_batch(
-                request.ledger_id, request.first_entry_id,
-                min(request.max_entries, self.config.read_batch_entries_max),
-                min(request.max_bytes, self.config.read_batch_bytes_max))
-        except (NoSuchEntryError, NoSuchLedgerError):
-            self._raise_if_in_limbo(request.ledger_id, request.first_entry_id)
-            raise
+            entries = storage.read_batch(request.ledger_id, request.first_entry_id,
+                                         max_entries, max_bytes)
+        except (NoSuchEntryError, NoSuchLedgerError) as exc:
+            raise self._absent(exc, request.ledger_id, request.first_entry_id) from None
         lac = storage.last_add_confirmed(request.ledger_id)
         payload = b"".join(entries)
         self.counters.reads["batch"] += 1
@@ -473,28 +481,19 @@ class BookieService:
 
     # ------------------------------------------------------------------ LAC, long poll
 
-    def _lac_or_none(self, ledger_id: int) -> int | None:
-        try:
-            return self.storage.last_add_confirmed(ledger_id)
-        except NoSuchLedgerError:
-            return None
-
     async def _on_read_lac(
         self, request: ReadLacRequest, ctx: rpc.RequestContext
     ) -> tuple[ReadLacResponse, bytes]:
         storage = self.storage
         ledger_id, previous = request.ledger_id, request.previous_lac
-        timeout_ms = min(request.timeout_ms, self.config.long_poll_timeout_ms_max)
-        lac = self._lac_or_none(ledger_id)
-        if timeout_ms > 0 and (lac is None or lac <= previous):
+        timeout_ms = long_poll_ms(self.config, request.timeout_ms)
+        lac = lac_or_none(storage, ledger_id)
+        if timeout_ms > 0 and not lac_passed(lac, previous):
             lac = await self._park(ledger_id, previous, timeout_ms / 1000)
         if lac is None:
             raise NoSuchLedgerError(f"ledger {ledger_id} does not exist on this bookie")
         info = storage.ledger_info(ledger_id)
-        payload = b""
-        if request.with_entry:
-            with contextlib.suppress(NoSuchEntryError, NoSuchLedgerError):
-                payload = storage.get_entry(ledger_id, previous + 1)
+        payload = lac_entry(storage, ledger_id, previous) if request.with_entry else b""
         self.counters.reads["lac"] += 1
         return ReadLacResponse(ledger_id=ledger_id, lac=info.last_add_confirmed,
                                last_entry_id=info.last_entry_id, fenced=info.fenced), payload
@@ -502,7 +501,7 @@ class BookieService:
     async def _park(self, ledger_id: int, previous: int, timeout_s: float) -> int | None:
         """Wait until the ledger's LAC passes ``previous`` or the timeout ends."""
         if self.counters.long_polls_parked >= self.config.long_poll_parked_max:
-            return self._lac_or_none(ledger_id)  # at the bound: answer now (no wait)
+            return lac_or_none(self.storage, ledger_id)  # at the bound: answer now (no wait)
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
         self._lac_waiters.setdefault(ledger_id, {})[waiter] = previous
@@ -518,13 +517,13 @@ class BookieService:
                 waiters.pop(waiter, None)
                 if not waiters:
                     del self._lac_waiters[ledger_id]
-        return self._lac_or_none(ledger_id)
+        return lac_or_none(self.storage, ledger_id)
 
     def _wake_lac(self, ledger_id: int) -> None:
         waiters = self._lac_waiters.get(ledger_id)
         if not waiters:
             return
-        lac = self._lac_or_none(ledger_id)
+        lac = lac_or_none(self.storage, ledger_id)
         if lac is None:
             return
         for waiter, previous in list(waiters.items()):
@@ -545,33 +544,22 @@ class BookieService:
     async def _on_write_lac(
         self, request: WriteLacRequest, ctx: rpc.RequestContext
     ) -> WriteLacResponse:
-        storage, journal = self.storage, self.journal
         ledger_id = request.ledger_id
-        if request.lac < -1:
-            raise UsageError(f"LAC {request.lac} of ledger {ledger_id} is below -1")
-        new_ledger = not storage.ledger_exists(ledger_id)
-        storage.set_master_key(ledger_id, request.master_key)
-        if new_ledger:
-            journal.append_quiet(encode_control(KeyRecord(ledger_id, request.master_key)))
+        write = write_lac(self.storage, ledger_id, request.master_key, request.lac)
+        done = self._journal_write(write)
         self._keyed.add(ledger_id)
         if request.lac >= 0:
-            storage.set_explicit_lac(ledger_id, request.lac)
-            done = journal.append(encode_control(LacRecord(ledger_id, request.lac)))
             self._wake_lac(ledger_id)
-            await done
+        await done
         return WriteLacResponse(ledger_id=ledger_id)
 
     # ------------------------------------------------------------------ fencing, force
 
-    async def _fence(self, ledger_id: int, master_key: bytes) -> int:
-        """Fence (creating the ledger with this key if unknown), durably; return the LAC."""
-        storage, journal = self.storage, self.journal
-        storage.set_master_key(ledger_id, master_key)
-        lac = storage.set_fenced(ledger_id)
-        done = journal.append(encode_control(FenceRecord(ledger_id, master_key)))
+    async def _fence(self, ledger_id: int, master_key: bytes) -> None:
+        """Fence (creating the ledger with this key if unknown), durably."""
+        done = self._journal_write(fence_ledger(self.storage, ledger_id, master_key))
         self._keyed.add(ledger_id)  # the fence record carries the key
         await done
-        return lac
 
     async def _on_fence(self, request: FenceRequest, ctx: rpc.RequestContext) -> FenceResponse:
         await self._fence(request.ledger_id, request.master_key)
@@ -776,93 +764,6 @@ def _close_quietly(journal: Journal, storage: LedgerStorage) -> None:
         journal.close()
     finally:
         storage.close(flush=True)
-
-
-# ---------------------------------------------------------------------- replay
-
-
-def _replay(journal: Journal, storage: LedgerStorage) -> int:
-    """Re-apply the journal records after the storage's checkpoint; return the checkpoint.
-
-    Runs on a worker thread before the bookie serves. Records are applied in
-    journal order: adds with ``recovery=True`` (fencing does not refuse them),
-    master keys, fencing, explicit LACs and deletions.
-    """
-    checkpoint = decode_position(storage.last_checkpoint())
-    entries = journal.take_replay()
-    last = entries[-1].index if entries else journal.last_index
-    if checkpoint > 0 and (journal.created or max(last, journal.last_index) < checkpoint):
-        raise CorruptionError(
-            f"the ledger storage in {storage.directory} was checkpointed at journal record "
-            f"{checkpoint}, but the journal in {journal.directory} ends at {journal.last_index}"
-            f"{' (it was just created: the journal is gone)' if journal.created else ''}; "
-            "records acknowledged since then are lost. Restore the journal directory, or "
-            "re-add this bookie as a new instance (`quorumlog bookie format --force <bookie id> "
-            "--config <its node config>`, docs/bookie.md \"Re-adding a wiped bookie\"); its "
-            "ledgers then stay under-replicated until they are re-replicated, which nothing "
-            "does automatically yet (auto-recovery is not built)")
-    keys: dict[int, bytes] = {}
-    room = storage.config.write_cache_half_bytes
-    unflushed_bytes = 0
-    for entry in entries:
-        if entry.index <= checkpoint:
-            continue
-        for record in unpack_entry(entry.data):
-            if unflushed_bytes + len(record) > room:
-                # Every entry before this one is applied: replay may restart here.
-                storage.flush(encode_position(entry.index - 1))
-                unflushed_bytes = 0
-            _apply(storage, entry.index, record, keys)
-            unflushed_bytes += len(record)
-    _log.info("journal_replayed", entries=sum(1 for e in entries if e.index > checkpoint),
-              checkpoint=checkpoint, last_index=journal.last_index)
-    return checkpoint
-
-
-def _apply(storage: LedgerStorage, index: int, data: bytes, keys: dict[int, bytes]) -> None:
-    try:
-        _apply_once(storage, index, data, keys)
-    except NoSuchLedgerError:
-        # A ledger deleted by GC and written again before a flush: the flush
-        # forgets the deleted ledger, after which the record applies.
-        storage.flush(None)
-        _apply_once(storage, index, data, keys)
-
-
-def _apply_once(storage: LedgerStorage, index: int, data: bytes, keys: dict[int, bytes]) -> None:
-    record = decode_record(data)
-    if record is None:
-        try:
-            envelope = parse_envelope(data)
-        except QuorumlogError as exc:
-            raise CorruptionError(
-                f"journal entry {index} holds a damaged entry envelope: {exc.message}"
-            ) from None
-        ledger_id = envelope.ledger_id
-        key = keys.get(ledger_id)
-        if key is None:
-            try:
-                key = storage.ledger_info(ledger_id).master_key
-            except NoSuchLedgerError:
-                raise CorruptionError(
-                    f"journal entry {index} adds to ledger {ledger_id}, whose master key "
-                    "is neither in the journal nor in the ledger storage") from None
-            keys[ledger_id] = key
-        storage.add(ledger_id, envelope.entry_id, data, master_key=key,
-                    piggyback_lac=envelope.lac, recovery=True)
-    elif isinstance(record, KeyRecord):
-        keys[record.ledger_id] = record.master_key
-        storage.set_master_key(record.ledger_id, record.master_key)
-    elif isinstance(record, FenceRecord):
-        keys[record.ledger_id] = record.master_key
-        storage.set_master_key(record.ledger_id, record.master_key)
-        storage.set_fenced(record.ledger_id)
-    elif isinstance(record, LacRecord):
-        storage.set_explicit_lac(record.ledger_id, record.lac)
-    else:
-        invariant(isinstance(record, DeleteRecord), f"unknown journal record {record!r}")
-        keys.pop(record.ledger_id, None)
-        storage.delete_ledger(record.ledger_id)
 
 
 # ---------------------------------------------------------------------- in-process

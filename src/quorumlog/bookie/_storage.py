@@ -325,9 +325,9 @@ class LedgerStorage:
             raise ReadOnlyError(
                 f"ledger storage {self._directory} is read-only: disk usage is over "
                 f"{self._config.disk_usage_threshold_fraction:.0%}; write to other bookies")
-        record = self._ledgers.check_add(ledger_id, master_key, recovery=recovery)
-        if entry_id <= record.last_entry_id and self._holds(ledger_id, entry_id):
-            self._ledgers.note_add(ledger_id, entry_id, piggyback_lac)
+        if not self._ledgers.admit_add(ledger_id, entry_id, master_key,
+                                       piggyback_lac=piggyback_lac, recovery=recovery,
+                                       holds=self._holds):
             self._stats.add_duplicates += 1
             return False
         return True
