@@ -1,14 +1,16 @@
 """The simulated world of a ledger run: bookies, meta and the network.
 
-- :class:`SimBookie` keeps what a real bookie keeps per ledger (the master
-  key, the fenced flag, entries as envelopes, piggybacked and explicit LACs)
-  with the same rules (``quorumlog.bookie._protocol``): the first add or
-  fence records the master key and another key is refused; a fenced ledger
-  refuses adds without ``FLAG_RECOVERY``; a fencing read or a fence makes the
-  ledger fenced, durably, before answering; adds are answered after the
-  journal "fsync" (a group commit a little later); a crash loses what was not
-  synced, except a prefix that may have reached the disk; long polls wait for
-  the LAC to pass a value.
+- :class:`SimBookie` runs the bookie's own code: each request goes through
+  the rules the bookie server uses (``quorumlog.bookie``: ``add_entry``,
+  ``fence_ledger``, ``write_lac``, ``absent_error`` with limbo, the batch
+  and long-poll bounds, ``LacWaiters``) on a ``MemoryLedgerStore`` - the
+  real ``LedgerTable`` (master key compared with ``compare_digest``,
+  fencing, LACs, duplicates) over a dict of entries. Only durability is
+  simulated: the journal records those rules return are "fsynced" a little
+  later (a group commit), and the disk is the synced journal applied by the
+  bookie's replay rule (``apply_journal_record``) to a second store; a crash
+  restarts from that disk, plus maybe a prefix of the unsynced tail. Adds,
+  fences and explicit LACs are answered once durable, as by the server.
 - :class:`SimBookieNetwork` is a :class:`quorumlog.ledger.BookieTransport`
   for one client: requests and responses are delayed, dropped, refused by
   crashed bookies, cut by partitions; a bookie that restarted forgets the
@@ -87,6 +89,7 @@ class SimBookie:
         self._durable = MemoryLedgerStore()  # what its disk holds: the synced journal, replayed
         self._journal: list[tuple[bytes, asyncio.Future[None] | None]] = []  # not yet synced
         self._journal_index = 0
+        self._disk_keys: dict[int, bytes] = {}  # replay's master-key cache, for the disk
         self._sync_scheduled = False
         self.waiters = LacWaiters(self.config.long_poll_parked_max)
 
@@ -109,7 +112,7 @@ class SimBookie:
     def _to_disk(self, record: bytes) -> None:
         """A journal record reached the disk: what a restart replays (real replay rule)."""
         self._journal_index += 1
-        apply_journal_record(self._durable, self._journal_index, record, {})
+        apply_journal_record(self._durable, self._journal_index, record, self._disk_keys)
 
     def _sync(self, incarnation: int) -> None:
         if incarnation != self.incarnation:
@@ -139,6 +142,7 @@ class SimBookie:
                 self.lost_entries.setdefault(ledger_id, set()).update(
                     self._durable.entries(ledger_id))
             self._durable = MemoryLedgerStore()
+            self._disk_keys = {}
         self._memory = self._durable.copy()
         return f"unsynced records lost={lost} kept={kept}" + (" DISK LOST" if lose_disk else "")
 
