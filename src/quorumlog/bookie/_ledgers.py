@@ -54,6 +54,15 @@ class LedgerInfo(msgspec.Struct, frozen=True, kw_only=True):
     last_entry_id: int
 
 
+def info_of(ledger_id: int, record: LedgerRecord) -> LedgerInfo:
+    """What ``ledger_info`` answers for ``record``."""
+    return LedgerInfo(
+        ledger_id=ledger_id, master_key=record.master_key, fenced=record.fenced,
+        explicit_lac=record.explicit_lac, piggyback_lac=record.piggyback_lac,
+        last_add_confirmed=record.last_add_confirmed, last_entry_id=record.last_entry_id,
+    )
+
+
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(LedgerRecord)
 

@@ -64,16 +64,15 @@ class LacWaiters:
 
     def release_all(self) -> None:
         """Settle every waiter now (the bookie is closing: answer what is known)."""
-        waiters, self._waiters = self._waiters, {}
-        for parked in waiters.values():
-            for waiter in parked:
-                if not waiter.done():
-                    waiter.set_result(None)
+        for waiter in self._take_all():
+            if not waiter.done():
+                waiter.set_result(None)
 
     def cancel_all(self) -> None:
         """Cancel every waiter (a simulated crash: nobody answers)."""
+        for waiter in self._take_all():
+            waiter.cancel()
+
+    def _take_all(self) -> list[asyncio.Future[None]]:
         waiters, self._waiters = self._waiters, {}
-        for parked in waiters.values():
-            for waiter in parked:
-                if not waiter.done():
-                    waiter.cancel()
+        return [waiter for parked in waiters.values() for waiter in parked]

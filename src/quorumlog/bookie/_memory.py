@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from quorumlog.bookie._errors import NoSuchEntryError
 from quorumlog.bookie._format import NO_ENTRY
-from quorumlog.bookie._ledgers import LedgerInfo, LedgerRecord, LedgerTable
+from quorumlog.bookie._ledgers import LedgerInfo, LedgerRecord, LedgerTable, info_of
 from quorumlog.errors import UsageError
 
 
@@ -46,12 +46,7 @@ class MemoryLedgerStore:
         return self._ledgers.live_ids()
 
     def ledger_info(self, ledger_id: int) -> LedgerInfo:
-        r = self._ledgers.get_live(ledger_id)
-        return LedgerInfo(
-            ledger_id=ledger_id, master_key=r.master_key, fenced=r.fenced,
-            explicit_lac=r.explicit_lac, piggyback_lac=r.piggyback_lac,
-            last_add_confirmed=r.last_add_confirmed, last_entry_id=r.last_entry_id,
-        )
+        return info_of(ledger_id, self._ledgers.get_live(ledger_id))
 
     def set_fenced(self, ledger_id: int) -> int:
         return self._ledgers.fence(ledger_id)

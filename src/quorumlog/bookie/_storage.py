@@ -56,7 +56,7 @@ from quorumlog.bookie._format import (
     decode_frame,
 )
 from quorumlog.bookie._index import Index
-from quorumlog.bookie._ledgers import LedgerInfo, LedgerRecord, LedgerTable
+from quorumlog.bookie._ledgers import LedgerInfo, LedgerRecord, LedgerTable, info_of
 from quorumlog.bookie._results import (
     CompactionResult,
     FlushResult,
@@ -226,12 +226,7 @@ class LedgerStorage:
 
     def ledger_info(self, ledger_id: int) -> LedgerInfo:
         with self._cond:
-            r = self._ledgers.get_live(ledger_id)
-        return LedgerInfo(
-            ledger_id=ledger_id, master_key=r.master_key, fenced=r.fenced,
-            explicit_lac=r.explicit_lac, piggyback_lac=r.piggyback_lac,
-            last_add_confirmed=r.last_add_confirmed, last_entry_id=r.last_entry_id,
-        )
+            return info_of(ledger_id, self._ledgers.get_live(ledger_id))
 
     def set_fenced(self, ledger_id: int) -> int:
         """Fence the ledger (idempotent); returns its last add confirmed (-1: none)."""
