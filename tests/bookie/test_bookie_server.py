@@ -155,6 +155,10 @@ def test_fencing_refuses_normal_adds_takes_recovery_adds_and_survives_restart(
     rpc.run(main())
 
 
+WOKEN_POLL_S_MAX = 5.0
+"""A parked long poll (timeout 10 s) must be answered by the LAC change well before."""
+
+
 def test_long_poll_lac_parks_until_an_add_passes_it(tmp_path: Path) -> None:
     async def body(bookie: LocalBookie, conn: rpc.Connection) -> None:
         await add(conn, 9, 0)  # LAC -1
@@ -168,7 +172,8 @@ def test_long_poll_lac_parks_until_an_add_passes_it(tmp_path: Path) -> None:
             await asyncio.sleep(0.005)
         assert not poll.done()
         await add(conn, 9, 1)  # piggybacks LAC 0
-        response, data = await poll
+        async with asyncio.timeout(WOKEN_POLL_S_MAX):  # woken, not timed out (10 s)
+            response, data = await poll
         assert response.lac == 0 and response.last_entry_id == 1
         check_entry(data, 9, 0)  # with_entry: entry previous_lac + 1
         # A poll that times out answers with the unchanged LAC.
@@ -182,7 +187,8 @@ def test_long_poll_lac_parks_until_an_add_passes_it(tmp_path: Path) -> None:
         while bookie.service.counters.long_polls_parked == 0:
             await asyncio.sleep(0.005)
         await conn.call(WriteLacRequest(ledger_id=9, master_key=KEY, lac=1))
-        assert (await explicit).lac == 1
+        async with asyncio.timeout(WOKEN_POLL_S_MAX):
+            assert (await explicit).lac == 1
         # A poll on a ledger the bookie does not have ends with NoSuchLedgerError.
         with pytest.raises(NoSuchLedgerError):
             await conn.call(ReadLacRequest(ledger_id=99, previous_lac=-1, timeout_ms=50))

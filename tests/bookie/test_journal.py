@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import time
 from pathlib import Path
@@ -22,7 +23,8 @@ from quorumlog.bookie._journal import (
     encode_position,
     unpack_entry,
 )
-from quorumlog.errors import CorruptionError
+from quorumlog.bookie._maintenance import watch_journal
+from quorumlog.errors import CorruptionError, StorageError
 from quorumlog.wal import Wal
 
 KIB = 1024
@@ -258,14 +260,14 @@ def test_lost_journal_advice_names_what_exists_today(tmp_path: Path) -> None:
     ledgers will be re-replicated (auto-recovery is not built)."""
     from quorumlog.bookie import LedgerStorage
     from quorumlog.bookie._journal import encode_position
-    from quorumlog.bookie._server import _replay
+    from quorumlog.bookie._replay import replay
 
     with LedgerStorage(tmp_path / "ledgers") as storage:
         storage.flush(encode_position(40))
         journal = open_journal(tmp_path / "journal")  # created: the old one is gone
         try:
             with pytest.raises(CorruptionError) as caught:
-                _replay(journal, storage)
+                replay(journal, storage)
         finally:
             journal.close()
     message = caught.value.message
@@ -273,3 +275,30 @@ def test_lost_journal_advice_names_what_exists_today(tmp_path: Path) -> None:
     assert "quorumlog bookie format --force" in message, message
     assert "under-replicated" in message and "not built" in message, message
     assert "let its ledgers be re-replicated" not in message, message
+
+
+def test_a_failed_fdatasync_fails_the_bookie_without_polling(tmp_path: Path) -> None:
+    """The journal thread's failure wakes the bookie's watch at once (an event, no
+    sleep loop): ``BookieService.failed`` fails with the journal's advice."""
+    journal = open_journal(tmp_path / "j")
+
+    def broken_sync() -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        journal.start(loop)
+        failed: asyncio.Future[None] = loop.create_future()
+        watch = loop.create_task(watch_journal(journal, failed))
+        await journal.append(record(1))  # a healthy journal: the watch waits
+        assert not failed.done() and not watch.done()
+        journal._wal.sync = broken_sync  # type: ignore[method-assign]
+        with pytest.raises(StorageError, match="refuses adds until it is restarted"):
+            await journal.append(record(2))
+        async with asyncio.timeout(5):
+            with pytest.raises(StorageError, match="failed to write"):
+                await failed
+            await watch
+
+    rpc.run(main())
+    journal.close()

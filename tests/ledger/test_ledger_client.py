@@ -42,8 +42,7 @@ PW = b"secret"
 
 
 def _entries_on(world: LedgerWorld, bookie: str, ledger_id: int) -> set[int]:
-    ledger = world.bookies[bookie]._memory.get(ledger_id)
-    return set(ledger.entries) if ledger else set()
+    return set(world.bookies[bookie].entries(ledger_id))
 
 
 def _fragments(handle: WriteHandle) -> int:
@@ -460,12 +459,12 @@ def test_next_replica_on_error_and_digest_mismatch_names_the_bookie() -> None:
         await lh.append(b"payload")
         await lh.close()
         first, second = lh.metadata.write_set_bookies(0)
-        envelope = world.bookies[first]._memory[lh.id].entries[0]
+        envelope = world.bookies[first].entries(lh.id)[0]
         corrupt = envelope[:-1] + bytes([envelope[-1] ^ 1])
-        world.bookies[first]._memory[lh.id].entries[0] = corrupt
+        world.bookies[first].damage_entry(lh.id, 0, corrupt)
         rh = await c.open_ledger(lh.id, password=PW)
         assert (await rh.read_entry(0)).payload == b"payload"  # from the other replica
-        world.bookies[second]._memory[lh.id].entries[0] = corrupt
+        world.bookies[second].damage_entry(lh.id, 0, corrupt)
         with pytest.raises(DigestMismatchError, match=first) as info:
             await rh.read_entry(0)
         assert second in str(info.value)
@@ -485,9 +484,8 @@ def test_pipelined_batch_reads_survive_a_corrupt_and_a_crashed_replica() -> None
             lh.append_async(b"e%d" % i)
         await lh.close()
         first, second = lh.metadata.current_ensemble
-        envelope = world.bookies[first]._memory[lh.id].entries[37]
-        world.bookies[first]._memory[lh.id].entries[37] = envelope[:-1] + bytes(
-            [envelope[-1] ^ 1])
+        envelope = world.bookies[first].entries(lh.id)[37]
+        world.bookies[first].damage_entry(lh.id, 37, envelope[:-1] + bytes([envelope[-1] ^ 1]))
         rh = await c.open_ledger(lh.id, password=PW)
         entries = await rh.read_batch(0, 199)
         assert [e.payload for e in entries] == [b"e%d" % i for i in range(200)]

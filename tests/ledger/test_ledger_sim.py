@@ -18,8 +18,17 @@ from typing import Any
 
 import pytest
 
-from quorumlog.bookie import Verdict
-from quorumlog.ledger import BookieOutcome, ReadAnswer, Schedule, _quorum, _read, _recovery, _write
+from quorumlog.bookie import LedgerRecord, LedgerTable, Verdict, _rules
+from quorumlog.ledger import (
+    BookieOutcome,
+    EntryReply,
+    ReadAnswer,
+    Schedule,
+    _quorum,
+    _read,
+    _recovery,
+    _write,
+)
 from quorumlog.ledger._fanout import BookieAnswer, fan_out
 from quorumlog.proto import NoSuchEntryError
 from quorumlog.sim import LEDGER_MIXES, _ledger_runner, _ledger_world, run_ledger_seed
@@ -181,11 +190,43 @@ def test_confirming_at_one_ack_is_caught() -> None:
 
 @pytest.mark.slow
 def test_recovery_without_fencing_is_caught() -> None:
+    """No fence requests and no fence flag on the recovery reads (skipping only
+    the fence step is no bug: the recovery reads fence too; 0 of 400 seeds)."""
     async def no_fence(*args: object) -> int:
         return -1
 
-    with _planted(_recovery, "_fence", no_fence):
+    network = _ledger_world.SimBookieNetwork
+    original_read = network.read_entry
+
+    async def unfenced_read(self: _ledger_world.SimBookieNetwork, bookie: str, ledger_id: int,
+                            entry_id: int, *, timeout_s: float, fence: bool = False,
+                            master_key: bytes = b"") -> EntryReply:
+        return await original_read(self, bookie, ledger_id, entry_id, timeout_s=timeout_s)
+
+    with _planted(_recovery, "_fence", no_fence), _planted(
+            network, "read_entry", unfenced_read):
         assert _caught(range(400)) & {"acked-lost", "fenced-writer-committed"}
+
+
+BOOKIE_FENCING_SEEDS = (19, 50, 52, 60)
+"""Recovery-mix seeds where a bookie that lets the old writer add to a fenced
+ledger loses acknowledged entries or lets the fenced writer commit."""
+
+
+def test_a_bookie_accepting_adds_on_a_fenced_ledger_is_caught() -> None:
+    """The bookie's own fencing rule (``LedgerTable.check_add``) broken: the
+    simulated bookie runs it, so the simulator fails (before, with its own copy
+    of the rule, 0 of 400 recovery seeds failed; now 23)."""
+    original = LedgerTable.check_add
+
+    def lax(self: LedgerTable, ledger_id: int, master_key: bytes, *,
+            recovery: bool) -> LedgerRecord:
+        return original(self, ledger_id, master_key, recovery=True)
+
+    with _planted(LedgerTable, "check_add", lax):
+        caught = {r.violation for seed in BOOKIE_FENCING_SEEDS
+                  if not (r := run_ledger_seed(seed, "recovery")).passed}
+    assert caught & {"acked-lost", "fenced-writer-committed"}
 
 
 def test_publishing_a_recovery_ensemble_change_is_caught() -> None:
@@ -225,6 +266,7 @@ def test_a_wiped_bookie_serving_as_its_old_self_is_caught() -> None:
 
 
 def test_a_formatted_bookie_without_limbo_is_caught() -> None:
-    """Re-added by a format but answering "no such entry" for older ledgers."""
-    with _planted(_ledger_world, "limbo_error", lambda *a, **k: None):
+    """Re-added by a format but answering "no such entry" for older ledgers (the
+    bookie's own rule broken: the simulated bookie reads through it)."""
+    with _planted(_rules, "limbo_error", lambda *a, **k: None):
         assert "acked-lost" in _caught_at(WIPED_BOOKIE_SEEDS)

@@ -32,9 +32,26 @@ from quorumlog.bookie._cookie import (
 from quorumlog.bookie._format import NO_ENTRY
 from quorumlog.bookie._gc import GcResult
 from quorumlog.bookie._journal import Journal
-from quorumlog.bookie._ledgers import MASTER_KEY_MAX_BYTES, LedgerInfo
+from quorumlog.bookie._ledgers import MASTER_KEY_MAX_BYTES, LedgerInfo, LedgerRecord, LedgerTable
 from quorumlog.bookie._limbo import LimboRecord, in_limbo, limbo_error, limbo_key
+from quorumlog.bookie._long_poll import LacWaiters
+from quorumlog.bookie._memory import MemoryLedgerStore
+from quorumlog.bookie._replay import apply_journal_record
 from quorumlog.bookie._results import CompactionResult, FlushResult, ScrubReport, StorageStats
+from quorumlog.bookie._rules import (
+    JournalWrite,
+    LedgerStore,
+    absent_error,
+    add_entry,
+    batch_bounds,
+    fence_ledger,
+    lac_entry,
+    lac_or_none,
+    lac_passed,
+    long_poll_ms,
+    parse_add,
+    write_lac,
+)
 from quorumlog.bookie._server import BookieService, LocalBookie, local_config, run_bookie
 from quorumlog.bookie._storage import DiskUsageProbe, LedgerStorage, filesystem_usage
 from quorumlog.bookie._storage_errors import EntryLogCorruptionError, InvalidCookieError
@@ -55,22 +72,39 @@ __all__ = [
     "GcResult",
     "InvalidCookieError",
     "Journal",
+    "JournalWrite",
+    "LacWaiters",
     "LedgerInfo",
+    "LedgerRecord",
     "LedgerStorage",
     "LedgerStorageConfig",
+    "LedgerStore",
+    "LedgerTable",
     "LimboRecord",
     "LocalBookie",
+    "MemoryLedgerStore",
     "ScrubReport",
     "StorageStats",
     "Verdict",
+    "absent_error",
+    "add_entry",
+    "apply_journal_record",
+    "batch_bounds",
     "cookie_key",
     "decide",
+    "fence_ledger",
     "filesystem_usage",
     "in_limbo",
+    "lac_entry",
+    "lac_or_none",
+    "lac_passed",
     "limbo_error",
     "limbo_key",
     "local_config",
+    "long_poll_ms",
+    "parse_add",
     "plan_format",
     "run_bookie",
     "run_format",
+    "write_lac",
 ]

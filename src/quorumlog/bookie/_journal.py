@@ -47,7 +47,13 @@ from typing import NoReturn
 
 import msgspec
 
-from quorumlog.errors import CorruptionError, StorageError, TransientError, UsageError
+from quorumlog.errors import (
+    CorruptionError,
+    StorageError,
+    TransientError,
+    UsageError,
+    invariant,
+)
 from quorumlog.log import get_logger
 from quorumlog.wal import Wal, WalConfig, WalEntry
 
@@ -203,6 +209,7 @@ class Journal:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._room_waiters: list[asyncio.Future[None]] = []
+        self._failed = asyncio.Event()  # set on the loop once ``failure`` is set
         last = wal.last_index
         self._appended_records = 0  # loop side
         self._synced_records = 0  # journal thread side: records covered by an fdatasync
@@ -311,6 +318,13 @@ class Journal:
     @property
     def failure(self) -> str | None:
         return self._failure
+
+    async def wait_failed(self) -> str:
+        """Wait until the journal fails (a write or fdatasync error); its message."""
+        await self._failed.wait()
+        failure = self._failure
+        invariant(failure is not None, "journal failure event set without a failure")
+        return failure or ""
 
     # ----------------------------------------------------------------- start
 
@@ -570,6 +584,10 @@ class Journal:
             self._open = None
             self._queued_bytes = 0
         self._call(failed, message, message, True)
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(self._failed.set)
         return message
 
     # ----------------------------------------------------------------- maintenance

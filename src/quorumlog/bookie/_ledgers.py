@@ -10,6 +10,7 @@ them in its index batch.
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 
 import msgspec
 
@@ -51,6 +52,15 @@ class LedgerInfo(msgspec.Struct, frozen=True, kw_only=True):
     piggyback_lac: int
     last_add_confirmed: int
     last_entry_id: int
+
+
+def info_of(ledger_id: int, record: LedgerRecord) -> LedgerInfo:
+    """What ``ledger_info`` answers for ``record``."""
+    return LedgerInfo(
+        ledger_id=ledger_id, master_key=record.master_key, fenced=record.fenced,
+        explicit_lac=record.explicit_lac, piggyback_lac=record.piggyback_lac,
+        last_add_confirmed=record.last_add_confirmed, last_entry_id=record.last_entry_id,
+    )
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -133,6 +143,22 @@ class LedgerTable:
                 "the writer must stop; only recovery adds are accepted"
             )
         return record
+
+    def admit_add(self, ledger_id: int, entry_id: int, master_key: bytes, *,
+                  piggyback_lac: int, recovery: bool,
+                  holds: Callable[[int, int], bool]) -> bool:
+        """Whether an add is to be stored: :meth:`check_add` (master key, fencing;
+        a new ledger is created), then False for a duplicate of an entry that
+        ``holds(ledger_id, entry_id)`` says is stored (the first copy stays; its
+        piggybacked LAC still counts). The caller stores the entry and calls
+        :meth:`note_add` when True. The one add rule of the bookie server (via
+        ``LedgerStorage``) and of the simulated bookie (via ``MemoryLedgerStore``).
+        """
+        record = self.check_add(ledger_id, master_key, recovery=recovery)
+        if entry_id <= record.last_entry_id and holds(ledger_id, entry_id):
+            self.note_add(ledger_id, entry_id, piggyback_lac)
+            return False
+        return True
 
     def note_add(self, ledger_id: int, entry_id: int, piggyback_lac: int) -> None:
         record = self._records[ledger_id]

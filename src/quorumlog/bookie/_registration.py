@@ -67,6 +67,7 @@ class Registration:
         self._registered = False
         self._task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
+        self._confirmed = asyncio.Event()  # set by each registration and keep-alive
         self._closed = False
         self.registrations = 0  # how many times a new session was registered
 
@@ -78,6 +79,12 @@ class Registration:
     @property
     def session_id(self) -> int:
         return self._session_id
+
+    async def wait_registered(self) -> None:
+        """Wait until :attr:`registered` (woken by registrations and keep-alives)."""
+        while not self.registered:
+            self._confirmed.clear()
+            await self._confirmed.wait()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -133,6 +140,7 @@ class Registration:
         await self._publish()
         self._last_keepalive = started  # the session's TTL started no later than this
         self._registered = True
+        self._confirmed.set()
         self.registrations += 1
         _log.info("bookie_registered", bookie=self.bookie_id, session=session_id,
                   read_only=self._published_read_only)
@@ -173,5 +181,6 @@ class Registration:
                 self._registered = False
                 return
             self._last_keepalive = sent
+            self._confirmed.set()
             if self._read_only() != self._published_read_only:
                 await self._publish()

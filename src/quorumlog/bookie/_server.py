@@ -1,29 +1,28 @@
-"""The bookie server role: rpc handlers over the journal and the ledger storage.
+"""The bookie server role: ``BookieService`` composes the bookie's parts.
 
-Write path of an add (all on the event loop, no await between the storage
-change and its journal record, so journal order is storage order)::
+One module per responsibility, after BookKeeper's ``bookie/`` and ``proto/``:
 
-    check registration / read-only -> parse the envelope (structure, CRC32C,
-    ids) -> LedgerStorage.add (master key, fencing, write cache) -> journal
-    append -> await the group commit (fdatasync; no-sync adds: the write) ->
-    answer
+- ``_handlers.py``: one thin handler per request type;
+- ``_rules.py``: what each request changes and journals (I/O-free, shared
+  with the simulated bookie);
+- ``_backpressure.py``: adds wait for a flush instead of blocking;
+- ``_long_poll.py``: parked long-poll LAC reads, woken by LAC changes;
+- ``_checkpoint.py``: the flush task (journal durable to P, storage flushed
+  with checkpoint P, journal released to P);
+- ``_maintenance.py``: GC and disk-usage timers, the journal-failure watch;
+- ``_replay.py``: a restart re-applies the journal after the checkpoint.
 
-Ledger changes that must survive a restart are journaled too: the master key
-of a ledger seen for the first time, fencing (answered only once durable),
-explicit LACs and GC deletions. A flush task checkpoints: it makes the
-journal durable up to position P, flushes the storage with checkpoint P, then
-releases journal segments before P. A restart replays the journal after the
-storage's checkpoint.
-
-Maintenance (flush, compaction, scrub, opening and closing) runs on a small
-thread pool; the event loop only does in-memory work and page-cache reads.
+This module opens and closes them (identity check, journal, storage, replay,
+registration in meta, tasks), answers status and runs a bookie in-process
+(``run_bookie``). Maintenance (flush, compaction, scrub, opening and closing)
+runs on a small thread pool; the event loop only does in-memory work and
+page-cache reads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -32,22 +31,20 @@ from pathlib import Path
 from typing import Any
 
 from quorumlog import rpc
+from quorumlog.bookie._backpressure import AddBackpressure
 from quorumlog.bookie._bookie_config import BookieConfig
+from quorumlog.bookie._checkpoint import Checkpointer
 from quorumlog.bookie._cookie import Cookie, establish_identity
 from quorumlog.bookie._gc import GarbageCollector, GcResult
+from quorumlog.bookie._handlers import RequestHandlers
 from quorumlog.bookie._journal import (
     DeleteRecord,
-    FenceRecord,
     Journal,
-    KeyRecord,
-    LacRecord,
-    decode_position,
-    decode_record,
     encode_control,
-    encode_position,
-    unpack_entry,
 )
-from quorumlog.bookie._limbo import LimboRecord, limbo_error, limbo_key
+from quorumlog.bookie._limbo import LimboRecord, limbo_key
+from quorumlog.bookie._long_poll import LacWaiters
+from quorumlog.bookie._maintenance import check_disk_usage, disk_loop, gc_loop, watch_journal
 from quorumlog.bookie._metrics import (
     JOURNAL_BATCH_RECORDS,
     JOURNAL_FSYNC_SECONDS,
@@ -56,58 +53,21 @@ from quorumlog.bookie._metrics import (
     unregister_source,
 )
 from quorumlog.bookie._registration import Registration
+from quorumlog.bookie._replay import replay
 from quorumlog.bookie._storage import (
-    FLUSH_SUGGESTED_FRACTION,
     INDEX_DIRECTORY,
     DiskUsageProbe,
     LedgerStorage,
 )
 from quorumlog.errors import (
     ConfigError,
-    CorruptionError,
     DeadlineExceededError,
     QuorumlogError,
-    StorageError,
     TransientError,
     UsageError,
-    invariant,
 )
 from quorumlog.log import get_logger
 from quorumlog.meta import MetaClient
-from quorumlog.proto import (
-    FLAG_FENCE,
-    FLAG_NO_SYNC,
-    FLAG_RECOVERY,
-    AddEntryRequest,
-    AddEntryResponse,
-    BadEnvelopeError,
-    BookieStatusRequest,
-    BookieStatusResponse,
-    EntryTooLargeError,
-    FenceRequest,
-    FenceResponse,
-    ForceLedgerRequest,
-    ForceLedgerResponse,
-    GcRequest,
-    GcResponse,
-    LedgerInfoRequest,
-    LedgerInfoResponse,
-    NoSuchEntryError,
-    NoSuchLedgerError,
-    ReadBatchRequest,
-    ReadBatchResponse,
-    ReadEntryRequest,
-    ReadEntryResponse,
-    ReadLacRequest,
-    ReadLacResponse,
-    ReadOnlyError,
-    ScrubRequest,
-    ScrubResponse,
-    UnauthorizedError,
-    WriteLacRequest,
-    WriteLacResponse,
-    parse_envelope,
-)
 
 _log = get_logger(__name__)
 
@@ -156,40 +116,26 @@ class BookieService:
         self._executor = ThreadPoolExecutor(max_workers=MAINTENANCE_THREADS,
                                             thread_name_prefix="bookie-maintenance")
         self._tasks: list[asyncio.Task[None]] = []
-        self._lac_waiters: dict[int, dict[asyncio.Future[None], int]] = {}
-        # Ledgers whose master key is known to be in the journal or the storage
-        # (saves a storage lookup per add); GC deletions remove ids.
-        self._keyed: set[int] = set()
-        self._flush_wakeup = asyncio.Event()
-        self._flush_lock = asyncio.Lock()
-        self._flush_done: asyncio.Future[None] | None = None
-        half = config.storage.write_cache_half_bytes
-        self._flush_soon_bytes = int(half * FLUSH_SUGGESTED_FRACTION)
-        self._add_pause_bytes = half
-        self._bytes_since_flush = 0
-        self._checkpoint = 0
+        self.lac_waiters = LacWaiters(config.long_poll_parked_max)
+        self.backpressure = AddBackpressure(config.storage.write_cache_half_bytes)
+        self._checkpointer: Checkpointer | None = None
+        self._handlers = RequestHandlers(self)
         self._cookie: Cookie | None = None
-        self._limbo_floor = 0  # ledger ids below it: never "no such entry" (see _limbo.py)
+        self.limbo_floor = 0  # ledger ids below it: never "no such entry" (see _limbo.py)
         self._started = False
+        self._running = asyncio.Event()  # set once started
         self._closing = False
         self._failed: asyncio.Future[None] | None = None
 
     # ------------------------------------------------------------------ wiring
 
     def handlers(self) -> dict[type[rpc.Request[Any]], Any]:
-        return {
-            AddEntryRequest: self._on_add,
-            ReadEntryRequest: self._on_read,
-            ReadBatchRequest: self._on_read_batch,
-            ReadLacRequest: self._on_read_lac,
-            FenceRequest: self._on_fence,
-            WriteLacRequest: self._on_write_lac,
-            ForceLedgerRequest: self._on_force,
-            BookieStatusRequest: self._on_status,
-            LedgerInfoRequest: self._on_ledger_info,
-            GcRequest: self._on_gc,
-            ScrubRequest: self._on_scrub,
-        }
+        return self._handlers.table()
+
+    @property
+    def executor(self) -> ThreadPoolExecutor:
+        """The maintenance threads (flush, compaction, scrub, open and close)."""
+        return self._executor
 
     @property
     def storage(self) -> LedgerStorage:
@@ -240,11 +186,14 @@ class BookieService:
             await loop.run_in_executor(self._executor, journal.close)
             raise
         try:
-            checkpoint = await loop.run_in_executor(self._executor, _replay, journal, storage)
+            checkpoint = await loop.run_in_executor(self._executor, replay, journal, storage)
         except BaseException:
             await loop.run_in_executor(self._executor, _close_quietly, journal, storage)
             raise
-        self._journal, self._storage, self._checkpoint = journal, storage, checkpoint
+        self._journal, self._storage = journal, storage
+        self._checkpointer = Checkpointer(
+            storage, journal, checkpoint=checkpoint, backpressure=self.backpressure,
+            counters=self.counters, executor=self._executor, bookie_id=bookie_id)
         journal.start(loop)
         if self._meta_addresses:
             self._meta = MetaClient(self._meta_addresses)
@@ -257,9 +206,15 @@ class BookieService:
             executor=self._executor, delete_ledger=self._delete_ledger, flush=self.flush)
         self._started = True
         register_source(self)
-        for coro in (self._flush_loop(), self._gc_loop(), self._disk_loop(),
-                     self._watch_journal()):
+        config = self.config
+        for coro in (
+            self._checkpointer.run(config.flush_interval_ms),
+            gc_loop(self.gc, interval_ms=config.gc_interval_ms, bookie_id=bookie_id),
+            disk_loop(storage, self._registration, interval_ms=config.disk_check_interval_ms),
+            watch_journal(journal, self.failed),
+        ):
             self._tasks.append(loop.create_task(coro))
+        self._running.set()
         if self._registration is not None:
             self._registration.start()
         _log.info("bookie_started", bookie=bookie_id, instance=cookie.instance_id,
@@ -277,7 +232,7 @@ class BookieService:
             limbo = await meta.get(limbo_key(bookie_id))
             if limbo is not None:
                 record = LimboRecord.decode(limbo.value)
-                self._limbo_floor = record.ledger_id_floor
+                self.limbo_floor = record.ledger_id_floor
                 _log.warning("bookie_in_limbo", bookie=bookie_id,
                              ledger_id_floor=record.ledger_id_floor,
                              reason="re-added after losing its data: entries of older "
@@ -316,13 +271,15 @@ class BookieService:
 
     async def wait_registered(self, timeout_s: float) -> None:
         """Wait until registered in meta (at once without meta); DeadlineExceededError."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while not (self._started and self.registered):
-            if loop.time() > deadline:
-                raise DeadlineExceededError(
-                    f"bookie {self.bookie_id} did not register in meta within {timeout_s} s")
-            await asyncio.sleep(0.02)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._running.wait()
+                if self._registration is not None:
+                    await self._registration.wait_registered()
+        except TimeoutError:
+            raise DeadlineExceededError(
+                f"bookie {self.bookie_id} did not register in meta within {timeout_s} s"
+            ) from None
 
     # ------------------------------------------------------------------ close
 
@@ -344,7 +301,8 @@ class BookieService:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._wake_all_lac_waiters()
+        self.lac_waiters.release_all()
+        self.backpressure.close()
         if self._registration is not None:
             await self._registration.close()
         loop = asyncio.get_running_loop()
@@ -359,252 +317,12 @@ class BookieService:
         self._executor.shutdown(wait=True)
         _log.info("bookie_stopped", bookie=self.bookie_id)
 
-    # ------------------------------------------------------------------ adds
+    # ------------------------------------------------------------------ status
 
-    def _check_registered(self) -> None:
-        if self._registration is not None and not self._registration.registered:
-            raise ReadOnlyError(
-                f"bookie {self.bookie_id} is not registered in meta (its session was lost or "
-                "meta is unreachable); adds are refused until it registers again; "
-                "write to another bookie")
-
-    async def _on_add(self, request: AddEntryRequest, ctx: rpc.RequestContext) -> AddEntryResponse:
-        try:
-            storage, journal = self.storage, self.journal
-            self._check_registered()
-            payload = ctx.payload
-            if len(payload) > self.config.storage.entry_max_bytes:
-                raise EntryTooLargeError(
-                    f"entry {request.ledger_id}:{request.entry_id} has {len(payload)} bytes, "
-                    f"over entry_max_bytes {self.config.storage.entry_max_bytes}")
-            if journal.full:
-                await journal.wait_for_room()
-            if self._bytes_since_flush + len(payload) > self._add_pause_bytes:
-                await self._wait_for_flush(len(payload))
-            data = bytes(payload)  # the one copy: out of the receive buffer
-            envelope = parse_envelope(data)
-            ledger_id, entry_id = request.ledger_id, request.entry_id
-            if envelope.ledger_id != ledger_id or envelope.entry_id != entry_id:
-                raise BadEnvelopeError(
-                    f"envelope holds entry {envelope.ledger_id}:{envelope.entry_id} but the "
-                    f"request adds {ledger_id}:{entry_id}")
-            key = request.master_key
-            keyed = ledger_id in self._keyed or storage.ledger_exists(ledger_id)
-            storage.add(ledger_id, entry_id, data, master_key=key,
-                        piggyback_lac=envelope.lac, recovery=bool(request.flags & FLAG_RECOVERY))
-            if not keyed:  # a new ledger: its master key goes to the journal first
-                journal.append_quiet(encode_control(KeyRecord(ledger_id, key)))
-                self._keyed.add(ledger_id)
-            done = journal.append(data, sync=not (request.flags & FLAG_NO_SYNC))
-            if self._lac_waiters:
-                self._wake_lac(ledger_id)
-            self._bytes_since_flush += len(data)
-            if self._bytes_since_flush >= self._flush_soon_bytes:
-                self._flush_wakeup.set()
-            await done
-        except QuorumlogError:
-            self.counters.adds_failed += 1
-            raise
-        self.counters.adds_ok += 1
-        self.counters.added_bytes += len(data)
-        return AddEntryResponse(ledger_id=ledger_id, entry_id=entry_id)
-
-    async def _wait_for_flush(self, size: int) -> None:
-        """The write cache half may be full: wait for a flush instead of blocking in add.
-
-        ``_bytes_since_flush`` counts bytes added since the last flush began,
-        which is at least what the active half holds.
-        """
-        self._flush_wakeup.set()
-        while self._bytes_since_flush + size > self._add_pause_bytes and not self._closing:
-            if self._flush_done is None:
-                self._flush_done = asyncio.get_running_loop().create_future()
-            await asyncio.shield(self._flush_done)
-
-    # ------------------------------------------------------------------ reads
-
-    async def _on_read(
-        self, request: ReadEntryRequest, ctx: rpc.RequestContext
-    ) -> tuple[ReadEntryResponse, bytes]:
-        storage = self.storage
-        ledger_id, entry_id = request.ledger_id, request.entry_id
-        if request.flags & FLAG_FENCE:
-            await self._fence(ledger_id, request.master_key)
-            self.counters.reads["fence"] += 1
-        try:
-            data = storage.get_entry(ledger_id, entry_id)
-        except (NoSuchEntryError, NoSuchLedgerError):
-            self._raise_if_in_limbo(ledger_id, entry_id)
-            raise
-        lac = storage.last_add_confirmed(ledger_id)
-        self.counters.reads["entry"] += 1
-        self.counters.read_bytes += len(data)
-        return ReadEntryResponse(ledger_id=ledger_id, entry_id=entry_id, lac=lac), data
-
-    def _raise_if_in_limbo(self, ledger_id: int, entry_id: int) -> None:
-        """A re-added bookie never says "no such entry" for what it may have lost."""
-        error = limbo_error(self.bookie_id, ledger_id, entry_id, self._limbo_floor)
-        if error is not None:
-            self.counters.reads["limbo"] += 1
-            raise error
-
-    async def _on_read_batch(
-        self, request: ReadBatchRequest, ctx: rpc.RequestContext
-    ) -> tuple[ReadBatchResponse, bytes]:
-        storage = self.storage
-        if request.max_entries <= 0 or request.max_bytes <= 0:
-            raise UsageError("a batch read needs max_entries > 0 and max_bytes > 0")
-        try:
-            entries = storage.read_batch(
-                request.ledger_id, request.first_entry_id,
-                min(request.max_entries, self.config.read_batch_entries_max),
-                min(request.max_bytes, self.config.read_batch_bytes_max))
-        except (NoSuchEntryError, NoSuchLedgerError):
-            self._raise_if_in_limbo(request.ledger_id, request.first_entry_id)
-            raise
-        lac = storage.last_add_confirmed(request.ledger_id)
-        payload = b"".join(entries)
-        self.counters.reads["batch"] += 1
-        self.counters.read_bytes += len(payload)
-        return ReadBatchResponse(
-            ledger_id=request.ledger_id, first_entry_id=request.first_entry_id,
-            sizes=[len(e) for e in entries], lac=lac), payload
-
-    # ------------------------------------------------------------------ LAC, long poll
-
-    def _lac_or_none(self, ledger_id: int) -> int | None:
-        try:
-            return self.storage.last_add_confirmed(ledger_id)
-        except NoSuchLedgerError:
-            return None
-
-    async def _on_read_lac(
-        self, request: ReadLacRequest, ctx: rpc.RequestContext
-    ) -> tuple[ReadLacResponse, bytes]:
-        storage = self.storage
-        ledger_id, previous = request.ledger_id, request.previous_lac
-        timeout_ms = min(request.timeout_ms, self.config.long_poll_timeout_ms_max)
-        lac = self._lac_or_none(ledger_id)
-        if timeout_ms > 0 and (lac is None or lac <= previous):
-            lac = await self._park(ledger_id, previous, timeout_ms / 1000)
-        if lac is None:
-            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist on this bookie")
-        info = storage.ledger_info(ledger_id)
-        payload = b""
-        if request.with_entry:
-            with contextlib.suppress(NoSuchEntryError, NoSuchLedgerError):
-                payload = storage.get_entry(ledger_id, previous + 1)
-        self.counters.reads["lac"] += 1
-        return ReadLacResponse(ledger_id=ledger_id, lac=info.last_add_confirmed,
-                               last_entry_id=info.last_entry_id, fenced=info.fenced), payload
-
-    async def _park(self, ledger_id: int, previous: int, timeout_s: float) -> int | None:
-        """Wait until the ledger's LAC passes ``previous`` or the timeout ends."""
-        if self.counters.long_polls_parked >= self.config.long_poll_parked_max:
-            return self._lac_or_none(ledger_id)  # at the bound: answer now (no wait)
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        self._lac_waiters.setdefault(ledger_id, {})[waiter] = previous
-        self.counters.long_polls_parked += 1
-        try:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout_s):
-                    await waiter
-        finally:
-            self.counters.long_polls_parked -= 1
-            waiters = self._lac_waiters.get(ledger_id)
-            if waiters is not None:
-                waiters.pop(waiter, None)
-                if not waiters:
-                    del self._lac_waiters[ledger_id]
-        return self._lac_or_none(ledger_id)
-
-    def _wake_lac(self, ledger_id: int) -> None:
-        waiters = self._lac_waiters.get(ledger_id)
-        if not waiters:
-            return
-        lac = self._lac_or_none(ledger_id)
-        if lac is None:
-            return
-        for waiter, previous in list(waiters.items()):
-            if lac > previous:
-                del waiters[waiter]
-                if not waiter.done():
-                    waiter.set_result(None)
-        if not waiters:
-            del self._lac_waiters[ledger_id]
-
-    def _wake_all_lac_waiters(self) -> None:
-        waiters, self._lac_waiters = self._lac_waiters, {}
-        for parked in waiters.values():
-            for waiter in parked:
-                if not waiter.done():
-                    waiter.set_result(None)
-
-    async def _on_write_lac(
-        self, request: WriteLacRequest, ctx: rpc.RequestContext
-    ) -> WriteLacResponse:
-        storage, journal = self.storage, self.journal
-        ledger_id = request.ledger_id
-        if request.lac < -1:
-            raise UsageError(f"LAC {request.lac} of ledger {ledger_id} is below -1")
-        new_ledger = not storage.ledger_exists(ledger_id)
-        storage.set_master_key(ledger_id, request.master_key)
-        if new_ledger:
-            journal.append_quiet(encode_control(KeyRecord(ledger_id, request.master_key)))
-        self._keyed.add(ledger_id)
-        if request.lac >= 0:
-            storage.set_explicit_lac(ledger_id, request.lac)
-            done = journal.append(encode_control(LacRecord(ledger_id, request.lac)))
-            self._wake_lac(ledger_id)
-            await done
-        return WriteLacResponse(ledger_id=ledger_id)
-
-    # ------------------------------------------------------------------ fencing, force
-
-    async def _fence(self, ledger_id: int, master_key: bytes) -> int:
-        """Fence (creating the ledger with this key if unknown), durably; return the LAC."""
-        storage, journal = self.storage, self.journal
-        storage.set_master_key(ledger_id, master_key)
-        lac = storage.set_fenced(ledger_id)
-        done = journal.append(encode_control(FenceRecord(ledger_id, master_key)))
-        self._keyed.add(ledger_id)  # the fence record carries the key
-        await done
-        return lac
-
-    async def _on_fence(self, request: FenceRequest, ctx: rpc.RequestContext) -> FenceResponse:
-        await self._fence(request.ledger_id, request.master_key)
-        info = self.storage.ledger_info(request.ledger_id)
-        self.counters.reads["fence"] += 1
-        return FenceResponse(ledger_id=request.ledger_id, lac=info.last_add_confirmed,
-                             last_entry_id=info.last_entry_id, fenced=info.fenced)
-
-    def _authorize(self, ledger_id: int, master_key: bytes) -> None:
-        info = self.storage.ledger_info(ledger_id)
-        if not hmac.compare_digest(info.master_key, master_key):
-            raise UnauthorizedError(
-                f"master key does not match the one ledger {ledger_id} was created with; "
-                "check the ledger password")
-
-    async def _on_force(
-        self, request: ForceLedgerRequest, ctx: rpc.RequestContext
-    ) -> ForceLedgerResponse:
-        self._authorize(request.ledger_id, request.master_key)
-        last = self.storage.last_entry_id(request.ledger_id)
-        await self.journal.force()
-        return ForceLedgerResponse(ledger_id=request.ledger_id, last_entry_id=last)
-
-    # ------------------------------------------------------------------ admin
-
-    async def _on_status(
-        self, request: BookieStatusRequest, ctx: rpc.RequestContext
-    ) -> BookieStatusResponse:
-        storage = self.storage
-        return BookieStatusResponse(
-            bookie_id=self.bookie_id, read_only=storage.read_only, registered=self.registered,
-            labels=dict(self.config.labels), ledgers=len(storage.ledger_ids()),
-            disk_usage=storage.disk_usage(), journal_dir=self.config.journal_dir,
-            ledger_dir=self.config.ledger_dir, stats=self.stats(), instance_id=self.instance_id)
+    @property
+    def checkpoint(self) -> int:
+        """The journal position the ledger storage holds everything up to."""
+        return self._checkpointer.checkpoint if self._checkpointer is not None else 0
 
     def stats(self) -> dict[str, int]:
         """Storage, journal and server counters, flat (BookieStatusResponse.stats)."""
@@ -614,7 +332,7 @@ class BookieService:
             journal_fsyncs=journal.fsyncs, journal_batches=journal.batches,
             journal_records=journal.records_written, journal_bytes=journal.bytes_written,
             journal_queued_bytes=journal.queued_bytes, journal_last_index=journal.last_index,
-            checkpoint_index=self._checkpoint, write_cache_bytes=self.storage.write_cache_bytes,
+            checkpoint_index=self.checkpoint, write_cache_bytes=self.storage.write_cache_bytes,
             adds_ok=self.counters.adds_ok, adds_failed=self.counters.adds_failed,
             long_polls_parked=self.counters.long_polls_parked,
             flushes=self.counters.flushes, gc_runs=self.counters.gc_runs,
@@ -634,7 +352,7 @@ class BookieService:
         return {
             "long_polls_parked": self.counters.long_polls_parked,
             "journal_queued_bytes": journal.queued_bytes,
-            "checkpoint_index": self._checkpoint,
+            "checkpoint_index": self.checkpoint,
             "gc_running": 1.0 if self._gc is not None and self._gc.running else 0.0,
             "read_only": 1.0 if storage.read_only else 0.0,
             "registered": 1.0 if self.registered else 0.0,
@@ -645,60 +363,13 @@ class BookieService:
             "hits_log": stats.entry_log_reads,
         }
 
-    async def _on_ledger_info(
-        self, request: LedgerInfoRequest, ctx: rpc.RequestContext
-    ) -> LedgerInfoResponse:
-        try:
-            info = self.storage.ledger_info(request.ledger_id)
-        except NoSuchLedgerError:
-            return LedgerInfoResponse(ledger_id=request.ledger_id, exists=False, fenced=False,
-                                      lac=-1, last_entry_id=-1)
-        return LedgerInfoResponse(ledger_id=request.ledger_id, exists=True, fenced=info.fenced,
-                                  lac=info.last_add_confirmed, last_entry_id=info.last_entry_id)
-
-    async def _on_gc(self, request: GcRequest, ctx: rpc.RequestContext) -> GcResponse:
-        result = await self.gc()
-        return GcResponse(deleted_ledgers=result.deleted_ledgers,
-                          compacted_logs=result.compacted_logs,
-                          reclaimed_bytes=result.reclaimed_bytes)
-
-    async def _on_scrub(self, request: ScrubRequest, ctx: rpc.RequestContext) -> ScrubResponse:
-        storage = self.storage
-        loop = asyncio.get_running_loop()
-        await self.flush()  # check what the write cache holds as well
-        report = await loop.run_in_executor(self._executor, storage.verify)
-        return ScrubResponse(ok=report.ok, entries_checked=report.entries_checked,
-                             problems=list(report.errors))
-
     # ------------------------------------------------------------------ maintenance
 
     async def flush(self) -> None:
         """Checkpoint: journal durable to P, storage flushed with P, journal released to P."""
-        storage, journal = self.storage, self.journal
-        loop = asyncio.get_running_loop()
-        async with self._flush_lock:
-            position = await journal.sync_position()
-            if position == self._checkpoint and storage.write_cache_bytes == 0:
-                self._flush_finished()
-                return
-            self._bytes_since_flush = 0
-            started = loop.time()
-            try:
-                result = await loop.run_in_executor(self._executor, storage.flush,
-                                                    encode_position(position))
-            finally:
-                self._flush_finished()
-            self._checkpoint = position
-            self.counters.flushes += 1
-            released = await loop.run_in_executor(self._executor, journal.release_to, position)
-            _log.debug("bookie_flushed", entries=result.entries, data_bytes=result.data_bytes,
-                       checkpoint=position, released_segments=released,
-                       ms=round((loop.time() - started) * 1000, 1))
-
-    def _flush_finished(self) -> None:
-        done, self._flush_done = self._flush_done, None
-        if done is not None and not done.done():
-            done.set_result(None)
+        if self._checkpointer is None:
+            raise TransientError("the bookie is starting; retry shortly")
+        await self._checkpointer.flush()
 
     async def gc(self) -> GcResult:
         gc = self._gc
@@ -713,61 +384,14 @@ class BookieService:
 
     def _delete_ledger(self, ledger_id: int) -> None:
         """GC: delete locally and journal it (so a replay does not bring it back)."""
-        self._keyed.discard(ledger_id)
+        self._handlers.keyed.discard(ledger_id)
         if self.storage.delete_ledger(ledger_id):
             self.journal.append_quiet(encode_control(DeleteRecord(ledger_id)))
-            self._wake_lac(ledger_id)
-
-    async def _flush_loop(self) -> None:
-        interval = self.config.flush_interval_ms / 1000
-        while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(interval):
-                    await self._flush_wakeup.wait()
-            self._flush_wakeup.clear()
-            try:
-                await self.flush()
-            except QuorumlogError as exc:
-                _log.error("bookie_flush_failed", bookie=self.bookie_id, error=exc.message)
-
-    async def _gc_loop(self) -> None:
-        interval = self.config.gc_interval_ms / 1000
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.gc()
-            except QuorumlogError as exc:
-                _log.warning("bookie_gc_failed", bookie=self.bookie_id, error=exc.message)
-
-    async def _disk_loop(self) -> None:
-        interval = self.config.disk_check_interval_ms / 1000
-        storage = self.storage
-        while True:
-            await asyncio.sleep(interval)
-            was = storage.read_only
-            try:
-                storage.check_disk_usage()
-            except QuorumlogError as exc:
-                _log.warning("bookie_disk_check_failed", error=exc.message)
-                continue
-            if storage.read_only != was and self._registration is not None:
-                self._registration.read_only_changed()
+            self._handlers.wake_lac(ledger_id)
 
     def check_disk_usage(self) -> None:
         """Measure disk usage now and publish a read-only change (tests, admin)."""
-        storage = self.storage
-        was = storage.read_only
-        storage.check_disk_usage()
-        if storage.read_only != was and self._registration is not None:
-            self._registration.read_only_changed()
-
-    async def _watch_journal(self) -> None:
-        """Turn a journal failure into ``failed`` (the node process exits and restarts)."""
-        journal = self.journal
-        while journal.failure is None:
-            await asyncio.sleep(0.1)
-        if not self.failed.done():
-            self.failed.set_exception(StorageError(journal.failure))
+        check_disk_usage(self.storage, self._registration)
 
 
 def _close_quietly(journal: Journal, storage: LedgerStorage) -> None:
@@ -775,93 +399,6 @@ def _close_quietly(journal: Journal, storage: LedgerStorage) -> None:
         journal.close()
     finally:
         storage.close(flush=True)
-
-
-# ---------------------------------------------------------------------- replay
-
-
-def _replay(journal: Journal, storage: LedgerStorage) -> int:
-    """Re-apply the journal records after the storage's checkpoint; return the checkpoint.
-
-    Runs on a worker thread before the bookie serves. Records are applied in
-    journal order: adds with ``recovery=True`` (fencing does not refuse them),
-    master keys, fencing, explicit LACs and deletions.
-    """
-    checkpoint = decode_position(storage.last_checkpoint())
-    entries = journal.take_replay()
-    last = entries[-1].index if entries else journal.last_index
-    if checkpoint > 0 and (journal.created or max(last, journal.last_index) < checkpoint):
-        raise CorruptionError(
-            f"the ledger storage in {storage.directory} was checkpointed at journal record "
-            f"{checkpoint}, but the journal in {journal.directory} ends at {journal.last_index}"
-            f"{' (it was just created: the journal is gone)' if journal.created else ''}; "
-            "records acknowledged since then are lost. Restore the journal directory, or "
-            "re-add this bookie as a new instance (`quorumlog bookie format --force <bookie id> "
-            "--config <its node config>`, docs/bookie.md \"Re-adding a wiped bookie\"); its "
-            "ledgers then stay under-replicated until they are re-replicated, which nothing "
-            "does automatically yet (auto-recovery is not built)")
-    keys: dict[int, bytes] = {}
-    room = storage.config.write_cache_half_bytes
-    unflushed_bytes = 0
-    for entry in entries:
-        if entry.index <= checkpoint:
-            continue
-        for record in unpack_entry(entry.data):
-            if unflushed_bytes + len(record) > room:
-                # Every entry before this one is applied: replay may restart here.
-                storage.flush(encode_position(entry.index - 1))
-                unflushed_bytes = 0
-            _apply(storage, entry.index, record, keys)
-            unflushed_bytes += len(record)
-    _log.info("journal_replayed", entries=sum(1 for e in entries if e.index > checkpoint),
-              checkpoint=checkpoint, last_index=journal.last_index)
-    return checkpoint
-
-
-def _apply(storage: LedgerStorage, index: int, data: bytes, keys: dict[int, bytes]) -> None:
-    try:
-        _apply_once(storage, index, data, keys)
-    except NoSuchLedgerError:
-        # A ledger deleted by GC and written again before a flush: the flush
-        # forgets the deleted ledger, after which the record applies.
-        storage.flush(None)
-        _apply_once(storage, index, data, keys)
-
-
-def _apply_once(storage: LedgerStorage, index: int, data: bytes, keys: dict[int, bytes]) -> None:
-    record = decode_record(data)
-    if record is None:
-        try:
-            envelope = parse_envelope(data)
-        except QuorumlogError as exc:
-            raise CorruptionError(
-                f"journal entry {index} holds a damaged entry envelope: {exc.message}"
-            ) from None
-        ledger_id = envelope.ledger_id
-        key = keys.get(ledger_id)
-        if key is None:
-            try:
-                key = storage.ledger_info(ledger_id).master_key
-            except NoSuchLedgerError:
-                raise CorruptionError(
-                    f"journal entry {index} adds to ledger {ledger_id}, whose master key "
-                    "is neither in the journal nor in the ledger storage") from None
-            keys[ledger_id] = key
-        storage.add(ledger_id, envelope.entry_id, data, master_key=key,
-                    piggyback_lac=envelope.lac, recovery=True)
-    elif isinstance(record, KeyRecord):
-        keys[record.ledger_id] = record.master_key
-        storage.set_master_key(record.ledger_id, record.master_key)
-    elif isinstance(record, FenceRecord):
-        keys[record.ledger_id] = record.master_key
-        storage.set_master_key(record.ledger_id, record.master_key)
-        storage.set_fenced(record.ledger_id)
-    elif isinstance(record, LacRecord):
-        storage.set_explicit_lac(record.ledger_id, record.lac)
-    else:
-        invariant(isinstance(record, DeleteRecord), f"unknown journal record {record!r}")
-        keys.pop(record.ledger_id, None)
-        storage.delete_ledger(record.ledger_id)
 
 
 # ---------------------------------------------------------------------- in-process

@@ -49,7 +49,7 @@ from quorumlog.bookie._format import (
     decode_frame,
 )
 from quorumlog.bookie._index import Index
-from quorumlog.bookie._ledgers import LedgerInfo, LedgerRecord, LedgerTable
+from quorumlog.bookie._ledgers import LedgerInfo, LedgerRecord, LedgerTable, info_of
 from quorumlog.bookie._results import (
     CompactionResult,
     FlushResult,
@@ -226,12 +226,7 @@ class LedgerStorage:
 
     def ledger_info(self, ledger_id: int) -> LedgerInfo:
         with self._cond:
-            r = self._ledgers.get_live(ledger_id)
-        return LedgerInfo(
-            ledger_id=ledger_id, master_key=r.master_key, fenced=r.fenced,
-            explicit_lac=r.explicit_lac, piggyback_lac=r.piggyback_lac,
-            last_add_confirmed=r.last_add_confirmed, last_entry_id=r.last_entry_id,
-        )
+            return info_of(ledger_id, self._ledgers.get_live(ledger_id))
 
     def set_fenced(self, ledger_id: int) -> int:
         """Fence the ledger (idempotent); returns its last add confirmed (-1: none)."""
@@ -325,9 +320,9 @@ class LedgerStorage:
             raise ReadOnlyError(
                 f"ledger storage {self._directory} is read-only: disk usage is over "
                 f"{self._config.disk_usage_threshold_fraction:.0%}; write to other bookies")
-        record = self._ledgers.check_add(ledger_id, master_key, recovery=recovery)
-        if entry_id <= record.last_entry_id and self._holds(ledger_id, entry_id):
-            self._ledgers.note_add(ledger_id, entry_id, piggyback_lac)
+        if not self._ledgers.admit_add(ledger_id, entry_id, master_key,
+                                       piggyback_lac=piggyback_lac, recovery=recovery,
+                                       holds=self._holds):
             self._stats.add_duplicates += 1
             return False
         return True

@@ -1,14 +1,16 @@
 """The simulated world of a ledger run: bookies, meta and the network.
 
-- :class:`SimBookie` keeps what a real bookie keeps per ledger (the master
-  key, the fenced flag, entries as envelopes, piggybacked and explicit LACs)
-  with the same rules (``quorumlog.proto``): the first add or
-  fence records the master key and another key is refused; a fenced ledger
-  refuses adds without ``FLAG_RECOVERY``; a fencing read or a fence makes the
-  ledger fenced, durably, before answering; adds are answered after the
-  journal "fsync" (a group commit a little later); a crash loses what was not
-  synced, except a prefix that may have reached the disk; long polls wait for
-  the LAC to pass a value.
+- :class:`SimBookie` runs the bookie's own code: each request goes through
+  the rules the bookie server uses (``quorumlog.bookie``: ``add_entry``,
+  ``fence_ledger``, ``write_lac``, ``absent_error`` with limbo, the batch
+  and long-poll bounds, ``LacWaiters``) on a ``MemoryLedgerStore`` - the
+  real ``LedgerTable`` (master key compared with ``compare_digest``,
+  fencing, LACs, duplicates) over a dict of entries. Only durability is
+  simulated: the journal records those rules return are "fsynced" a little
+  later (a group commit), and the disk is the synced journal applied by the
+  bookie's replay rule (``apply_journal_record``) to a second store; a crash
+  restarts from that disk, plus maybe a prefix of the unsynced tail. Adds,
+  fences and explicit LACs are answered once durable, as by the server.
 - :class:`SimBookieNetwork` is a :class:`quorumlog.ledger.BookieTransport`
   for one client: requests and responses are delayed, dropped, refused by
   crashed bookies, cut by partitions; a bookie that restarted forgets the
@@ -26,22 +28,33 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from quorumlog import proto as wire
 from quorumlog import rpc
-from quorumlog.bookie import limbo_error
+from quorumlog.bookie import (
+    BookieConfig,
+    JournalWrite,
+    LacWaiters,
+    MemoryLedgerStore,
+    absent_error,
+    add_entry,
+    apply_journal_record,
+    batch_bounds,
+    fence_ledger,
+    lac_entry,
+    lac_or_none,
+    lac_passed,
+    write_lac,
+)
+from quorumlog.bookie import long_poll_ms as long_poll_ms_of
 from quorumlog.errors import DeadlineExceededError, QuorumlogError, invariant
 from quorumlog.ledger import BatchReply, EntryReply, LacReply, LedgerMetadata, LedgerState
 from quorumlog.meta import KeyValue
 from quorumlog.proto import (
-    BadEnvelopeError,
-    LedgerFencedError,
     NoSuchEntryError,
     NoSuchLedgerError,
-    UnauthorizedError,
-    parse_envelope,
 )
 from quorumlog.sim._trace import Tracer
 
@@ -54,32 +67,9 @@ class LedgerViolation:
     detail: str
 
 
-@dataclass(slots=True)
-class _Ledger:
-    master_key: bytes = b""
-    fenced: bool = False
-    entries: dict[int, bytes] = field(default_factory=dict)
-    piggybacked_lac: int = -1
-    explicit_lac: int = -1
-
-    @property
-    def lac(self) -> int:
-        return max(self.piggybacked_lac, self.explicit_lac)
-
-    @property
-    def last_entry_id(self) -> int:
-        return max(self.entries, default=-1)
-
-    def copy(self) -> _Ledger:
-        return _Ledger(self.master_key, self.fenced, dict(self.entries),
-                       self.piggybacked_lac, self.explicit_lac)
-
-
-Record = tuple[str, int, Any]  # ("key"|"add"|"fence"|"lac", ledger, data)
-
-
 class SimBookie:
-    """One bookie's state and request handling (see the module docstring)."""
+    """One bookie: the real request rules over real ledger state, with a
+    simulated disk (see the module docstring)."""
 
     def __init__(self, bookie_id: str, rng: random.Random, tracer: Tracer,
                  loop: asyncio.AbstractEventLoop, sync_ms: tuple[int, int]) -> None:
@@ -88,32 +78,43 @@ class SimBookie:
         self.tracer = tracer
         self.loop = loop
         self.sync_ms = sync_ms
+        self.config = BookieConfig()
         self.up = True
         self.lost = False  # its disk was lost: only a format brings it back (empty)
         self.formatted = False  # re-added after the loss, as a new instance
         self.lost_entries: dict[int, set[int]] = {}  # what the lost disk held
-        self.limbo_floor = 0  # ledger ids below it: never "no such entry" (bookie._limbo)
+        self.limbo_floor = 0  # ledger ids below it: never "no such entry" (bookie limbo)
         self.incarnation = 0
         self.slow_ms = 0
         self.refuses_connections = True  # while down: refuse (else: silence)
-        self._memory: dict[int, _Ledger] = {}
-        self._durable: dict[int, _Ledger] = {}
-        self._journal: list[tuple[Record, asyncio.Future[None] | None]] = []
+        self._memory = MemoryLedgerStore()  # what the running bookie holds
+        self._durable = MemoryLedgerStore()  # what its disk holds: the synced journal, replayed
+        self._journal: list[tuple[bytes, asyncio.Future[None] | None]] = []  # not yet synced
+        self._journal_index = 0
+        self._disk_keys: dict[int, bytes] = {}  # replay's master-key cache, for the disk
         self._sync_scheduled = False
-        self._waiters: dict[int, list[asyncio.Future[None]]] = {}
+        self.waiters = LacWaiters(self.config.long_poll_parked_max)
 
     # ----- durability -----------------------------------------------------------
 
-    def _log(self, record: Record, *, wait: bool) -> asyncio.Future[None] | None:
-        _apply(self._memory, record)
-        future = self.loop.create_future() if wait else None
-        self._journal.append((record, future))
-        if not self._sync_scheduled:
+    def _log(self, write: JournalWrite) -> asyncio.Future[None] | None:
+        """Journal the records of a change (already applied to memory by the
+        bookie's rules); a future for the answer's "fsync" (None: answer now)."""
+        records = write.records
+        future = self.loop.create_future() if write.answer_when_durable else None
+        for i, record in enumerate(records):
+            self._journal.append((record, future if i == len(records) - 1 else None))
+        if records and not self._sync_scheduled:
             self._sync_scheduled = True
             delay = self.rng.randint(*self.sync_ms) + self.slow_ms
             incarnation = self.incarnation
             self.loop.call_later(delay / 1000, self._sync, incarnation)
         return future
+
+    def _to_disk(self, record: bytes) -> None:
+        """A journal record reached the disk: what a restart replays (real replay rule)."""
+        self._journal_index += 1
+        apply_journal_record(self._durable, self._journal_index, record, self._disk_keys)
 
     def _sync(self, incarnation: int) -> None:
         if incarnation != self.incarnation:
@@ -121,7 +122,7 @@ class SimBookie:
         self._sync_scheduled = False
         journal, self._journal = self._journal, []
         for record, future in journal:
-            _apply(self._durable, record)
+            self._to_disk(record)
             if future is not None and not future.done():
                 future.set_result(None)
 
@@ -132,22 +133,19 @@ class SimBookie:
         self._sync_scheduled = False
         kept = self.rng.randint(0, len(self._journal)) if self.rng.random() < 0.3 else 0
         for record, _ in self._journal[:kept]:
-            _apply(self._durable, record)
+            self._to_disk(record)
         lost = len(self._journal) - kept
         self._journal = []
-        self._memory = {k: v.copy() for k, v in self._durable.items()}
-        for waiters in self._waiters.values():
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.cancel()
-        self._waiters.clear()
+        self.waiters.cancel_all()
         if lose_disk:
             self.lost = True
             self.formatted = False
-            for ledger_id, ledger in self._durable.items():
-                self.lost_entries.setdefault(ledger_id, set()).update(ledger.entries)
-            self._memory.clear()
-            self._durable.clear()
+            for ledger_id in self._durable.ledger_ids():
+                self.lost_entries.setdefault(ledger_id, set()).update(
+                    self._durable.entries(ledger_id))
+            self._durable = MemoryLedgerStore()
+            self._disk_keys = {}
+        self._memory = self._durable.copy()
         return f"unsynced records lost={lost} kept={kept}" + (" DISK LOST" if lose_disk else "")
 
     def restart(self) -> None:
@@ -163,125 +161,99 @@ class SimBookie:
         self.limbo_floor = limbo_floor
         self.up = True
 
-    # ----- requests ----------------------------------------------------------------
+    # ----- requests (the bookie's rules: quorumlog.bookie) ----------------------------
 
-    def _ledger(self, ledger_id: int) -> _Ledger:
-        ledger = self._memory.get(ledger_id)
-        if ledger is None:
-            raise NoSuchLedgerError(f"bookie {self.id}: no ledger {ledger_id}")
-        return ledger
-
-    def _absent(self, ledger_id: int, entry_id: int) -> QuorumlogError:
-        """What a read of an entry this bookie does not hold answers (as the
-        bookie server: limbo first, then the plain negatives)."""
-        limbo = limbo_error(self.id, ledger_id, entry_id, self.limbo_floor)
-        if limbo is not None:
-            return limbo
-        if ledger_id not in self._memory:
-            return NoSuchLedgerError(f"bookie {self.id}: no ledger {ledger_id}")
-        return NoSuchEntryError(f"bookie {self.id}: no entry {ledger_id}:{entry_id}")
-
-    def _check_key(self, ledger_id: int, key: bytes) -> bool:
-        """True if the ledger is new (the key must be recorded)."""
-        ledger = self._memory.get(ledger_id)
-        if ledger is None or not ledger.master_key:
-            return True
-        if ledger.master_key != key:
-            raise UnauthorizedError(f"bookie {self.id}: wrong master key for ledger {ledger_id}")
-        return False
+    def _absent(self, error: NoSuchEntryError | NoSuchLedgerError, ledger_id: int,
+                entry_id: int) -> QuorumlogError:
+        return absent_error(error, self.id, ledger_id, entry_id, self.limbo_floor)
 
     def add(self, ledger_id: int, entry_id: int, key: bytes, envelope: bytes,
             flags: int) -> asyncio.Future[None] | None:
-        new = self._check_key(ledger_id, key)
-        parsed = parse_envelope(envelope)
-        if (parsed.ledger_id, parsed.entry_id) != (ledger_id, entry_id):
-            raise BadEnvelopeError(f"envelope ids {parsed.ledger_id}:{parsed.entry_id} do not "
-                                   f"match the request {ledger_id}:{entry_id}")
-        ledger = self._memory.get(ledger_id)
-        if ledger is not None and ledger.fenced and not flags & wire.FLAG_RECOVERY:
-            raise LedgerFencedError(f"bookie {self.id}: ledger {ledger_id} is fenced")
-        if new:
-            self._log(("key", ledger_id, key), wait=False)
-        future = self._log(("add", ledger_id, (entry_id, bytes(envelope), parsed.lac)),
-                           wait=True)
+        future = self._log(add_entry(self._memory, ledger_id, entry_id, bytes(envelope), key,
+                                     recovery=bool(flags & wire.FLAG_RECOVERY)))
         self._wake(ledger_id)
         return future
 
     def fence(self, ledger_id: int, key: bytes) -> asyncio.Future[None] | None:
-        if self._check_key(ledger_id, key):
-            self._log(("key", ledger_id, key), wait=False)
-        future = self._log(("fence", ledger_id, None), wait=True)
+        future = self._log(fence_ledger(self._memory, ledger_id, key))
         self._wake(ledger_id)
         return future
 
     def read_entry(self, ledger_id: int, entry_id: int) -> EntryReply:
-        ledger = self._memory.get(ledger_id)
-        envelope = ledger.entries.get(entry_id) if ledger is not None else None
-        if ledger is None or envelope is None:
-            raise self._absent(ledger_id, entry_id)
-        return EntryReply(envelope, ledger.lac)
+        try:
+            envelope = self._memory.get_entry(ledger_id, entry_id)
+        except (NoSuchEntryError, NoSuchLedgerError) as exc:
+            raise self._absent(exc, ledger_id, entry_id) from None
+        return EntryReply(envelope, self._memory.last_add_confirmed(ledger_id))
 
     def read_batch(self, ledger_id: int, first: int, max_entries: int,
                    max_bytes: int) -> BatchReply:
-        ledger = self._memory.get(ledger_id)
-        if ledger is None:
-            raise self._absent(ledger_id, first)
-        out: list[bytes | memoryview] = []
-        size = 0
-        entry_id = first
-        while len(out) < max_entries and entry_id in ledger.entries:
-            envelope = ledger.entries[entry_id]
-            if out and size + len(envelope) > max_bytes:
-                break
-            out.append(envelope)
-            size += len(envelope)
-            entry_id += 1
-        if not out:
-            raise self._absent(ledger_id, first)
-        return BatchReply(out, ledger.lac)
+        max_entries, max_bytes = batch_bounds(self.config, max_entries, max_bytes)
+        try:
+            entries = self._memory.read_batch(ledger_id, first, max_entries, max_bytes)
+        except (NoSuchEntryError, NoSuchLedgerError) as exc:
+            raise self._absent(exc, ledger_id, first) from None
+        out: list[bytes | memoryview] = list(entries)
+        return BatchReply(out, self._memory.last_add_confirmed(ledger_id))
 
     def lac_reply(self, ledger_id: int, previous_lac: int, with_entry: bool) -> LacReply:
-        ledger = self._ledger(ledger_id)
-        envelope = ledger.entries.get(previous_lac + 1) if with_entry else None
-        if ledger.lac <= previous_lac:
-            envelope = None
-        return LacReply(ledger.lac, ledger.last_entry_id, ledger.fenced, envelope)
+        info = self._memory.ledger_info(ledger_id)
+        envelope = lac_entry(self._memory, ledger_id, previous_lac) if with_entry else b""
+        return LacReply(info.last_add_confirmed, info.last_entry_id, info.fenced,
+                        envelope or None)
 
-    def write_lac(self, ledger_id: int, key: bytes, lac: int) -> None:
-        if self._check_key(ledger_id, key):
-            self._log(("key", ledger_id, key), wait=False)
-        self._log(("lac", ledger_id, lac), wait=False)
+    def lac_now(self, ledger_id: int) -> int | None:
+        return lac_or_none(self._memory, ledger_id)
+
+    def write_lac(self, ledger_id: int, key: bytes, lac: int) -> asyncio.Future[None] | None:
+        future = self._log(write_lac(self._memory, ledger_id, key, lac))
         self._wake(ledger_id)
+        return future
 
-    def wait_lac(self, ledger_id: int) -> asyncio.Future[None]:
-        waiter = self.loop.create_future()
-        self._waiters.setdefault(ledger_id, []).append(waiter)
-        return waiter
+    def long_poll(self, ledger_id: int, previous_lac: int, wait_ms: int,
+                  with_entry: bool) -> asyncio.Future[LacReply]:
+        """Answer a LAC read once the LAC passes ``previous_lac`` or ``wait_ms`` ends
+        (as the bookie server: at the waiter bound, answer at once)."""
+        out: asyncio.Future[LacReply] = self.loop.create_future()
+
+        def answer() -> None:
+            try:
+                out.set_result(self.lac_reply(ledger_id, previous_lac, with_entry))
+            except QuorumlogError as exc:
+                out.set_exception(exc)
+                out.exception()  # retrieved: a run may end before the client reads it
+
+        if self.waiters.full:
+            answer()
+            return out
+        waiter = self.waiters.park(ledger_id, previous_lac)
+        timer = self.loop.call_later(wait_ms / 1000, _succeed, waiter, None)
+
+        def settled(_: asyncio.Future[None]) -> None:
+            timer.cancel()
+            self.waiters.unpark(ledger_id, waiter)
+            if waiter.cancelled():
+                out.cancel()
+            elif not out.done():
+                answer()
+
+        waiter.add_done_callback(settled)
+        return out
 
     def _wake(self, ledger_id: int) -> None:
-        for waiter in self._waiters.pop(ledger_id, []):
-            if not waiter.done():
-                waiter.set_result(None)
+        if self.waiters:
+            self.waiters.wake(ledger_id, lac_or_none(self._memory, ledger_id))
+
+    def entries(self, ledger_id: int) -> dict[int, bytes]:
+        """The entries the running bookie holds (a copy)."""
+        return self._memory.entries(ledger_id)
+
+    def damage_entry(self, ledger_id: int, entry_id: int, data: bytes) -> None:
+        """A fault: the held copy of an entry is replaced (bit rot)."""
+        self._memory.damage_entry(ledger_id, entry_id, data)
 
     def durable_entries(self, ledger_id: int) -> dict[int, bytes]:
-        ledger = self._durable.get(ledger_id)
-        return dict(ledger.entries) if ledger else {}
-
-
-def _apply(state: dict[int, _Ledger], record: Record) -> None:
-    kind, ledger_id, data = record
-    ledger = state.setdefault(ledger_id, _Ledger())
-    if kind == "key":
-        if not ledger.master_key:
-            ledger.master_key = data
-    elif kind == "add":
-        entry_id, envelope, lac = data
-        ledger.entries.setdefault(entry_id, envelope)  # idempotent: the first copy stays
-        ledger.piggybacked_lac = max(ledger.piggybacked_lac, lac)
-    elif kind == "fence":
-        ledger.fenced = True
-    elif kind == "lac":
-        ledger.explicit_lac = max(ledger.explicit_lac, data)
+        return self._durable.entries(ledger_id)
 
 
 @dataclass(slots=True)
@@ -449,30 +421,10 @@ class SimBookieNetwork:
         def handle(b: SimBookie) -> LacReply | asyncio.Future[LacReply]:
             # Like the real bookie, a long poll on a ledger it does not know
             # (yet) waits too, and answers NoSuchLedgerError if it still does not.
-            now = _lac_or_error(b, ledger_id, previous_lac, with_entry)
-            if long_poll_ms <= 0 or (isinstance(now, LacReply) and now.lac > previous_lac):
-                return _reply_or_raise(now)
-            out: asyncio.Future[LacReply] = b.loop.create_future()
-            deadline = b.loop.time() + long_poll_ms / 1000
-
-            def check(_: Any = None) -> None:
-                if out.done():
-                    return
-                current = _lac_or_error(b, ledger_id, previous_lac, with_entry)
-                if (isinstance(current, LacReply) and current.lac > previous_lac) or (
-                        b.loop.time() >= deadline - 1e-9):
-                    if isinstance(current, LacReply):
-                        out.set_result(current)
-                    else:
-                        out.set_exception(current)
-                        out.exception()  # retrieved: a run may end before the client reads it
-                    return
-                b.wait_lac(ledger_id).add_done_callback(
-                    lambda f: out.cancel() if f.cancelled() else check())
-
-            b.loop.call_later(long_poll_ms / 1000, check)
-            check()
-            return out
+            wait_ms = long_poll_ms_of(b.config, long_poll_ms)
+            if wait_ms > 0 and not lac_passed(b.lac_now(ledger_id), previous_lac):
+                return b.long_poll(ledger_id, previous_lac, wait_ms, with_entry)
+            return b.lac_reply(ledger_id, previous_lac, with_entry)
 
         result: LacReply = await self._request(
             bookie, "ReadLacRequest", handle, timeout_s + long_poll_ms / 1000)
@@ -509,20 +461,6 @@ class SimBookieNetwork:
 
     async def close(self) -> None:
         return None
-
-
-def _lac_or_error(bookie: SimBookie, ledger_id: int, previous_lac: int,
-                  with_entry: bool) -> LacReply | QuorumlogError:
-    try:
-        return bookie.lac_reply(ledger_id, previous_lac, with_entry)
-    except QuorumlogError as exc:
-        return exc
-
-
-def _reply_or_raise(reply: LacReply | QuorumlogError) -> LacReply:
-    if isinstance(reply, QuorumlogError):
-        raise reply
-    return reply
 
 
 class _CancelledError(Exception):

@@ -1,0 +1,157 @@
+"""The bookie's request rules, free of I/O: what a request changes and which
+journal records make the change durable.
+
+Each rule takes a :class:`LedgerStore` (``LedgerStorage`` in the server,
+``MemoryLedgerStore`` in the simulator), applies the request's change to it
+(the per-ledger rules are ``LedgerTable``'s: master key, fencing, LACs,
+duplicates) and returns the journal records to append, in order. The caller
+appends them without awaiting in between (journal order is storage order),
+awaits the last one where the request is answered only once durable, and
+answers. The server's handlers (``_handlers.py``) and the simulated bookie
+(``quorumlog.sim``) call the same functions, so the simulator checks these
+rules, not a copy of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from quorumlog.bookie._bookie_config import BookieConfig
+from quorumlog.bookie._journal import FenceRecord, KeyRecord, LacRecord, encode_control
+from quorumlog.bookie._ledgers import LedgerInfo
+from quorumlog.bookie._limbo import limbo_error
+from quorumlog.errors import UsageError
+from quorumlog.proto import (
+    BadEnvelopeError,
+    EntryInLimboError,
+    Envelope,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    parse_envelope,
+)
+
+
+class LedgerStore(Protocol):
+    """What the rules and journal replay need of a ledger storage."""
+
+    def ledger_exists(self, ledger_id: int) -> bool: ...
+
+    def ledger_info(self, ledger_id: int) -> LedgerInfo: ...
+
+    def set_master_key(self, ledger_id: int, master_key: bytes) -> None: ...
+
+    def set_fenced(self, ledger_id: int) -> int: ...
+
+    def set_explicit_lac(self, ledger_id: int, lac: int) -> None: ...
+
+    def last_add_confirmed(self, ledger_id: int) -> int: ...
+
+    def delete_ledger(self, ledger_id: int) -> bool: ...
+
+    def add(self, ledger_id: int, entry_id: int, data: bytes, *, master_key: bytes,
+            piggyback_lac: int = ..., recovery: bool = ...) -> bool: ...
+
+    def get_entry(self, ledger_id: int, entry_id: int) -> bytes: ...
+
+
+@dataclass(frozen=True, slots=True)
+class JournalWrite:
+    """What makes a request's change durable: ``records`` to journal in order;
+    with ``answer_when_durable`` the request is answered once the last one is
+    durable, else at once (the records are durable with the next fsync)."""
+
+    records: tuple[bytes, ...]
+    answer_when_durable: bool
+
+
+def parse_add(data: bytes, ledger_id: int, entry_id: int) -> Envelope:
+    """The envelope of an add (structure, CRC32C), which must hold the entry the
+    request names (BadEnvelopeError otherwise)."""
+    envelope = parse_envelope(data)
+    if envelope.ledger_id != ledger_id or envelope.entry_id != entry_id:
+        raise BadEnvelopeError(
+            f"envelope holds entry {envelope.ledger_id}:{envelope.entry_id} but the "
+            f"request adds {ledger_id}:{entry_id}")
+    return envelope
+
+
+def add_entry(store: LedgerStore, ledger_id: int, entry_id: int, data: bytes,
+              master_key: bytes, *, recovery: bool, keyed: bool = False) -> JournalWrite:
+    """Apply an add; the records to journal: the master key of a ledger new to
+    the store first (``keyed``: the caller knows it is not new), then the
+    envelope, whose durability answers the add."""
+    envelope = parse_add(data, ledger_id, entry_id)
+    keyed = keyed or store.ledger_exists(ledger_id)
+    store.add(ledger_id, entry_id, data, master_key=master_key,
+              piggyback_lac=envelope.lac, recovery=recovery)
+    if keyed:
+        return JournalWrite((data,), answer_when_durable=True)
+    return JournalWrite((encode_control(KeyRecord(ledger_id, master_key)), data),
+                        answer_when_durable=True)
+
+
+def fence_ledger(store: LedgerStore, ledger_id: int, master_key: bytes) -> JournalWrite:
+    """Fence (creating the ledger with this key if unknown); the record to journal,
+    whose durability answers the fence (it carries the key)."""
+    store.set_master_key(ledger_id, master_key)
+    store.set_fenced(ledger_id)
+    return JournalWrite((encode_control(FenceRecord(ledger_id, master_key)),),
+                        answer_when_durable=True)
+
+
+def write_lac(store: LedgerStore, ledger_id: int, master_key: bytes, lac: int) -> JournalWrite:
+    """Record an explicit LAC (creating the ledger with this key if unknown); the
+    records to journal (answered once the LAC is durable; at once for -1)."""
+    if lac < -1:
+        raise UsageError(f"LAC {lac} of ledger {ledger_id} is below -1")
+    new_ledger = not store.ledger_exists(ledger_id)
+    store.set_master_key(ledger_id, master_key)
+    records = [encode_control(KeyRecord(ledger_id, master_key))] if new_ledger else []
+    if lac >= 0:
+        store.set_explicit_lac(ledger_id, lac)
+        records.append(encode_control(LacRecord(ledger_id, lac)))
+    return JournalWrite(tuple(records), answer_when_durable=lac >= 0)
+
+
+def absent_error(error: NoSuchEntryError | NoSuchLedgerError, bookie_id: str, ledger_id: int,
+                 entry_id: int, limbo_floor: int) -> NoSuchEntryError | NoSuchLedgerError | (
+                     EntryInLimboError):
+    """What a read of an entry the store does not hold answers: a re-added
+    bookie never says "no such entry" for what it may have lost (``_limbo.py``)."""
+    limbo = limbo_error(bookie_id, ledger_id, entry_id, limbo_floor)
+    return error if limbo is None else limbo
+
+
+def lac_or_none(store: LedgerStore, ledger_id: int) -> int | None:
+    """The ledger's LAC; None when the store does not know the ledger."""
+    try:
+        return store.last_add_confirmed(ledger_id)
+    except NoSuchLedgerError:
+        return None
+
+
+def lac_passed(lac: int | None, previous_lac: int) -> bool:
+    """Whether a long poll waiting for the LAC to pass ``previous_lac`` is answered."""
+    return lac is not None and lac > previous_lac
+
+
+def lac_entry(store: LedgerStore, ledger_id: int, previous_lac: int) -> bytes:
+    """The entry a LAC read ``with_entry`` carries: ``previous_lac + 1`` if held."""
+    try:
+        return store.get_entry(ledger_id, previous_lac + 1)
+    except (NoSuchEntryError, NoSuchLedgerError):
+        return b""
+
+
+def batch_bounds(config: BookieConfig, max_entries: int, max_bytes: int) -> tuple[int, int]:
+    """A batch read's bounds: the request's, capped by the bookie's."""
+    if max_entries <= 0 or max_bytes <= 0:
+        raise UsageError("a batch read needs max_entries > 0 and max_bytes > 0")
+    return (min(max_entries, config.read_batch_entries_max),
+            min(max_bytes, config.read_batch_bytes_max))
+
+
+def long_poll_ms(config: BookieConfig, timeout_ms: int) -> int:
+    """How long a LAC read may wait: the request's timeout, capped by the bookie's."""
+    return min(timeout_ms, config.long_poll_timeout_ms_max)
