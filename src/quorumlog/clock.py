@@ -8,8 +8,16 @@ test or the simulator can drive time by hand:
 - :data:`SYSTEM_CLOCK` (a :class:`SystemClock`): the real clocks; the default.
 - :class:`ManualClock`: moves only when told (``advance(ms=...)``).
 
-Process management and CLI output may still read ``time`` directly: they
-measure the world, they make no decisions a test would want to replay.
+Where it is injected: ``LedgerClient`` / ``StreamClient`` (``clock=``),
+``MetaService`` (session lease expiry), the bookie's ``Registration`` (its
+own view of whether its session is alive), the Raft ``SnapshotReceiver``
+(idle transfers), cookies and ``bookie format`` (stamps). The meta read lease
+keeps its own boot-time clock (``lease_clock``) on purpose: it must count
+time a paused process did not see.
+
+Process management, CLI output and the journal's group-commit timing may
+still read ``time`` directly: they measure the world, they make no decisions
+a test would want to replay.
 """
 
 from __future__ import annotations

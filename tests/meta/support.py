@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import quorumlog.clock
 from quorumlog import node as cluster
 from quorumlog import rpc
 from quorumlog.errors import QuorumlogError
@@ -56,7 +57,8 @@ class Member:
 
 @asynccontextmanager
 async def one_member(
-    root: Path, read_mode: str = "read_index", limits: MetaLimits | None = None
+    root: Path, read_mode: str = "read_index", limits: MetaLimits | None = None,
+    session_clock: quorumlog.clock.Clock = quorumlog.clock.SYSTEM_CLOCK,
 ) -> AsyncIterator[Member]:
     address = f"127.0.0.1:{free_port()}"
     host = RaftHost(1, {1: address}, root / "raft",
@@ -64,7 +66,7 @@ async def one_member(
                                       election_timeout_ticks=ELECTION_TICKS))
     clock = Clock()
     service = MetaService(host, read_mode=read_mode,  # type: ignore[arg-type]
-                          limits=limits, lease_clock=clock)
+                          limits=limits, lease_clock=clock, clock=session_clock)
     server = rpc.Server({**host.handlers(), **service.handlers()})
     await server.start("127.0.0.1", int(address.rsplit(":", 1)[1]))
     await host.start()

@@ -44,7 +44,6 @@ import asyncio
 import enum
 import os
 import shutil
-import time
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import Executor
@@ -60,6 +59,7 @@ from quorumlog.bookie._entrylog import fsync_directory
 from quorumlog.bookie._limbo import LimboRecord, limbo_key
 from quorumlog.bookie._storage import INDEX_DIRECTORY
 from quorumlog.bookie._storage_errors import InvalidCookieError
+from quorumlog.clock import SYSTEM_CLOCK, Clock
 from quorumlog.errors import (
     InvariantViolation,
     QuorumlogError,
@@ -174,11 +174,11 @@ def cookie_key(bookie_id: str) -> str:
     return f"{BOOKIE_COOKIE_PREFIX}{bookie_id}"
 
 
-def new_cookie(bookie_id: str, config: BookieConfig) -> Cookie:
+def new_cookie(bookie_id: str, config: BookieConfig, *, clock: Clock = SYSTEM_CLOCK) -> Cookie:
     return Cookie(bookie_id=bookie_id, instance_id=str(uuid.uuid4()),
                   journal_dir=str(Path(config.journal_dir).resolve()),
                   ledger_dir=str(Path(config.ledger_dir).resolve()),
-                  created_at_ms=int(time.time() * 1000))
+                  created_at_ms=clock.wall_ms())
 
 
 def identity_directories(config: BookieConfig) -> tuple[tuple[DirectoryRole, Path], ...]:
@@ -527,7 +527,8 @@ def plan_format(meta: BlockingMetaClient, bookie_id: str,
     return FormatPlan(bookie_id, cookie, kv.version, config)
 
 
-def run_format(meta: BlockingMetaClient, plan: FormatPlan) -> list[Path]:
+def run_format(meta: BlockingMetaClient, plan: FormatPlan, *,
+               clock: Clock = SYSTEM_CLOCK) -> list[Path]:
     """Wipe the directories (if a config was given), then delete meta's cookie
     and record the bookie's limbo floor (one transaction).
 
@@ -541,7 +542,7 @@ def run_format(meta: BlockingMetaClient, plan: FormatPlan) -> list[Path]:
     # on the wiped instance: the new instance keeps them in limbo (_limbo.py).
     limbo = LimboRecord(
         bookie_id=plan.bookie_id, ledger_id_floor=meta.next_id(LEDGER_ID_COUNTER),
-        formatted_at_ms=int(time.time() * 1000),
+        formatted_at_ms=clock.wall_ms(),
         previous_instance_id=plan.meta_cookie.instance_id if plan.meta_cookie else "")
     key = cookie_key(plan.bookie_id)
     compares = [Compare(key=key, target=CompareTarget.VERSION, op=CompareOp.EQUAL,

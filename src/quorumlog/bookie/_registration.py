@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable
 
+from quorumlog.clock import SYSTEM_CLOCK, Clock
 from quorumlog.errors import QuorumlogError
 from quorumlog.log import get_logger
 from quorumlog.meta import MetaClient
@@ -51,7 +51,9 @@ class Registration:
         ttl_ms: int,
         retry_ms: int,
         read_only: Callable[[], bool],
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        self._clock = clock
         self._meta = MetaClient(meta_addresses,
                                 deadline_s=ttl_ms / 1000 * OPERATION_DEADLINE_FRACTION)
         self.bookie_id = bookie_id
@@ -74,7 +76,7 @@ class Registration:
     @property
     def registered(self) -> bool:
         # Without a keep-alive for a whole TTL, meta may have expired us.
-        return self._registered and time.monotonic() - self._last_keepalive < self._ttl_s
+        return self._registered and self._clock.monotonic_s() - self._last_keepalive < self._ttl_s
 
     @property
     def session_id(self) -> int:
@@ -134,7 +136,7 @@ class Registration:
         if old:
             with contextlib.suppress(QuorumlogError):
                 await self._meta.revoke_session(old)
-        started = time.monotonic()
+        started = self._clock.monotonic_s()
         session_id = await self._meta.create_session(int(self._ttl_s * 1000))
         self._session_id = session_id
         await self._publish()
@@ -159,13 +161,13 @@ class Registration:
         while True:
             # Due a third of a TTL after the last successful keep-alive (or the
             # session's creation), however long publishing took.
-            wait_s = self._last_keepalive + interval - time.monotonic()
+            wait_s = self._last_keepalive + interval - self._clock.monotonic_s()
             if wait_s > 0:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(wait_s):
                         await self._changed.wait()
             self._changed.clear()
-            sent = time.monotonic()
+            sent = self._clock.monotonic_s()
             try:
                 alive = await self._meta.keepalive(self._session_id)
             except QuorumlogError as exc:

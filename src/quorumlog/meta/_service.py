@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Literal
 import msgspec
 
 from quorumlog import rpc
+from quorumlog.clock import SYSTEM_CLOCK, Clock
 from quorumlog.errors import DeadlineExceededError, QuorumlogError, TransientError, UsageError
 from quorumlog.log import get_logger
 from quorumlog.meta._commands import (
@@ -206,6 +207,7 @@ class MetaService:
         read_mode: ReadMode = "read_index",
         lease_clock_drift_percent: int = LEASE_CLOCK_DRIFT_PERCENT,
         lease_clock: Callable[[], float] = lease_clock_s,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if read_mode not in READ_MODES:
             raise UsageError(f"read_mode must be one of {list(READ_MODES)}, got {read_mode!r}")
@@ -219,6 +221,7 @@ class MetaService:
             clock_drift_percent=lease_clock_drift_percent,
         ))
         self._lease_clock = lease_clock
+        self._clock = clock  # session lease expiry (monotonic)
         self.lease_reads = 0
         self.read_index_reads = 0
         self._started = False  # the Raft group is hosted (see start)
@@ -227,6 +230,9 @@ class MetaService:
         self._expiry_task: asyncio.Task[None] | None = None
         self._start_task: asyncio.Task[None] | None = None
         self._renewal: asyncio.Task[None] | None = None
+
+    def _now_ms(self) -> int:
+        return int(self._clock.monotonic_s() * 1000)
 
     def handlers(self) -> dict[type[rpc.Request[Any]], Any]:
         return {
@@ -286,7 +292,7 @@ class MetaService:
     def applied(self, result: Result, events: list[Event]) -> None:
         if isinstance(result, SessionResult) and self.leases.active:
             if result.ttl_ms and result.found and result.session_id in self.machine.sessions():
-                self.leases.created(result.session_id, result.ttl_ms, _now_ms())
+                self.leases.created(result.session_id, result.ttl_ms, self._now_ms())
             elif result.session_id not in self.machine.sessions():
                 self.leases.revoked(result.session_id)
         if events:
@@ -297,7 +303,7 @@ class MetaService:
 
     def restored(self) -> None:
         if self.leases.active:
-            self.leases.promote(_now_ms(), self.machine.sessions())
+            self.leases.promote(self._now_ms(), self.machine.sessions())
         self._wake_watches()
 
     def _wake_watches(self) -> None:
@@ -310,7 +316,7 @@ class MetaService:
         if group_id != META_GROUP_ID:
             return
         if role is Role.LEADER:
-            self.leases.promote(_now_ms(), self.machine.sessions())
+            self.leases.promote(self._now_ms(), self.machine.sessions())
         else:
             self.leases.demote()
             self.read_lease.drop()
@@ -321,7 +327,7 @@ class MetaService:
             await asyncio.sleep(interval)
             if not self.leases.active:
                 continue
-            for session_id in self.leases.expired(_now_ms()):
+            for session_id in self.leases.expired(self._now_ms()):
                 try:
                     await self.propose(RevokeSession(session_id=session_id))
                 except QuorumlogError as exc:
@@ -429,7 +435,7 @@ class MetaService:
         self._require_started()
         group = self.host.group(META_GROUP_ID)
         self.host.require_leader(group)
-        ttl = self.leases.keepalive(request.session_id, _now_ms())
+        ttl = self.leases.keepalive(request.session_id, self._now_ms())
         return MetaKeepAliveResponse(ttl_ms=ttl or 0)
 
     async def _on_watch(
@@ -494,8 +500,6 @@ class MetaService:
         )
 
 
-def _now_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 _RESULT_ENCODER = msgspec.msgpack.Encoder()

@@ -32,7 +32,6 @@ import asyncio
 import os
 import re
 import shutil
-import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ import msgspec
 from crc32c import crc32c
 
 from quorumlog import rpc
+from quorumlog.clock import SYSTEM_CLOCK, Clock
 from quorumlog.config import Config, require
 from quorumlog.errors import (
     InvariantViolation,
@@ -339,7 +339,9 @@ class SnapshotReceiver:
         *,
         hosts_group: Callable[[int], bool],
         deliver: Callable[[int, Message], None],
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        self._clock = clock  # idle transfers expire by it
         self.directory = directory
         self._config = config
         self._executor = executor
@@ -395,7 +397,7 @@ class SnapshotReceiver:
         incoming = _Incoming(
             from_node=request.from_node, group_id=request.group_id,
             transfer_id=request.transfer_id, term=request.term, index=request.index,
-            directory=directory, parts=parts, last_request_s=time.monotonic(),
+            directory=directory, parts=parts, last_request_s=self._clock.monotonic_s(),
         )
         self._incoming[request.group_id] = incoming
         try:
@@ -453,7 +455,7 @@ class SnapshotReceiver:
                 f"snapshot chunk at {request.offset} of part {part.name!r}: CRC mismatch")
         # Claimed before the write: a duplicate arriving meanwhile is refused.
         part.offsets.add(request.offset)
-        incoming.last_request_s = time.monotonic()
+        incoming.last_request_s = self._clock.monotonic_s()
         try:
             await asyncio.get_running_loop().run_in_executor(
                 self._executor, _write_chunk, part.path, request.offset, payload)
@@ -515,7 +517,7 @@ class SnapshotReceiver:
 
     def _drop_idle(self) -> None:
         limit_s = self._config.receive_idle_timeout_ms / 1000
-        now = time.monotonic()
+        now = self._clock.monotonic_s()
         for incoming in list(self._incoming.values()):
             if not incoming.committing and now - incoming.last_request_s > limit_s:
                 self._drop(incoming)
