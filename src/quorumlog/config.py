@@ -43,6 +43,7 @@ DIRECT_ENV_VARIABLES = frozenset({
     "QUORUMLOG_SPARK",            # scripts/setup.sh: install the spark extra
     "QUORUMLOG_SIM_OFFSET",       # tests/ledger: the far-offset simulator seeds
     "QUORUMLOG_REWRITE_GOLDEN",   # tests/raft: rewrite golden transcripts
+    "QUORUMLOG_MODEL_EXAMPLES",   # tests/table: examples of the store's model check
     "QUORUMLOG_DEMO_SKIP_BENCH",  # scripts/demo.sh
 })
 _MSGSPEC_PATH = re.compile(r"at `\$((?:\.[A-Za-z0-9_]+|\[\d+\])*)`")
