@@ -29,6 +29,8 @@ from quorumlog.stream import (
     StreamClient,
     StreamConfig,
     StreamInUseError,
+    SubscriptionBusyError,
+    SubscriptionNotFoundError,
     WriterStuckError,
 )
 from quorumlog.stream._writer import RECOVERIES_WITHOUT_PROGRESS_MAX
@@ -348,3 +350,66 @@ def test_deleting_a_stream_in_use_needs_force(meta: list[str]) -> None:
             await producer.close()
 
     rpc.run(in_use())
+
+
+# ----- subscriptions: list with backlog, unsubscribe, reset ---------------------------------
+
+
+def test_subscriptions_backlog_unsubscribe_and_reset(meta: list[str]) -> None:
+    """Backlog counts entries after the mark-delete; unsubscribe and reset-cursor
+    refuse while a consumer holds the subscription unless forced, and a forced
+    one makes that consumer's next acknowledgement fail."""
+    members = ",".join(meta)
+
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("subs", config())
+            async with await client.producer("subs") as producer:
+                for i in range(10):
+                    await producer.send(b"%d" % i)
+            consumer = await client.subscribe("subs", "audit", config=ConsumerConfig(
+                initial_position="earliest", ack_flush_ms=0))
+            for _ in range(4):
+                message = await consumer.receive(wait_ms=int(DEADLINE_S * 1000))
+                assert message is not None
+                await consumer.ack(message)
+            await consumer.flush_acks()
+            [sub] = await client.subscriptions("subs")
+            assert (sub.name, sub.connected, sub.backlog_entries) == ("audit", True, 6)
+            for action in (client.unsubscribe("subs", "audit"),
+                           client.reset_cursor("subs", "audit", "earliest")):
+                with pytest.raises(StreamInUseError, match="live consumer"):
+                    await action
+            result = await asyncio.to_thread(
+                quorumlog, "stream", "reset-cursor", "subs", "-s", "audit", "--to", "earliest",
+                "--members", members)
+            assert result.returncode == 1 and "--force" in result.stderr, result.stderr
+            # Forced: the consumer's next acknowledgement fails instead of undoing it.
+            result = await asyncio.to_thread(
+                quorumlog, "stream", "reset-cursor", "subs", "-s", "audit", "--to", "earliest",
+                "--force", "--members", members)
+            assert result.returncode == 0, result.stderr
+            message = await consumer.receive(wait_ms=int(DEADLINE_S * 1000))
+            assert message is not None
+            with pytest.raises(SubscriptionBusyError):
+                await consumer.ack(message)
+                await consumer.flush_acks()
+            await consumer.close()
+            [sub] = await client.subscriptions("subs")
+            assert (sub.connected, sub.backlog_entries) == (False, 10)
+            again = await client.subscribe("subs", "audit")
+            first = await again.receive(wait_ms=int(DEADLINE_S * 1000))
+            assert first is not None and first.value == b"0"  # from the start again
+            await again.close()
+            await client.reset_cursor("subs", "audit", "latest")
+            [sub] = await client.subscriptions("subs")
+            assert sub.backlog_entries == 0
+            result = await asyncio.to_thread(
+                quorumlog, "stream", "unsubscribe", "subs", "-s", "audit", "--yes",
+                "--members", members)
+            assert result.returncode == 0, result.stderr
+            assert await client.subscriptions("subs") == []
+            with pytest.raises(SubscriptionNotFoundError):
+                await client.unsubscribe("subs", "audit")
+
+    rpc.run(main())

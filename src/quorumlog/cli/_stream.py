@@ -275,3 +275,82 @@ def delete(
         typer.confirm(f"delete stream {name!r} and all its data?", abort=True)
     deleted = _run(members, directory, lambda c: c.delete_stream(name, force=force))
     console.print(f"deleted stream {name!r} ({len(deleted)} ledgers)")
+
+
+def _position_text(position: Any) -> str:
+    if position is None:
+        return "-"
+    return f"{position.ledger_id}:{position.entry_id}:{position.batch_index}"
+
+
+@app.command()
+def subscriptions(
+    name: str,
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """List a stream's subscriptions: connected or not, backlog (entries), cursors."""
+    subs: list[Any] = _run(members, directory, lambda c: c.subscriptions(name))
+    if as_json:
+        typer.echo(json.dumps([{
+            "name": s.name, "connected": s.connected, "backlog_entries": s.backlog_entries,
+            "partitions": [{"partition": p.partition, "backlog_entries": p.backlog_entries,
+                            "mark_delete": None if p.mark_delete is None
+                            else p.mark_delete.position.to_json(),
+                            "updated_ms": p.updated_ms} for p in s.partitions],
+        } for s in subs]))
+        return
+    if not subs:
+        console.print(f"stream {name!r} has no subscriptions")
+        return
+    table = Table(title=f"subscriptions of {name}")
+    for col in ("subscription", "connected", "backlog", "mark-delete (ledger:entry:batch)"):
+        table.add_column(col, overflow="fold")
+    for s in subs:
+        marks = ", ".join(f"p{p.partition} {_position_text(p.mark_delete)}"
+                          for p in s.partitions)
+        table.add_row(s.name, "yes" if s.connected else "no", f"{s.backlog_entries:,}", marks)
+    console.print(table)
+
+
+@app.command()
+def unsubscribe(
+    name: str,
+    subscription: str = typer.Option(..., "--subscription", "-s", help="Subscription name."),
+    yes: bool = typer.Option(False, "--yes", help="Do not ask for confirmation."),
+    force: bool = typer.Option(False, "--force", help="Even while a consumer holds it (its "
+                               "next acknowledgement fails)."),
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+) -> None:
+    """Delete a subscription and its cursors (retention stops waiting for it)."""
+    if not yes:
+        typer.confirm(f"delete subscription {subscription!r} of stream {name!r}?", abort=True)
+    _run(members, directory, lambda c: c.unsubscribe(name, subscription, force=force))
+    console.print(f"deleted subscription {subscription!r} of stream {name!r}")
+
+
+@app.command("reset-cursor")
+def reset_cursor(
+    name: str,
+    subscription: str = typer.Option(..., "--subscription", "-s", help="Subscription name."),
+    to: str = typer.Option(..., "--to", help="earliest, latest, or a publish time in ms "
+                           "since the epoch."),
+    force: bool = typer.Option(False, "--force", help="Even while a consumer holds it (its "
+                               "next acknowledgement fails)."),
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+) -> None:
+    """Make a subscription consume again from a point (Pulsar's reset-cursor)."""
+    target: Any = to
+    if to not in ("earliest", "latest"):
+        try:
+            target = int(to)
+        except ValueError:
+            raise typer.BadParameter(f"--to {to!r}: expected earliest, latest or a publish "
+                                     "time in ms") from None
+    starts = _run(members, directory,
+                  lambda c: c.reset_cursor(name, subscription, target, force=force))
+    console.print(f"subscription {subscription!r} of {name!r} now starts at " + ", ".join(
+        f"p{p} {_position_text(s)}" for p, s in enumerate(starts)))

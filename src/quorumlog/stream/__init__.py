@@ -48,6 +48,7 @@ from quorumlog.stream._errors import (
     StreamInUseError,
     StreamNotFoundError,
     SubscriptionBusyError,
+    SubscriptionNotFoundError,
     WriterBusyError,
     WriterStuckError,
 )
@@ -74,6 +75,7 @@ from quorumlog.stream._reader import (
     resolve_start,
 )
 from quorumlog.stream._retention import RoundRobin, partition_for_key
+from quorumlog.stream._subscriptions import PartitionCursor, SubscriptionInfo
 
 __all__ = [
     "EARLIEST",
@@ -100,6 +102,7 @@ __all__ = [
     "MessageId",
     "MessageTooLargeError",
     "OutgoingMessage",
+    "PartitionCursor",
     "PartitionHead",
     "Position",
     "Producer",
@@ -119,6 +122,8 @@ __all__ = [
     "StreamNotFoundError",
     "StreamRecord",
     "SubscriptionBusyError",
+    "SubscriptionInfo",
+    "SubscriptionNotFoundError",
     "TrimReport",
     "WriterBusyError",
     "WriterStuckError",

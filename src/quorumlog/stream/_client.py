@@ -9,14 +9,15 @@ from typing import Any, TypeVar
 from quorumlog import rpc
 from quorumlog.clock import Clock
 from quorumlog.ledger import LedgerClient
-from quorumlog.stream import _admin
+from quorumlog.stream import _admin, _subscriptions
 from quorumlog.stream._config import RetentionPolicy, StreamConfig
 from quorumlog.stream._consumer import Consumer, ConsumerConfig
 from quorumlog.stream._layout import StreamRecord
 from quorumlog.stream._meta import load_record
-from quorumlog.stream._position import EARLIEST
+from quorumlog.stream._position import EARLIEST, SeqPosition
 from quorumlog.stream._producer import MessageId, Producer, ProducerConfig
 from quorumlog.stream._reader import Message, Reader, StartSpec
+from quorumlog.stream._subscriptions import SubscriptionInfo
 
 T = TypeVar("T")
 LOOP_THREAD_NAME = "quorumlog-stream-client"
@@ -75,6 +76,22 @@ class StreamClient:
                    at_ms: int | None = None) -> _admin.TrimReport:
         return await _admin.trim_stream(self.ledger_client, name, retention=retention,
                                         at_ms=at_ms)
+
+    async def subscriptions(self, name: str) -> list[SubscriptionInfo]:
+        """Every subscription of the stream: cursors, backlog in entries, connected."""
+        return await _subscriptions.list_subscriptions(self.ledger_client, name)
+
+    async def unsubscribe(self, name: str, subscription: str, *, force: bool = False) -> None:
+        """Delete a subscription's cursors; refused while a consumer holds it unless
+        ``force`` (:class:`StreamInUseError`)."""
+        await _subscriptions.unsubscribe(self.ledger_client, name, subscription, force=force)
+
+    async def reset_cursor(self, name: str, subscription: str, to: StartSpec, *,
+                           force: bool = False) -> list[SeqPosition]:
+        """Start the subscription again at ``to`` ('earliest', 'latest', a publish time
+        in ms); refused while a consumer holds it unless ``force``."""
+        return await _subscriptions.reset_cursor(self.ledger_client, name, subscription, to,
+                                                 force=force)
 
     async def delete_stream(self, name: str, *, force: bool = False) -> list[int]:
         """Delete the stream and its ledgers; refuses while producers or consumers
@@ -151,6 +168,16 @@ class BlockingStreamClient:
     def trim(self, name: str, *, retention: RetentionPolicy | None = None,
              at_ms: int | None = None) -> _admin.TrimReport:
         return self.run(self._client.trim(name, retention=retention, at_ms=at_ms))
+
+    def subscriptions(self, name: str) -> list[SubscriptionInfo]:
+        return self.run(self._client.subscriptions(name))
+
+    def unsubscribe(self, name: str, subscription: str, *, force: bool = False) -> None:
+        self.run(self._client.unsubscribe(name, subscription, force=force))
+
+    def reset_cursor(self, name: str, subscription: str, to: StartSpec, *,
+                     force: bool = False) -> list[SeqPosition]:
+        return self.run(self._client.reset_cursor(name, subscription, to, force=force))
 
     def delete_stream(self, name: str, *, force: bool = False) -> list[int]:
         return self.run(self._client.delete_stream(name, force=force))

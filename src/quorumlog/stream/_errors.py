@@ -61,6 +61,10 @@ class StreamInUseError(StreamError, UsageError):
     """
 
 
+class SubscriptionNotFoundError(StreamError, UsageError):
+    """The stream has no subscription of that name (``quorumlog stream subscriptions``)."""
+
+
 class SubscriptionBusyError(StreamError, TransientError):
     """Another consumer holds the subscription (subscriptions are exclusive)."""
 
