@@ -135,11 +135,23 @@ def read(
 ) -> None:
     """Print one entry per line, up to the LAC (an open ledger stays open)."""
     out = sys.stdout.buffer
+    if first < 0:
+        raise typer.BadParameter(f"--from {first}: entry ids start at 0")
+    if last >= 0 and last < first:
+        raise typer.BadParameter(f"--to {last} is before --from {first}")
     with _client(meta, directory) as client:
         handle = client.open_ledger(ledger_id, password=password.encode(), recovery=False)
-        end = handle.last_add_confirmed if last < 0 else last
-        if end < first:
-            return
+        lac = int(handle.last_add_confirmed)
+        end = lac if last < 0 else last
+        if end > lac:
+            raise typer.BadParameter(
+                f"--to {last} is past the last confirmed entry of ledger {ledger_id} "
+                f"({lac}; -1: none yet): entries after it are not readable yet")
+        if first > end:
+            if last < 0 and first == lac + 1:
+                return  # nothing new after the LAC: an empty answer, not an error
+            raise typer.BadParameter(
+                f"--from {first} is past the last confirmed entry of ledger {ledger_id} ({lac})")
         for entry in handle.read(first, end):
             if ids:
                 out.write(f"{entry.entry_id}\t".encode())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from pathlib import Path
 
@@ -27,14 +28,41 @@ def _members(members: str | None, directory: Path | None) -> list[str]:
     return meta_addresses(directory or DEFAULT_DIR)
 
 
+ENCODINGS = ("text", "hex", "base64")
+EncodingOption = typer.Option(
+    "text", "--encoding", "-e",
+    help="How values are printed: text (UTF-8; a value that is not valid UTF-8 is printed "
+    "as base64 under value_base64), hex or base64.")
+
+
+def _value_fields(value: bytes, encoding: str) -> dict[str, str]:
+    """A value as JSON fields, never lossy (etcdctl prints binary as-is; JSON cannot)."""
+    if encoding not in ENCODINGS:
+        raise typer.BadParameter(f"--encoding {encoding!r}: expected one of {', '.join(ENCODINGS)}")
+    if encoding == "text":
+        try:
+            return {"value": value.decode()}
+        except UnicodeDecodeError:
+            encoding = "base64"
+    if encoding == "hex":
+        return {"value_hex": value.hex()}
+    return {"value_base64": base64.b64encode(value).decode()}
+
+
+def _value_cell(value: bytes, encoding: str, width: int = 60) -> str:
+    (name, text), = _value_fields(value[:width], encoding).items()
+    return text if name == "value" else f"{name.removeprefix('value_')}:{text}"
+
+
 @app.command()
 def get(
     key: str,
     members: str | None = MembersOption,
     directory: Path | None = DirOption,
     serializable: bool = typer.Option(False, help="Read from any member (may be stale)."),
+    encoding: str = EncodingOption,
 ) -> None:
-    """Print one key's value and versions."""
+    """Print one key's value and versions as JSON."""
     from quorumlog.meta import BlockingMetaClient
 
     with BlockingMetaClient(_members(members, directory)) as meta:
@@ -42,9 +70,34 @@ def get(
     if kv is None:
         console.print(f"{key}: not found")
         raise typer.Exit(1)
-    typer.echo(json.dumps({"key": kv.key, "value": kv.value.decode(errors="replace"),
+    typer.echo(json.dumps({"key": kv.key, **_value_fields(kv.value, encoding),
                            "version": kv.version, "create_revision": kv.create_revision,
                            "mod_revision": kv.mod_revision, "session_id": kv.session_id}))
+
+
+@app.command("del")
+def delete(
+    key: str,
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+    prefix: bool = typer.Option(False, help="Delete every key under KEY."),
+    yes: bool = typer.Option(False, "--yes", help="Do not ask before a --prefix delete."),
+) -> None:
+    """Delete a key (or, with --prefix, every key under it); prints how many went.
+
+    Keys of quorumlog's own records (/ledgers/, /streams/, /bookies/ ...) are
+    better removed by their owners' commands (ledger delete, stream delete):
+    those keep the data and the metadata consistent.
+    """
+    from quorumlog.meta import BlockingMetaClient
+
+    if prefix and not yes:
+        typer.confirm(f"delete every key under {key!r}?", abort=True)
+    with BlockingMetaClient(_members(members, directory)) as meta:
+        count = meta.delete(key, prefix=prefix)
+    typer.echo(count)
+    if count == 0:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -74,6 +127,7 @@ def list_(
     members: str | None = MembersOption,
     directory: Path | None = DirOption,
     limit: int = typer.Option(1000, help="At most this many keys."),
+    encoding: str = EncodingOption,
 ) -> None:
     """List keys under a prefix."""
     from quorumlog.meta import BlockingMetaClient
@@ -84,7 +138,7 @@ def list_(
     for col in ("key", "value", "version", "mod_revision", "session"):
         table.add_column(col)
     for kv in kvs:
-        table.add_row(kv.key, kv.value[:60].decode(errors="replace"), str(kv.version),
+        table.add_row(kv.key, _value_cell(kv.value, encoding), str(kv.version),
                       str(kv.mod_revision), str(kv.session_id or ""))
     console.print(table)
 
@@ -97,6 +151,7 @@ def watch(
     prefix: bool = typer.Option(False, help="Watch every key under KEY."),
     from_revision: int = typer.Option(0, help="Start at this revision (default: now)."),
     count: int = typer.Option(0, help="Stop after this many events (0: until Ctrl-C)."),
+    encoding: str = EncodingOption,
 ) -> None:
     """Print changes to a key or prefix, in revision order, as JSON lines."""
     from quorumlog.meta import MetaClient
@@ -110,7 +165,7 @@ def watch(
             seen = 0
             async for event in meta.watch(key, prefix=prefix, start_revision=start):
                 typer.echo(json.dumps({"type": event.type.value, "key": event.kv.key,
-                                       "value": event.kv.value.decode(errors="replace"),
+                                       **_value_fields(event.kv.value, encoding),
                                        "revision": event.kv.mod_revision}), nl=True)
                 seen += 1
                 if count and seen >= count:

@@ -1,0 +1,85 @@
+"""Operator commands on a real cluster (issue 18): binary-safe meta output,
+`meta del`, and `ledger read` ranges that say what is wrong instead of
+printing nothing."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from quorumlog import node as cluster
+from quorumlog import rpc
+from quorumlog.ledger import LedgerClient
+from quorumlog.meta import MetaClient
+
+CLI_TIMEOUT_S = 60.0
+BINARY = b"\xff\x00\xfe binary"
+
+
+@pytest.fixture(scope="module")
+def meta(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with cluster.running(tmp_path_factory.mktemp("ops") / "cluster", 3) as addresses:
+        yield ",".join(addresses)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "quorumlog", *args], capture_output=True,
+                          text=True, timeout=CLI_TIMEOUT_S, check=False)
+
+
+def test_binary_meta_values_are_printed_without_loss(meta: str) -> None:
+    async def put() -> None:
+        async with MetaClient(meta.split(",")) as client:
+            await client.put("/ops/bin", BINARY)
+            await client.put("/ops/text", "héllo".encode())
+
+    rpc.run(put())
+    got = json.loads(cli("meta", "get", "/ops/bin", "--members", meta).stdout)
+    assert base64.b64decode(got["value_base64"]) == BINARY and "value" not in got
+    got = json.loads(cli("meta", "get", "/ops/bin", "-e", "hex", "--members", meta).stdout)
+    assert bytes.fromhex(got["value_hex"]) == BINARY
+    got = json.loads(cli("meta", "get", "/ops/text", "--members", meta).stdout)
+    assert got["value"] == "héllo"
+    listed = cli("meta", "list", "/ops/", "-e", "hex", "--members", meta)
+    assert listed.returncode == 0 and BINARY[:3].hex() in listed.stdout
+    bad = cli("meta", "get", "/ops/bin", "-e", "rot13", "--members", meta)
+    assert bad.returncode == 2 and "expected one of" in bad.stderr
+
+
+def test_meta_del_of_a_key_and_a_prefix(meta: str) -> None:
+    for i in range(3):
+        assert cli("meta", "put", f"/ops/del/{i}", "v", "--members", meta).returncode == 0
+    one = cli("meta", "del", "/ops/del/0", "--members", meta)
+    assert (one.returncode, one.stdout.strip()) == (0, "1")
+    again = cli("meta", "del", "/ops/del/0", "--members", meta)
+    assert (again.returncode, again.stdout.strip()) == (1, "0")
+    rest = cli("meta", "del", "/ops/del/", "--prefix", "--yes", "--members", meta)
+    assert (rest.returncode, rest.stdout.strip()) == (0, "2")
+    assert "not found" in cli("meta", "get", "/ops/del/1", "--members", meta).stdout
+
+
+def test_ledger_read_ranges_that_cannot_be_read_say_why(meta: str) -> None:
+    async def write() -> int:
+        async with LedgerClient.connect(meta.split(",")) as client:
+            handle = await client.create_ledger(3, 2, 2, password=b"pw")
+            for i in range(4):
+                await handle.append(b"e%d" % i)
+            await handle.close()
+            return int(handle.id)
+
+    ledger_id = str(rpc.run(write()))
+    common = ("--password", "pw", "--meta", meta)
+    ok = cli("ledger", "read", ledger_id, "--from", "1", "--to", "2", *common)
+    assert (ok.returncode, ok.stdout) == (0, "e1\ne2\n")
+    backwards = cli("ledger", "read", ledger_id, "--from", "2", "--to", "1", *common)
+    assert backwards.returncode == 2 and "before --from" in backwards.stderr
+    past = cli("ledger", "read", ledger_id, "--to", str(2**64 - 1), *common)
+    assert past.returncode == 2 and "last confirmed entry" in past.stderr
+    assert "(3;" in past.stderr and "Traceback" not in past.stderr
+    after = cli("ledger", "read", ledger_id, "--from", "9", *common)
+    assert after.returncode == 2 and "--from 9" in after.stderr
