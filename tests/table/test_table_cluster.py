@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -100,6 +102,30 @@ def test_unknown_table_and_oversize_input_are_clear_errors(tables: BlockingTable
     tables.drop_table("limits")
     with pytest.raises(UnknownTableError):
         tables.set("limits", b"h", b"s", b"v")
+
+
+def _cli(cluster_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "quorumlog", "table", *args, "--dir",
+                           str(cluster_dir)], capture_output=True, text=True, timeout=60,
+                          check=False)
+
+
+def test_cli_commands(cluster_dir: Path) -> None:
+    assert _cli(cluster_dir, "create", "cli", "--partitions", "4").returncode == 0
+    assert "cli" in _cli(cluster_dir, "list").stdout
+    assert "members" in _cli(cluster_dir, "info", "cli").stdout
+    assert _cli(cluster_dir, "set", "cli", "h", "s1", "one").returncode == 0
+    assert _cli(cluster_dir, "set", "cli", "h", "s2", "two").returncode == 0
+    assert _cli(cluster_dir, "get", "cli", "h", "s1").stdout == "one\n"
+    assert _cli(cluster_dir, "scan", "cli", "h").stdout == "s1\tone\ns2\ttwo\n"
+    assert _cli(cluster_dir, "del", "cli", "h", "s1").returncode == 0
+    assert _cli(cluster_dir, "get", "cli", "h", "s1").returncode == 1
+    assert _cli(cluster_dir, "incr", "cli", "h", "n", "--by", "7").stdout == "7\n"
+    missing = _cli(cluster_dir, "get", "nope", "h", "s")
+    assert missing.returncode == 1 and "no table 'nope'" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    assert _cli(cluster_dir, "drop", "cli").returncode == 0
+    assert "cli" not in _cli(cluster_dir, "list").stdout.split()
 
 
 def test_leader_killed_while_writing_loses_no_acknowledged_write(
