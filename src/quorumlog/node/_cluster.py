@@ -82,9 +82,9 @@ def free_port() -> int:
 
 
 def node_roles(node_id: int, nodes: int) -> list[str]:
-    """meta on the first 3 nodes (the first 1 when fewer than 3), bookie on all."""
+    """meta on the first 3 nodes (the first 1 when fewer than 3), bookie and table on all."""
     meta_count = 3 if nodes >= 3 else 1
-    return ["meta", "bookie"] if node_id <= meta_count else ["bookie"]
+    return ["meta", "bookie", "table"] if node_id <= meta_count else ["bookie", "table"]
 
 
 def security_toml(security: rpc.RpcSecurityConfig) -> str:
@@ -175,6 +175,7 @@ def up(directory: Path, nodes: int = 3) -> list[NodeInfo]:
                               str(path.parent / "node.log")))
     save(directory, infos)
     wait_healthy(infos, UP_TIMEOUT_S)
+    wait_table_nodes(infos, UP_TIMEOUT_S)
     return infos
 
 
@@ -189,6 +190,7 @@ def _start_again(directory: Path, infos: list[NodeInfo], nodes: int) -> list[Nod
         info.pid = start_node(Path(info.config)).pid
     save(directory, infos)
     wait_healthy(infos, UP_TIMEOUT_S)
+    wait_table_nodes(infos, UP_TIMEOUT_S)
     return infos
 
 
@@ -425,6 +427,26 @@ def start_error(log: Path) -> str:
         if line.startswith(ERROR_PREFIX):
             return line[len(ERROR_PREFIX):]
     return ""
+
+
+def wait_table_nodes(infos: list[NodeInfo], timeout_s: float) -> None:
+    """Wait until every node with the table role is registered in meta (a table
+    can be placed on it)."""
+    from quorumlog.meta import BlockingMetaClient
+    from quorumlog.table import table_node_key
+
+    wanted = [i.id for i in infos if "table" in i.roles]
+    deadline = time.monotonic() + timeout_s
+    with BlockingMetaClient([i.address for i in infos if "meta" in i.roles]) as meta:
+        while True:
+            missing = [n for n in wanted if meta.get(table_node_key(n)) is None]
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise DeadlineExceededError(
+                    f"table nodes {missing} did not register in meta within {timeout_s:.0f} s; "
+                    "see their node.log")
+            time.sleep(POLL_INTERVAL_S)
 
 
 def _healthy(rows: list[dict[str, Any]]) -> bool:

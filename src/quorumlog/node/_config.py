@@ -7,7 +7,7 @@ Example::
     data_dir = "/var/lib/quorumlog/node-1"
     listen = "127.0.0.1:7101"
     metrics_listen = "127.0.0.1:9101"    # "" disables the Prometheus endpoint
-    roles = ["meta", "bookie"]           # any of: meta, bookie
+    roles = ["meta", "bookie", "table"]  # any of: meta, bookie, table
 
     [meta]
     members = ["1=127.0.0.1:7101", "2=127.0.0.1:7102", "3=127.0.0.1:7103"]
@@ -30,6 +30,9 @@ Example::
     [bookie.storage]                     # see quorumlog.bookie.LedgerStorageConfig
     write_cache_max_bytes = 67108864
     disk_usage_threshold_fraction = 0.95
+
+    [table]                              # optional; see quorumlog.table.TableConfig
+    zone = "z1"
 
     [security]                           # optional; see quorumlog.rpc.RpcSecurityConfig
     tls_enabled = true
@@ -59,8 +62,9 @@ from quorumlog.bookie import BookieConfig
 from quorumlog.config import Config, require
 from quorumlog.meta import LEASE_CLOCK_DRIFT_PERCENT, READ_MODES, ReadMode
 from quorumlog.rpc import RpcSecurityConfig
+from quorumlog.table import TableConfig
 
-KNOWN_ROLES = frozenset({"meta", "bookie"})
+KNOWN_ROLES = frozenset({"meta", "bookie", "table"})
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -127,6 +131,7 @@ class NodeConfig(Config, frozen=True):
     node: NodeSection
     meta: MetaSection | None = None
     bookie: BookieConfig | None = None
+    table: TableConfig | None = None  # [table]: zone, cluster id, Raft timing
     # TLS and token for the node's rpc server and for its own clients (Raft
     # peers, the bookie's meta client): see quorumlog.rpc.RpcSecurityConfig.
     security: RpcSecurityConfig | None = None
@@ -144,6 +149,11 @@ class NodeConfig(Config, frozen=True):
             assert self.meta is not None
             self.meta.validate()
             self.bookie_config.validate()
+        if "table" in self.node.roles:
+            require(self.meta is not None and bool(self.meta.members),
+                    "role table needs [meta] members (the meta addresses it registers with)")
+            if self.table is not None:
+                self.table.validate()
         if "meta" in self.node.roles:
             require(self.meta is not None, "role meta needs a [meta] section")
             assert self.meta is not None

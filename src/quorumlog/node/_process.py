@@ -31,6 +31,7 @@ import sys
 import threading
 from typing import Any
 
+import msgspec
 from prometheus_client import Gauge
 from prometheus_client.exposition import ThreadingWSGIServer
 
@@ -42,6 +43,7 @@ from quorumlog.meta import MetaService
 from quorumlog.node._config import NodeConfig, parse_address
 from quorumlog.node._health import Health, start_http
 from quorumlog.raft import HostConfig, RaftHost
+from quorumlog.table import TableConfig, TableService, is_table_group
 
 _log = get_logger(__name__)
 
@@ -118,6 +120,7 @@ class _Roles:
         self.host: RaftHost | None = None
         self.meta: MetaService | None = None
         self.bookie: BookieService | None = None
+        self.table: TableService | None = None
         if "meta" in cfg.node.roles:
             assert cfg.meta is not None  # NodeConfig.validate requires it
             self.host = RaftHost(
@@ -136,6 +139,9 @@ class _Roles:
             )
         if "bookie" in cfg.node.roles:
             self.bookie = BookieService(cfg.bookie_config, meta_addresses=cfg.meta_addresses)
+        if "table" in cfg.node.roles:
+            self.table = TableService(cfg.node.id, cfg.node.listen, cfg.meta_addresses,
+                                      cfg.data_path, cfg.table or TableConfig())
 
     def handlers(self) -> dict[type[rpc.Request[Any]], Any]:
         handlers: dict[type[rpc.Request[Any]], Any] = {}
@@ -144,6 +150,12 @@ class _Roles:
             handlers.update(self.meta.handlers())
         if self.bookie is not None:
             handlers.update(self.bookie.handlers())
+        if self.table is not None:
+            handlers.update(self.table.handlers())
+            raft = self.table.host.handlers()
+            if self.host is not None:
+                raft = {kind: _raft_router(handlers[kind], raft[kind]) for kind in raft}
+            handlers.update(raft)
         return handlers
 
     def add_health_checks(self, health: Health) -> None:
@@ -164,6 +176,10 @@ class _Roles:
                 return None if bookie.writable else "read-only or not started"
 
             health.add_check("bookie", bookie_writable)
+        table = self.table
+        if table is not None:
+            health.add_check("table", lambda: None if table.registered
+                             else "not registered in meta")
 
     def failures(self) -> list[asyncio.Future[Any]]:
         out: list[asyncio.Future[Any]] = []
@@ -171,7 +187,31 @@ class _Roles:
             out.append(self.host.failed)
         if self.bookie is not None:
             out.append(self.bookie.failed)
+        if self.table is not None:
+            out.append(self.table.failed)
         return out
+
+
+def _raft_router(meta_handler: Any, table_handler: Any) -> Any:
+    """One handler for a Raft request type served by both the meta host and the
+    table host: messages and snapshot transfers go by group id (``is_table_group``)."""
+
+    async def route(request: Any, ctx: rpc.RequestContext) -> Any:
+        messages = getattr(request, "messages", None)
+        if messages is None:  # a snapshot transfer request: one group
+            handler = table_handler if is_table_group(request.group_id) else meta_handler
+            return await handler(request, ctx)
+        table = [m for m in messages if is_table_group(m[0])]
+        meta = [m for m in messages if not is_table_group(m[0])]
+        if not table:
+            return await meta_handler(request, ctx)
+        if not meta:
+            return await table_handler(request, ctx)
+        first = await meta_handler(msgspec.structs.replace(request, messages=meta), ctx)
+        second = await table_handler(msgspec.structs.replace(request, messages=table), ctx)
+        return msgspec.structs.replace(second, accepted=first.accepted + second.accepted)
+
+    return route
 
 
 async def serve(cfg: NodeConfig) -> None:
@@ -238,16 +278,21 @@ async def _start_roles(cfg: NodeConfig, roles: _Roles) -> None:
     if roles.bookie is not None:
         await roles.bookie.start(cfg.node.listen)
         gc.freeze()  # start-up objects live for good: keep them out of collections
+    if roles.table is not None:
+        await roles.table.start()
 
 
 async def _stop(server: rpc.Server, roles: _Roles) -> None:
     """The bookie leaves meta (while meta, maybe this process's, still answers), then
-    the rpc server stops (no new requests), then the bookie, meta, the Raft host."""
+    the rpc server stops (no new requests), then the bookie, the table role (its
+    own Raft host), meta, the meta Raft host."""
     if roles.bookie is not None:
         await roles.bookie.unregister()
     await server.close()
     if roles.bookie is not None:
         await roles.bookie.close()
+    if roles.table is not None:
+        await roles.table.close()
     if roles.meta is not None:
         await roles.meta.close()
     if roles.host is not None:

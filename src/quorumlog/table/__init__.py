@@ -6,6 +6,7 @@ commands that travel in a partition's Raft log, and timetags. See
 docs/table.md.
 """
 
+from quorumlog.table._client import BlockingTableClient, TableClient
 from quorumlog.table._codec import (
     HASH_KEY_BYTES_MAX,
     SORT_KEY_BYTES_MAX,
@@ -39,6 +40,21 @@ from quorumlog.table._errors import (
     TableError,
     ValueTooLargeError,
 )
+from quorumlog.table._layout import (
+    PartitionRecord,
+    TableExistsError,
+    TableLayout,
+    TableNodeRecord,
+    TableRecord,
+    UnknownTableError,
+    group_id_of,
+    is_table_group,
+    partition_of,
+    table_node_key,
+)
+from quorumlog.table._messages import PartitionNotHostedError
+from quorumlog.table._placement import NotEnoughTableNodesError
+from quorumlog.table._service import TableConfig, TableService
 from quorumlog.table._store import SCAN_LIMIT_MAX, ScanItem, ScanPage, TableStore
 from quorumlog.table._timetag import (
     CLUSTER_ID_MAX,
@@ -56,6 +72,7 @@ __all__ = [
     "SORT_KEY_BYTES_MAX",
     "VALUE_BYTES_MAX",
     "BadTableRequestError",
+    "BlockingTableClient",
     "CheckAndMutateCommand",
     "CheckResult",
     "CheckType",
@@ -68,21 +85,36 @@ __all__ = [
     "MultiSetCommand",
     "Mutation",
     "NotAnIntegerError",
+    "NotEnoughTableNodesError",
+    "PartitionNotHostedError",
+    "PartitionRecord",
     "Record",
     "Refused",
     "ScanItem",
     "ScanPage",
     "SetCommand",
+    "TableClient",
+    "TableConfig",
     "TableEntry",
     "TableError",
+    "TableExistsError",
+    "TableLayout",
+    "TableNodeRecord",
+    "TableRecord",
+    "TableService",
     "TableStore",
     "Timetag",
     "TimetagClock",
+    "UnknownTableError",
     "ValueTooLargeError",
     "WriteCommand",
     "WriteResult",
     "check_passes",
     "decode_entry",
     "encode_entry",
+    "group_id_of",
+    "is_table_group",
     "make_timetag",
+    "partition_of",
+    "table_node_key",
 ]

@@ -1,0 +1,373 @@
+"""Table clients: :class:`TableClient` (asyncio) and :class:`BlockingTableClient`.
+
+A client reads a table's layout from meta (cached; refreshed when a node says
+it hosts no replica), routes a request to the partition of its hash_key
+(``crc32c(hash_key) % P``), and sends it to the partition's leader: the last
+leader it saw, else the members in turn, following ``NotLeaderError`` hints,
+until the operation's deadline. Keys and values are checked before anything
+is sent.
+
+A write whose outcome is unknown (the leader lost leadership or the
+connection dropped after sending) is retried; ``set``, ``delete`` and their
+multi forms are idempotent, but an ``incr`` or ``check_and_mutate`` retried
+that way may apply twice, as in Pegasus.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from quorumlog import rpc
+from quorumlog.errors import DeadlineExceededError, NotLeaderError, TransientError, UsageError
+from quorumlog.meta import MetaClient
+from quorumlog.table._codec import check_key, check_value
+from quorumlog.table._commands import (
+    CheckAndMutateCommand,
+    CheckResult,
+    CheckType,
+    DeleteCommand,
+    IncrCommand,
+    IncrResult,
+    MultiDeleteCommand,
+    MultiSetCommand,
+    Mutation,
+    Refused,
+    SetCommand,
+    WriteCommand,
+    WriteResult,
+)
+from quorumlog.table._errors import BadTableRequestError, NotAnIntegerError
+from quorumlog.table._layout import (
+    TableLayout,
+    create_table,
+    drop_table,
+    list_tables,
+    partition_of,
+    table_info,
+    table_nodes,
+)
+from quorumlog.table._messages import (
+    PartitionNotHostedError,
+    TableCountRequest,
+    TableGetRequest,
+    TableMultiGetRequest,
+    TableScanRequest,
+    TableTtlRequest,
+    TableWriteRequest,
+    TableWriteResponse,
+)
+from quorumlog.table._store import SCAN_LIMIT_MAX
+
+T = TypeVar("T")
+
+OPERATION_DEADLINE_S = 20.0  # all attempts of one operation (covers a re-election)
+REQUEST_TIMEOUT_S = 5.0  # one attempt
+RETRY_BACKOFF_S = 0.05  # after a round of members without a leader
+SCAN_PAGE_RECORDS = 1000
+
+
+class TableClient:
+    """asyncio client; ``async with TableClient(meta_addresses) as tables:``."""
+
+    def __init__(self, meta_addresses: Sequence[str], *,
+                 deadline_s: float = OPERATION_DEADLINE_S,
+                 request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+        self.meta = MetaClient(meta_addresses)
+        self._pool = rpc.Pool()
+        self._deadline_s = deadline_s
+        self._request_timeout_s = request_timeout_s
+        self._layouts: dict[str, TableLayout] = {}
+        self._addresses: dict[int, str] = {}
+        self._leaders: dict[tuple[int, int], str] = {}
+
+    async def __aenter__(self) -> TableClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._pool.close()
+        await self.meta.close()
+
+    # ----- administration ---------------------------------------------------------
+
+    async def create_table(self, name: str, *, partitions: int = 8,
+                           replicas: int = 3) -> TableLayout:
+        return await create_table(self.meta, name, partitions=partitions, replicas=replicas)
+
+    async def drop_table(self, name: str) -> None:
+        await drop_table(self.meta, name)
+        self._layouts.pop(name, None)
+
+    async def list_tables(self) -> list[TableLayout]:
+        return await list_tables(self.meta)
+
+    async def table_info(self, name: str) -> TableLayout:
+        return await table_info(self.meta, name)
+
+    # ----- writes -------------------------------------------------------------------
+
+    async def set(self, table: str, hash_key: bytes, sort_key: bytes, value: bytes, *,
+                  ttl_s: int = 0) -> None:
+        check_key(hash_key, sort_key)
+        check_value(value)
+        await self._write_one(table, hash_key, SetCommand(hash_key, sort_key, value, ttl_s))
+
+    async def multi_set(self, table: str, hash_key: bytes, items: dict[bytes, bytes], *,
+                        ttl_s: int = 0) -> None:
+        for sort_key, value in items.items():
+            check_key(hash_key, sort_key)
+            check_value(value)
+        await self._write_one(table, hash_key,
+                              MultiSetCommand(hash_key, tuple(items.items()), ttl_s))
+
+    async def delete(self, table: str, hash_key: bytes, sort_key: bytes) -> None:
+        check_key(hash_key, sort_key)
+        await self._write_one(table, hash_key, DeleteCommand(hash_key, sort_key))
+
+    async def multi_delete(self, table: str, hash_key: bytes, sort_keys: Sequence[bytes]) -> None:
+        for sort_key in sort_keys:
+            check_key(hash_key, sort_key)
+        await self._write_one(table, hash_key, MultiDeleteCommand(hash_key, tuple(sort_keys)))
+
+    async def incr(self, table: str, hash_key: bytes, sort_key: bytes, increment: int = 1, *,
+                   ttl_s: int = 0) -> int:
+        check_key(hash_key, sort_key)
+        result = await self._write_one(table, hash_key,
+                                       IncrCommand(hash_key, sort_key, increment, ttl_s))
+        assert isinstance(result, IncrResult)
+        return result.value
+
+    async def check_and_mutate(self, table: str, hash_key: bytes, *, check_sort_key: bytes,
+                               check_type: CheckType, operand: bytes,
+                               mutations: Sequence[Mutation],
+                               return_check_value: bool = False) -> CheckResult:
+        check_key(hash_key, check_sort_key)
+        for mutation in mutations:
+            check_key(hash_key, mutation.sort_key)
+            if mutation.value is not None:
+                check_value(mutation.value)
+        result = await self._write_one(table, hash_key, CheckAndMutateCommand(
+            hash_key, check_sort_key, check_type, operand, tuple(mutations),
+            return_check_value))
+        assert isinstance(result, CheckResult)
+        return result
+
+    async def check_and_set(self, table: str, hash_key: bytes, *, check_sort_key: bytes,
+                            check_type: CheckType, operand: bytes, set_sort_key: bytes,
+                            value: bytes, ttl_s: int = 0,
+                            return_check_value: bool = False) -> CheckResult:
+        return await self.check_and_mutate(
+            table, hash_key, check_sort_key=check_sort_key, check_type=check_type,
+            operand=operand, mutations=[Mutation(set_sort_key, value, ttl_s)],
+            return_check_value=return_check_value)
+
+    async def _write_one(self, table: str, hash_key: bytes, command: WriteCommand) -> WriteResult:
+        async def send(address: str, layout: TableLayout, partition: int) -> TableWriteResponse:
+            return await self._pool.call(address, TableWriteRequest(
+                table_id=layout.record.table_id, partition=partition, commands=[command]),
+                timeout_s=self._request_timeout_s)
+
+        response = await self._route(table, hash_key, send)
+        result = response.results[0]
+        if isinstance(result, Refused):
+            if isinstance(command, IncrCommand) or "integer" in result.message:
+                raise NotAnIntegerError(result.message)
+            raise BadTableRequestError(result.message)
+        return result
+
+    # ----- reads ----------------------------------------------------------------------
+
+    async def get(self, table: str, hash_key: bytes, sort_key: bytes) -> bytes | None:
+        check_key(hash_key, sort_key)
+
+        async def send(address: str, layout: TableLayout, partition: int) -> bytes | None:
+            response = await self._pool.call(address, TableGetRequest(
+                table_id=layout.record.table_id, partition=partition, hash_key=hash_key,
+                sort_key=sort_key), timeout_s=self._request_timeout_s)
+            return response.value
+
+        return await self._route(table, hash_key, send)
+
+    async def multi_get(self, table: str, hash_key: bytes,
+                        sort_keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        for sort_key in sort_keys:
+            check_key(hash_key, sort_key)
+
+        async def send(address: str, layout: TableLayout, partition: int) -> dict[bytes, bytes]:
+            response = await self._pool.call(address, TableMultiGetRequest(
+                table_id=layout.record.table_id, partition=partition, hash_key=hash_key,
+                sort_keys=list(sort_keys)), timeout_s=self._request_timeout_s)
+            return response.values
+
+        return await self._route(table, hash_key, send)
+
+    async def ttl(self, table: str, hash_key: bytes, sort_key: bytes) -> int | None:
+        """Seconds left; -1 for no TTL; None when the key is absent."""
+        check_key(hash_key, sort_key)
+
+        async def send(address: str, layout: TableLayout, partition: int) -> int | None:
+            response = await self._pool.call(address, TableTtlRequest(
+                table_id=layout.record.table_id, partition=partition, hash_key=hash_key,
+                sort_key=sort_key), timeout_s=self._request_timeout_s)
+            return response.ttl_s if response.exists else None
+
+        return await self._route(table, hash_key, send)
+
+    async def sort_key_count(self, table: str, hash_key: bytes) -> int:
+        check_key(hash_key)
+
+        async def send(address: str, layout: TableLayout, partition: int) -> int:
+            response = await self._pool.call(address, TableCountRequest(
+                table_id=layout.record.table_id, partition=partition, hash_key=hash_key),
+                timeout_s=self._request_timeout_s)
+            return response.count
+
+        return await self._route(table, hash_key, send)
+
+    async def scan(self, table: str, hash_key: bytes, *, start: bytes = b"",
+                   stop: bytes | None = None, start_inclusive: bool = True,
+                   stop_inclusive: bool = False, reverse: bool = False,
+                   page_records: int = SCAN_PAGE_RECORDS) -> AsyncIterator[tuple[bytes, bytes]]:
+        """(sort_key, value) of ``hash_key`` in the range, fetched a page at a time."""
+        check_key(hash_key, start)
+        if stop is not None:
+            check_key(hash_key, stop)
+        _check_page(page_records)
+        after: bytes | None = None
+        while True:
+            items, after = await self._scan_page(table, hash_key, None, TableScanRequest(
+                table_id=0, partition=0, hash_key=hash_key, start=start, stop=stop,
+                start_inclusive=start_inclusive, stop_inclusive=stop_inclusive,
+                limit=page_records, reverse=reverse, after=after))
+            for _, sort_key, value in items:
+                yield sort_key, value
+            if after is None:
+                return
+
+    async def full_scan(self, table: str, *, page_records: int = SCAN_PAGE_RECORDS
+                        ) -> AsyncIterator[tuple[bytes, bytes, bytes]]:
+        """(hash_key, sort_key, value) of the whole table, partition by partition."""
+        _check_page(page_records)
+        layout = await self._layout(table)
+        for partition in range(layout.record.partitions):
+            after: bytes | None = None
+            while True:
+                items, after = await self._scan_page(table, b"", partition, TableScanRequest(
+                    table_id=0, partition=partition, full=True, limit=page_records,
+                    after=after))
+                for item in items:
+                    yield item
+                if after is None:
+                    break
+
+    async def _scan_page(self, table: str, hash_key: bytes, partition: int | None,
+                         template: TableScanRequest
+                         ) -> tuple[list[tuple[bytes, bytes, bytes]], bytes | None]:
+        async def send(address: str, layout: TableLayout, target: int
+                       ) -> tuple[list[tuple[bytes, bytes, bytes]], bytes | None]:
+            import msgspec
+
+            request = msgspec.structs.replace(
+                template, table_id=layout.record.table_id, partition=target)
+            response = await self._pool.call(address, request,
+                                             timeout_s=self._request_timeout_s)
+            return response.items, response.next_after
+
+        return await self._route(table, hash_key, send, partition=partition)
+
+    # ----- routing ----------------------------------------------------------------------
+
+    async def _layout(self, table: str, *, refresh: bool = False) -> TableLayout:
+        layout = self._layouts.get(table)
+        if layout is None or refresh:
+            layout = await table_info(self.meta, table)  # UnknownTableError
+            self._layouts[table] = layout
+            nodes = await table_nodes(self.meta)
+            self._addresses.update({n.node_id: n.address for n in nodes.values()})
+        return layout
+
+    async def _route(self, table: str, hash_key: bytes,
+                     send: Callable[[str, TableLayout, int], Awaitable[T]], *,
+                     partition: int | None = None) -> T:
+        deadline = time.monotonic() + self._deadline_s
+        layout = await self._layout(table)
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            target = partition if partition is not None else partition_of(
+                hash_key, layout.record.partitions)
+            key = (layout.record.table_id, target)
+            members = layout.partitions[target].members
+            candidates = [self._leaders[key]] if key in self._leaders else []
+            candidates += [self._addresses[m] for m in members if m in self._addresses]
+            for address in dict.fromkeys(candidates):
+                try:
+                    result = await send(address, layout, target)
+                except NotLeaderError as exc:
+                    last = exc
+                    self._leaders.pop(key, None)
+                    if exc.leader_hint:
+                        self._leaders[key] = exc.leader_hint
+                        break
+                    continue
+                except PartitionNotHostedError as exc:
+                    last = exc
+                    continue
+                except TransientError as exc:
+                    last = exc
+                    self._leaders.pop(key, None)
+                    continue
+                self._leaders[key] = address
+                return result
+            else:
+                await asyncio.sleep(RETRY_BACKOFF_S)
+                layout = await self._layout(table, refresh=True)
+        raise DeadlineExceededError(
+            f"table {table!r}: no leader of the partition answered within "
+            f"{self._deadline_s:.0f} s (last error: {last}); check `quorumlog status`")
+
+
+def _check_page(page_records: int) -> None:
+    if not 1 <= page_records <= SCAN_LIMIT_MAX:
+        raise UsageError(f"page_records must be in 1..{SCAN_LIMIT_MAX}, got {page_records}")
+
+
+class BlockingTableClient:
+    """The same operations, blocking, on an event loop of their own (``rpc.LoopThread``).
+
+    Scans return lists (every page fetched)."""
+
+    def __init__(self, meta_addresses: Sequence[str], **options: Any) -> None:
+        self._thread = rpc.LoopThread("table-client")
+        self._client: TableClient = self._thread.call(_make(meta_addresses, options))
+
+    def __enter__(self) -> BlockingTableClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if not self._thread.closed:
+            self._thread.call(self._client.close())
+            self._thread.close()
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self._client, name)
+        if name in ("scan", "full_scan"):
+            return lambda *a, **k: self._thread.call(_collect(method(*a, **k)))
+        if name.startswith("_") or not asyncio.iscoroutinefunction(method):
+            raise AttributeError(name)
+        return lambda *a, **k: self._thread.call(method(*a, **k))
+
+
+async def _make(meta_addresses: Sequence[str], options: dict[str, Any]) -> TableClient:
+    return TableClient(meta_addresses, **options)
+
+
+async def _collect(iterator: AsyncIterator[T]) -> list[T]:
+    return [item async for item in iterator]

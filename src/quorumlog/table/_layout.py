@@ -1,0 +1,211 @@
+"""Table metadata in meta: table records, partition assignments, table nodes.
+
+Key layout (values are msgpack):
+
+- ``/table-nodes/<node id>``: :class:`TableNodeRecord` (address, zone), an
+  ephemeral key bound to the node's meta session (like a bookie's
+  registration): a node whose session expires is not a placement candidate;
+- ``/tables/<name>/config``: :class:`TableRecord` (table id, partitions P,
+  replicas R, created_ms);
+- ``/tables/<name>/partitions/<p>``: :class:`PartitionRecord` (members, epoch).
+
+:func:`create_table` places every partition with ``place_replicas`` over the
+registered table nodes and writes all records in one meta transaction that
+also checks the table does not exist. The partition of a hash_key is
+``crc32c(hash_key) % P``; the Raft group of partition p of table t is
+:func:`group_id_of` (t, p).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from dataclasses import dataclass
+
+import crc32c
+import msgspec
+
+from quorumlog.errors import UsageError, invariant
+from quorumlog.meta import Compare, CompareOp, CompareTarget, DeleteOp, MetaClient, PutOp
+from quorumlog.table._errors import TableError
+from quorumlog.table._placement import ClusterLoad, NodeCandidate, place_replicas
+
+TABLES_PREFIX = "/tables/"
+TABLE_NODES_PREFIX = "/table-nodes/"
+TABLE_ID_SEQUENCE = "table"
+PARTITIONS_MAX = 4096  # partitions of one table (Pegasus tables use 8..1024)
+PARTITION_BITS = 20  # group id layout: table id above these bits, partition below
+REPLICAS_MAX = 7
+TABLE_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+# Table group ids start above this bit, so they never meet the meta group's (1).
+TABLE_GROUP_BASE = 1 << 48
+
+
+class UnknownTableError(TableError, UsageError):
+    """No table of this name (or it was dropped): ``quorumlog table list``."""
+
+
+class TableExistsError(TableError, UsageError):
+    """A table of this name exists already."""
+
+
+class TableNodeRecord(msgspec.Struct, frozen=True):
+    node_id: int
+    address: str
+    zone: str = "default"
+
+
+class TableRecord(msgspec.Struct, frozen=True):
+    table_id: int
+    partitions: int
+    replicas: int
+    created_ms: int
+
+
+class PartitionRecord(msgspec.Struct, frozen=True):
+    members: tuple[int, ...]
+    epoch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TableLayout:
+    """A table's record and the members of each partition (index = partition)."""
+
+    name: str
+    record: TableRecord
+    partitions: tuple[PartitionRecord, ...]
+
+
+def check_table_name(name: str) -> str:
+    if not TABLE_NAME_PATTERN.fullmatch(name):
+        raise UsageError(f"table name {name!r} must be 1..128 characters of A-Z a-z 0-9 _ . -")
+    return name
+
+
+def config_key(name: str) -> str:
+    return f"{TABLES_PREFIX}{name}/config"
+
+
+def partition_key(name: str, partition: int) -> str:
+    return f"{TABLES_PREFIX}{name}/partitions/{partition}"
+
+
+def table_node_key(node_id: int) -> str:
+    return f"{TABLE_NODES_PREFIX}{node_id}"
+
+
+def partition_of(hash_key: bytes, partitions: int) -> int:
+    """The partition of ``hash_key`` in a table of ``partitions`` partitions."""
+    return crc32c.crc32c(hash_key) % partitions
+
+
+def group_id_of(table_id: int, partition: int) -> int:
+    """The Raft group id of one partition (never the meta group's)."""
+    invariant(0 <= partition < (1 << PARTITION_BITS), f"partition {partition} out of range")
+    invariant(0 < table_id < (1 << (48 - PARTITION_BITS)), f"table id {table_id} out of range")
+    return TABLE_GROUP_BASE | table_id << PARTITION_BITS | partition
+
+
+def is_table_group(group_id: int) -> bool:
+    """Whether a Raft group id is a table partition's (not meta's)."""
+    return group_id >= TABLE_GROUP_BASE
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODE_TABLE = msgspec.msgpack.Decoder(TableRecord)
+_DECODE_PARTITION = msgspec.msgpack.Decoder(PartitionRecord)
+_DECODE_NODE = msgspec.msgpack.Decoder(TableNodeRecord)
+
+
+def encode(record: TableRecord | PartitionRecord | TableNodeRecord) -> bytes:
+    return _ENCODER.encode(record)
+
+
+def decode_node(raw: bytes) -> TableNodeRecord:
+    return _DECODE_NODE.decode(raw)
+
+
+async def table_nodes(meta: MetaClient) -> dict[int, TableNodeRecord]:
+    """The registered (live) table nodes by id."""
+    nodes = [decode_node(kv.value) for kv in await meta.list_keys(TABLE_NODES_PREFIX)]
+    return {node.node_id: node for node in nodes}
+
+
+def parse_layouts(kvs: list[tuple[str, bytes]]) -> dict[str, TableLayout]:
+    """Every complete table in a listing of ``/tables/``."""
+    records: dict[str, TableRecord] = {}
+    parts: dict[str, dict[int, PartitionRecord]] = {}
+    for key, value in kvs:
+        name, _, rest = key[len(TABLES_PREFIX):].partition("/")
+        if rest == "config":
+            records[name] = _DECODE_TABLE.decode(value)
+        elif rest.startswith("partitions/"):
+            parts.setdefault(name, {})[int(rest.split("/", 1)[1])] = (
+                _DECODE_PARTITION.decode(value))
+    out = {}
+    for name, record in records.items():
+        found = parts.get(name, {})
+        if sorted(found) == list(range(record.partitions)):
+            out[name] = TableLayout(name, record, tuple(found[p] for p in sorted(found)))
+    return out
+
+
+async def all_layouts(meta: MetaClient) -> dict[str, TableLayout]:
+    kvs = await meta.list_keys(TABLES_PREFIX)
+    return parse_layouts([(kv.key, kv.value) for kv in kvs])
+
+
+async def create_table(meta: MetaClient, name: str, *, partitions: int, replicas: int,
+                       seed: int | None = None) -> TableLayout:
+    """Place and record a new table; raises TableExistsError or NotEnoughTableNodesError."""
+    check_table_name(name)
+    if not 1 <= partitions <= PARTITIONS_MAX:
+        raise UsageError(f"partitions must be in 1..{PARTITIONS_MAX}, got {partitions}")
+    if not 1 <= replicas <= REPLICAS_MAX:
+        raise UsageError(f"replicas must be in 1..{REPLICAS_MAX}, got {replicas}")
+    if await meta.get(config_key(name)) is not None:
+        raise TableExistsError(f"table {name!r} exists; drop it first or pick another name")
+    nodes = await table_nodes(meta)
+    candidates = [NodeCandidate(n.node_id, n.zone) for n in nodes.values()]
+    existing = await all_layouts(meta)
+    load = ClusterLoad.of(p.members for t in existing.values() for p in t.partitions)
+    rng = random.Random(seed)
+    placed = []
+    for _ in range(partitions):
+        members = place_replicas(candidates, replicas, load, rng=rng)
+        load.add(members)
+        placed.append(PartitionRecord(members=tuple(sorted(members))))
+    table_id = await meta.next_id(TABLE_ID_SEQUENCE)
+    record = TableRecord(table_id=table_id, partitions=partitions, replicas=replicas,
+                         created_ms=int(time.time() * 1000))
+    puts = [PutOp(key=config_key(name), value=encode(record))]
+    puts += [PutOp(key=partition_key(name, p), value=encode(part))
+             for p, part in enumerate(placed)]
+    result = await meta.txn(
+        compares=[Compare(key=config_key(name), target=CompareTarget.VERSION,
+                          op=CompareOp.EQUAL, version=0)],
+        success=puts)
+    if not result.succeeded:
+        raise TableExistsError(f"table {name!r} was created meanwhile by another client")
+    return TableLayout(name, record, tuple(placed))
+
+
+async def table_info(meta: MetaClient, name: str) -> TableLayout:
+    check_table_name(name)
+    kvs = await meta.list_keys(f"{TABLES_PREFIX}{name}/")
+    layout = parse_layouts([(kv.key, kv.value) for kv in kvs]).get(name)
+    if layout is None:
+        raise UnknownTableError(f"no table {name!r}; `quorumlog table list` shows the tables")
+    return layout
+
+
+async def list_tables(meta: MetaClient) -> list[TableLayout]:
+    return [layout for _, layout in sorted((await all_layouts(meta)).items())]
+
+
+async def drop_table(meta: MetaClient, name: str) -> None:
+    """Remove a table's records; its replicas stop serving it at once and table
+    nodes delete its data (docs/table.md)."""
+    await table_info(meta, name)  # UnknownTableError when absent
+    await meta.txn(success=[DeleteOp(key=f"{TABLES_PREFIX}{name}/", prefix=True)])

@@ -1,0 +1,137 @@
+"""The table rpc contract: requests a ``TableClient`` sends to partition leaders.
+
+Type ids and error codes 3000..3999 (docs/rpc.md). Every request names the
+table id and the partition; a node that does not host that partition's
+replica answers ``PartitionNotHostedError`` (retriable: the client's layout is
+stale), a follower answers ``NotLeaderError`` with the leader's address.
+Reads are linearizable: the leader confirms its leadership (ReadIndex) and
+waits until it has applied up to the read index before reading.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from quorumlog import rpc
+from quorumlog.errors import TransientError
+from quorumlog.table._commands import WriteCommand, WriteResult
+from quorumlog.table._errors import (
+    BadTableRequestError,
+    KeyTooLargeError,
+    NotAnIntegerError,
+    TableError,
+    ValueTooLargeError,
+)
+from quorumlog.table._layout import TableExistsError, UnknownTableError
+from quorumlog.table._placement import NotEnoughTableNodesError
+
+
+class PartitionNotHostedError(TableError, TransientError):
+    """This node hosts no replica of the partition (the client's layout is stale,
+    or the node has not opened it yet): refresh the layout and retry."""
+
+
+class TableWriteResponse(rpc.Message, frozen=True):
+    type_id: ClassVar[int] = 3001
+    results: list[WriteResult]
+
+
+class TableWriteRequest(rpc.Request[TableWriteResponse], frozen=True):
+    """Commands of one partition, applied in order in one Raft entry."""
+
+    type_id: ClassVar[int] = 3000
+    table_id: int
+    partition: int
+    commands: list[WriteCommand]
+
+
+class TableGetResponse(rpc.Message, frozen=True):
+    type_id: ClassVar[int] = 3003
+    value: bytes | None
+
+
+class TableGetRequest(rpc.Request[TableGetResponse], frozen=True):
+    type_id: ClassVar[int] = 3002
+    table_id: int
+    partition: int
+    hash_key: bytes
+    sort_key: bytes
+
+
+class TableMultiGetResponse(rpc.Message, frozen=True):
+    type_id: ClassVar[int] = 3005
+    values: dict[bytes, bytes]
+
+
+class TableMultiGetRequest(rpc.Request[TableMultiGetResponse], frozen=True):
+    type_id: ClassVar[int] = 3004
+    table_id: int
+    partition: int
+    hash_key: bytes
+    sort_keys: list[bytes]
+
+
+class TableScanResponse(rpc.Message, frozen=True):
+    type_id: ClassVar[int] = 3007
+    items: list[tuple[bytes, bytes, bytes]]  # (hash_key, sort_key, value)
+    next_after: bytes | None
+
+
+class TableScanRequest(rpc.Request[TableScanResponse], frozen=True):
+    """A sort-key range of one hash_key, or (``full``) the whole partition."""
+
+    type_id: ClassVar[int] = 3006
+    table_id: int
+    partition: int
+    hash_key: bytes = b""
+    full: bool = False
+    start: bytes = b""
+    stop: bytes | None = None
+    start_inclusive: bool = True
+    stop_inclusive: bool = False
+    limit: int = 100
+    reverse: bool = False
+    after: bytes | None = None
+
+
+class TableCountResponse(rpc.Message, frozen=True):
+    type_id: ClassVar[int] = 3009
+    count: int
+
+
+class TableCountRequest(rpc.Request[TableCountResponse], frozen=True):
+    type_id: ClassVar[int] = 3008
+    table_id: int
+    partition: int
+    hash_key: bytes
+
+
+class TableTtlResponse(rpc.Message, frozen=True):
+    type_id: ClassVar[int] = 3011
+    exists: bool
+    ttl_s: int  # -1: no TTL
+
+
+class TableTtlRequest(rpc.Request[TableTtlResponse], frozen=True):
+    type_id: ClassVar[int] = 3010
+    table_id: int
+    partition: int
+    hash_key: bytes
+    sort_key: bytes
+
+
+TableReadRequest = (TableGetRequest | TableMultiGetRequest | TableScanRequest
+                    | TableCountRequest | TableTtlRequest)
+
+for _code, _cls in (
+    (3000, TableError),
+    (3001, KeyTooLargeError),
+    (3002, ValueTooLargeError),
+    (3003, BadTableRequestError),
+    (3004, NotAnIntegerError),
+    (3005, UnknownTableError),
+    (3006, PartitionNotHostedError),
+    (3007, TableExistsError),
+    (3008, NotEnoughTableNodesError),
+):
+    rpc.register_error(_code, _cls)

@@ -1,0 +1,337 @@
+"""The table role of a node: partition replicas on a multi-raft host.
+
+A :class:`TableService` registers its node under ``/table-nodes/<id>`` (an
+ephemeral key kept alive by a meta session), watches ``/tables/`` and hosts,
+on one :class:`~quorumlog.raft.RaftHost` of its own (WAL under
+``<data_dir>/table/raft``), a Raft group for every partition replica
+assigned to this node. Each group's state machine is a
+:class:`PartitionMachine` over one :class:`TableStore` (RocksDB under
+``<data_dir>/table/replicas/<group id>``).
+
+Writes are ``TableEntry`` proposals stamped by the leader's ``TimetagClock``;
+reads wait on ``read_barrier`` (ReadIndex) and read the leader's store. A
+follower answers ``NotLeaderError`` with the leader's address.
+
+Snapshots are RocksDB checkpoints (hard links) packed into the bytes of a
+Raft snapshot, so they travel through the chunked snapshot transfer; the
+current limitation is that the whole checkpoint is held in memory and in the
+snapshot file (docs/table.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from quorumlog import rpc
+from quorumlog.config import Config, require
+from quorumlog.errors import QuorumlogError, invariant
+from quorumlog.log import get_logger
+from quorumlog.meta import MetaClient
+from quorumlog.raft import HostConfig, RaftHost
+from quorumlog.table._commands import TableEntry, WriteResult, decode_entry, encode_entry
+from quorumlog.table._layout import (
+    TABLE_NODES_PREFIX,
+    TABLES_PREFIX,
+    TableLayout,
+    TableNodeRecord,
+    decode_node,
+    encode,
+    group_id_of,
+    parse_layouts,
+    table_node_key,
+)
+from quorumlog.table._messages import (
+    PartitionNotHostedError,
+    TableCountRequest,
+    TableCountResponse,
+    TableGetRequest,
+    TableGetResponse,
+    TableMultiGetRequest,
+    TableMultiGetResponse,
+    TableScanRequest,
+    TableScanResponse,
+    TableTtlRequest,
+    TableTtlResponse,
+    TableWriteRequest,
+    TableWriteResponse,
+)
+from quorumlog.table._store import TableStore
+from quorumlog.table._timetag import TimetagClock
+
+_log = get_logger(__name__)
+
+WATCH_WAIT_MS = 10_000  # one long-poll of the /table watch
+RETRY_DELAY_S = 1.0  # after a failed registration or watch round
+
+
+class TableConfig(Config, frozen=True):
+    """``[table]`` of a node config."""
+
+    zone: str = "default"  # placement spreads a partition's replicas over zones
+    cluster_id: int = 1  # timetags' cluster id (duplication tells clusters apart)
+    tick_interval_ms: int = 100
+    election_timeout_ticks: int = 10
+    # A Raft snapshot (a RocksDB checkpoint) after this many applied entries.
+    snapshot_entries: int = 10_000
+    # The node's registration disappears this long after the node dies.
+    registration_ttl_ms: int = 10_000
+
+    def validate(self) -> None:
+        require(bool(self.zone), "[table] zone must not be empty")
+        require(1 <= self.cluster_id <= 127, "[table] cluster_id must be in 1..127")
+        require(self.tick_interval_ms >= 1, "[table] tick_interval_ms must be >= 1")
+        require(self.election_timeout_ticks >= 2, "[table] election_timeout_ticks must be >= 2")
+        require(self.snapshot_entries >= 1, "[table] snapshot_entries must be >= 1")
+        require(self.registration_ttl_ms >= 1000, "[table] registration_ttl_ms must be >= 1000")
+
+
+class _Checkpoint(msgspec.Struct, frozen=True):
+    decree: int
+    files: list[tuple[str, bytes]]
+
+
+_ENCODE = msgspec.msgpack.Encoder()
+_DECODE_CHECKPOINT = msgspec.msgpack.Decoder(_Checkpoint)
+
+
+class PartitionMachine:
+    """The Raft state machine of one partition replica (``raft.StateMachine``)."""
+
+    def __init__(self, store: TableStore, clock: TimetagClock, staging: Path) -> None:
+        self.store = store
+        self.clock = clock
+        self._staging = staging
+
+    def apply(self, index: int, data: bytes) -> list[WriteResult]:
+        entry = decode_entry(data)
+        self.clock.observe(entry.timestamp_us)
+        return self.store.apply(index, entry)
+
+    def snapshot(self) -> bytes:
+        """A RocksDB checkpoint of the store, packed (file name, contents)."""
+        self._staging.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=self._staging) as temp:
+            target = Path(temp) / "checkpoint"
+            decree = self.store.checkpoint(target)
+            files = [(path.name, path.read_bytes()) for path in sorted(target.iterdir())]
+        return _ENCODE.encode(_Checkpoint(decree=decree, files=files))
+
+    def restore(self, data: bytes) -> None:
+        """Install a checkpoint, unless the store already holds everything in it
+        (a restart: the store is at or past the snapshot's decree)."""
+        checkpoint = _DECODE_CHECKPOINT.decode(data)
+        if self.store.applied_decree >= checkpoint.decree:
+            return
+        self._staging.mkdir(parents=True, exist_ok=True)
+        target = Path(tempfile.mkdtemp(dir=self._staging)) / "checkpoint"
+        target.mkdir()
+        for name, content in checkpoint.files:
+            invariant("/" not in name and name not in ("", ".", ".."), f"bad file {name!r}")
+            (target / name).write_bytes(content)
+        self.store.restore(target)
+        shutil.rmtree(target.parent, ignore_errors=True)
+        invariant(self.store.applied_decree == checkpoint.decree,
+                  "a restored checkpoint holds its decree")
+
+
+@dataclass(slots=True)
+class _Replica:
+    table: str
+    table_id: int
+    partition: int
+    group_id: int
+    machine: PartitionMachine
+    dropped: bool = False
+
+
+class TableService:
+    """The table role; see the module docstring."""
+
+    def __init__(self, node_id: int, address: str, meta_addresses: list[str],
+                 data_dir: Path, config: TableConfig | None = None) -> None:
+        self.node_id = node_id
+        self.address = address
+        self.config = config or TableConfig()
+        self.config.validate()
+        self.data_dir = data_dir / "table"
+        self._known_addresses: dict[int, str] = {node_id: address}
+        self.host = RaftHost(
+            node_id, {node_id: address}, self.data_dir / "raft",
+            config=HostConfig(tick_interval_ms=self.config.tick_interval_ms,
+                              election_timeout_ticks=self.config.election_timeout_ticks,
+                              snapshot_entries=self.config.snapshot_entries))
+        self.host.resolver = self._known_addresses.get
+        self._meta = MetaClient(meta_addresses)
+        self._replicas: dict[int, _Replica] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self.registered = False
+        self.failed = self.host.failed
+
+    # ----- lifecycle ----------------------------------------------------------
+
+    def handlers(self) -> dict[type[rpc.Request[Any]], Any]:
+        """The table requests; the Raft host's own handlers are in ``host.handlers()``."""
+        return {
+            TableWriteRequest: self._on_write,
+            TableGetRequest: self._on_get,
+            TableMultiGetRequest: self._on_multi_get,
+            TableScanRequest: self._on_scan,
+            TableCountRequest: self._on_count,
+            TableTtlRequest: self._on_ttl,
+        }
+
+    def hosts_group(self, group_id: int) -> bool:
+        return group_id in self._replicas
+
+    async def start(self) -> None:
+        await self.host.start()
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._register_loop(), name="table-registration"),
+                       loop.create_task(self._watch_loop(), name="table-watch")]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.host.close()
+        for replica in self._replicas.values():
+            replica.machine.store.close()
+        await self._meta.close()
+
+    # ----- registration and assignments -----------------------------------------
+
+    async def _register_loop(self) -> None:
+        ttl_ms = self.config.registration_ttl_ms
+        record = encode(TableNodeRecord(self.node_id, self.address, self.config.zone))
+        while True:
+            try:
+                session = await self._meta.create_session(ttl_ms)
+                await self._meta.put(table_node_key(self.node_id), record, session_id=session)
+                self.registered = True
+                _log.info("table_node_registered", node=self.node_id, session=session)
+                while await self._meta.keepalive(session):
+                    await asyncio.sleep(ttl_ms / 3000)
+            except QuorumlogError as exc:
+                _log.warning("table_registration_failed", node=self.node_id, error=exc.message)
+            self.registered = False
+            await asyncio.sleep(RETRY_DELAY_S)
+
+    async def _watch_loop(self) -> None:
+        """List ``/table``, reconcile, then wait for the next change under it."""
+        while True:
+            try:
+                result, revision = await self._meta.range("/table", prefix=True)
+                self._reconcile([(kv.key, kv.value) for kv in result.kvs])
+                await self._meta.watch_once("/table", prefix=True, start_revision=revision + 1,
+                                            wait_ms=WATCH_WAIT_MS)
+            except QuorumlogError as exc:
+                _log.warning("table_watch_failed", node=self.node_id, error=exc.message)
+                await asyncio.sleep(RETRY_DELAY_S)
+
+    def _reconcile(self, kvs: list[tuple[str, bytes]]) -> None:
+        for key, value in kvs:
+            if key.startswith(TABLE_NODES_PREFIX):
+                node = decode_node(value)
+                self._known_addresses[node.node_id] = node.address
+        layouts = parse_layouts([kv for kv in kvs if kv[0].startswith(TABLES_PREFIX)])
+        wanted: set[int] = set()
+        for layout in layouts.values():
+            for partition, record in enumerate(layout.partitions):
+                if self.node_id in record.members:
+                    gid = group_id_of(layout.record.table_id, partition)
+                    wanted.add(gid)
+                    if gid not in self._replicas:
+                        self._open_replica(layout, partition)
+        for gid, replica in self._replicas.items():
+            if gid not in wanted and not replica.dropped:
+                # Dropped: the replica stops serving at once; the Raft host
+                # has no group removal yet, so its files stay (docs/table.md).
+                replica.dropped = True
+                _log.info("table_replica_dropped", table=replica.table, group=gid)
+
+    def _open_replica(self, layout: TableLayout, partition: int) -> None:
+        gid = group_id_of(layout.record.table_id, partition)
+        store = TableStore(self.data_dir / "replicas" / f"{gid:016x}",
+                           cluster_id=self.config.cluster_id)
+        machine = PartitionMachine(store, TimetagClock(), self.data_dir / "staging")
+        self._replicas[gid] = _Replica(layout.name, layout.record.table_id, partition, gid,
+                                       machine)
+        self.host.add_group(gid, set(layout.partitions[partition].members), machine)
+        _log.info("table_replica_opened", table=layout.name, partition=partition, group=gid)
+
+    # ----- requests ---------------------------------------------------------------
+
+    def _replica(self, table_id: int, partition: int) -> _Replica:
+        gid = group_id_of(table_id, partition) if table_id > 0 else 0
+        replica = self._replicas.get(gid)
+        if replica is None or replica.dropped:
+            raise PartitionNotHostedError(
+                f"node {self.node_id} hosts no replica of table id {table_id} partition "
+                f"{partition}; refresh the table layout and retry")
+        return replica
+
+    async def _read(self, table_id: int, partition: int) -> TableStore:
+        replica = self._replica(table_id, partition)
+        await self.host.read_barrier(replica.group_id)
+        return replica.machine.store
+
+    async def _on_write(self, request: TableWriteRequest,
+                        ctx: rpc.RequestContext) -> TableWriteResponse:
+        replica = self._replica(request.table_id, request.partition)
+        self.host.require_leader(self.host.group(replica.group_id))
+        entry = TableEntry(timestamp_us=replica.machine.clock.next(time.time_ns() // 1000),
+                           commands=tuple(request.commands))
+        results = await self.host.propose(replica.group_id, encode_entry(entry))
+        return TableWriteResponse(results=list(results))
+
+    async def _on_get(self, request: TableGetRequest,
+                      ctx: rpc.RequestContext) -> TableGetResponse:
+        store = await self._read(request.table_id, request.partition)
+        return TableGetResponse(value=store.get(request.hash_key, request.sort_key, _now_s()))
+
+    async def _on_multi_get(self, request: TableMultiGetRequest,
+                            ctx: rpc.RequestContext) -> TableMultiGetResponse:
+        store = await self._read(request.table_id, request.partition)
+        return TableMultiGetResponse(
+            values=store.multi_get(request.hash_key, request.sort_keys, _now_s()))
+
+    async def _on_scan(self, request: TableScanRequest,
+                       ctx: rpc.RequestContext) -> TableScanResponse:
+        store = await self._read(request.table_id, request.partition)
+        if request.full:
+            page = store.full_scan(_now_s(), limit=request.limit, after=request.after)
+        else:
+            page = store.scan(request.hash_key, _now_s(), start=request.start, stop=request.stop,
+                              start_inclusive=request.start_inclusive,
+                              stop_inclusive=request.stop_inclusive, limit=request.limit,
+                              reverse=request.reverse, after=request.after)
+        return TableScanResponse(
+            items=[(item.hash_key, item.sort_key, item.value) for item in page.items],
+            next_after=page.next_after)
+
+    async def _on_count(self, request: TableCountRequest,
+                        ctx: rpc.RequestContext) -> TableCountResponse:
+        store = await self._read(request.table_id, request.partition)
+        return TableCountResponse(count=store.sort_key_count(request.hash_key, _now_s()))
+
+    async def _on_ttl(self, request: TableTtlRequest,
+                      ctx: rpc.RequestContext) -> TableTtlResponse:
+        store = await self._read(request.table_id, request.partition)
+        ttl = store.ttl_s(request.hash_key, request.sort_key, _now_s())
+        return TableTtlResponse(exists=ttl is not None, ttl_s=-1 if ttl is None else ttl)
+
+    def status(self) -> list[dict[str, Any]]:
+        return self.host.status()
+
+
+def _now_s() -> int:
+    return int(time.time())
+

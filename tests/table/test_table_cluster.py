@@ -1,0 +1,168 @@
+"""Tables on a real local cluster: 3 node processes (meta, bookie, table) on 127.0.0.1.
+
+One cluster for the module; each test uses its own table. The leader-kill
+test runs last (it restarts the killed node at the end).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from quorumlog import node as cluster
+from quorumlog.errors import DeadlineExceededError
+from quorumlog.table import (
+    BlockingTableClient,
+    CheckType,
+    KeyTooLargeError,
+    Mutation,
+    NotAnIntegerError,
+    TableExistsError,
+    UnknownTableError,
+    ValueTooLargeError,
+    partition_of,
+)
+
+PARTITIONS = 8
+REPLICAS = 3
+
+
+@pytest.fixture(scope="module")
+def cluster_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    directory = tmp_path_factory.mktemp("table-cluster")
+    with cluster.running(directory, 3):
+        yield directory
+
+
+@pytest.fixture
+def tables(cluster_dir: Path) -> Iterator[BlockingTableClient]:
+    with BlockingTableClient(cluster.meta_addresses(cluster_dir)) as client:
+        yield client
+
+
+def test_every_operation_through_the_client(tables: BlockingTableClient) -> None:
+    layout = tables.create_table("ops", partitions=PARTITIONS, replicas=REPLICAS)
+    assert len(layout.partitions) == PARTITIONS
+    assert all(len(set(p.members)) == REPLICAS for p in layout.partitions)
+    with pytest.raises(TableExistsError):
+        tables.create_table("ops", partitions=PARTITIONS, replicas=REPLICAS)
+    for i in range(40):  # every partition gets some hash keys
+        tables.set("ops", b"h%d" % i, b"s", b"v%d" % i)
+    assert all(tables.get("ops", b"h%d" % i, b"s") == b"v%d" % i for i in range(40))
+    assert len({partition_of(b"h%d" % i, PARTITIONS) for i in range(40)}) == PARTITIONS
+    tables.multi_set("ops", b"user", {b"a": b"1", b"b": b"2", b"c": b"3"}, ttl_s=3600)
+    assert tables.multi_get("ops", b"user", [b"a", b"c", b"zz"]) == {b"a": b"1", b"c": b"3"}
+    assert tables.sort_key_count("ops", b"user") == 3
+    assert 3500 < tables.ttl("ops", b"user", b"a") <= 3600
+    assert tables.ttl("ops", b"h1", b"s") == -1
+    assert tables.ttl("ops", b"user", b"zz") is None
+    assert tables.scan("ops", b"user", start=b"b") == [(b"b", b"2"), (b"c", b"3")]
+    assert tables.scan("ops", b"user", page_records=1) == [(b"a", b"1"), (b"b", b"2"),
+                                                           (b"c", b"3")]
+    tables.delete("ops", b"user", b"a")
+    tables.multi_delete("ops", b"user", [b"b"])
+    assert tables.scan("ops", b"user") == [(b"c", b"3")]
+    assert tables.incr("ops", b"n", b"count", 5) == 5
+    assert tables.incr("ops", b"n", b"count", -2) == 3
+    with pytest.raises(NotAnIntegerError):
+        tables.incr("ops", b"h1", b"s", 1)
+    result = tables.check_and_set("ops", b"n", check_sort_key=b"count",
+                                  check_type=CheckType.INT_EQUAL, operand=b"3",
+                                  set_sort_key=b"flag", value=b"yes")
+    assert result.succeeded and tables.get("ops", b"n", b"flag") == b"yes"
+    result = tables.check_and_mutate("ops", b"n", check_sort_key=b"count",
+                                     check_type=CheckType.VALUE_NOT_EXIST, operand=b"",
+                                     mutations=[Mutation(b"flag", None)],
+                                     return_check_value=True)
+    assert not result.succeeded and result.check_value == b"3"
+    rows = tables.full_scan("ops", page_records=7)
+    assert len(rows) == 40 + 1 + 2  # h0..h39, user/c, n/count + n/flag
+    assert tables.table_info("ops").record.partitions == PARTITIONS
+    assert "ops" in [t.name for t in tables.list_tables()]
+
+
+def test_unknown_table_and_oversize_input_are_clear_errors(tables: BlockingTableClient) -> None:
+    with pytest.raises(UnknownTableError, match="quorumlog table list"):
+        tables.get("no-such-table", b"h", b"s")
+    tables.create_table("limits", partitions=2, replicas=REPLICAS)
+    with pytest.raises(KeyTooLargeError):
+        tables.set("limits", b"h" * 70_000, b"s", b"v")
+    with pytest.raises(KeyTooLargeError):
+        tables.get("limits", b"h", b"s" * 70_000)
+    with pytest.raises(ValueTooLargeError):
+        tables.set("limits", b"h", b"s", b"v" * (1024 * 1024 + 1))
+    tables.drop_table("limits")
+    with pytest.raises(UnknownTableError):
+        tables.set("limits", b"h", b"s", b"v")
+
+
+def _cli(cluster_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "quorumlog", "table", *args, "--dir",
+                           str(cluster_dir)], capture_output=True, text=True, timeout=60,
+                          check=False)
+
+
+def test_cli_commands(cluster_dir: Path) -> None:
+    assert _cli(cluster_dir, "create", "cli", "--partitions", "4").returncode == 0
+    assert "cli" in _cli(cluster_dir, "list").stdout
+    assert "members" in _cli(cluster_dir, "info", "cli").stdout
+    assert _cli(cluster_dir, "set", "cli", "h", "s1", "one").returncode == 0
+    assert _cli(cluster_dir, "set", "cli", "h", "s2", "two").returncode == 0
+    assert _cli(cluster_dir, "get", "cli", "h", "s1").stdout == "one\n"
+    assert _cli(cluster_dir, "scan", "cli", "h").stdout == "s1\tone\ns2\ttwo\n"
+    assert _cli(cluster_dir, "del", "cli", "h", "s1").returncode == 0
+    assert _cli(cluster_dir, "get", "cli", "h", "s1").returncode == 1
+    assert _cli(cluster_dir, "incr", "cli", "h", "n", "--by", "7").stdout == "7\n"
+    missing = _cli(cluster_dir, "get", "nope", "h", "s")
+    assert missing.returncode == 1 and "no table 'nope'" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    assert _cli(cluster_dir, "drop", "cli").returncode == 0
+    assert "cli" not in _cli(cluster_dir, "list").stdout.split()
+
+
+def test_leader_killed_while_writing_loses_no_acknowledged_write(
+        cluster_dir: Path, tables: BlockingTableClient) -> None:
+    tables.create_table("kill", partitions=1, replicas=REPLICAS)
+    tables.set("kill", b"k", b"0", b"0")
+    leader_address = tables._client._leaders[(tables.table_info("kill").record.table_id, 0)]
+    victim = next(n for n in cluster.load(cluster_dir) if n.address == leader_address)
+    acknowledged: list[int] = []
+    stop = threading.Event()
+    errors: list[Exception] = []
+
+    def writer() -> None:
+        i = 1
+        while not stop.is_set():
+            try:
+                tables.set("kill", b"k", b"%d" % i, b"%d" % i)
+            except DeadlineExceededError as exc:
+                errors.append(exc)
+                return
+            acknowledged.append(i)
+            i += 1
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while len(acknowledged) < 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(victim.pid, signal.SIGKILL)
+    killed_at = len(acknowledged)
+    while len(acknowledged) < killed_at + 20 and time.monotonic() < deadline + 20:
+        time.sleep(0.05)
+    stop.set()
+    thread.join()
+    assert not errors
+    assert len(acknowledged) >= killed_at + 20, "writes did not continue after re-election"
+    stored = dict(tables.scan("kill", b"k"))
+    missing = [i for i in acknowledged if stored.get(b"%d" % i) != b"%d" % i]
+    assert not missing
+    cluster.restart_node(cluster_dir, victim.id, serving_timeout_s=60)
