@@ -34,6 +34,8 @@ from quorumlog.table import (
 PARTITIONS = 8
 REPLICAS = 3
 
+DROP_DEADLINE_S = 30.0
+
 
 @pytest.fixture(scope="module")
 def cluster_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
@@ -102,6 +104,29 @@ def test_unknown_table_and_oversize_input_are_clear_errors(tables: BlockingTable
     tables.drop_table("limits")
     with pytest.raises(UnknownTableError):
         tables.set("limits", b"h", b"s", b"v")
+
+
+def _replica_dirs(cluster_dir: Path) -> set[str]:
+    """Every table replica's RocksDB and Raft group directory on every node."""
+    return ({p.name for p in cluster_dir.glob("**/table/replicas/*")}
+            | {p.name.removeprefix("group-") for p in cluster_dir.glob("**/table/raft/group-*")})
+
+
+def test_drop_removes_every_replica_group_and_its_files(cluster_dir: Path,
+                                                       tables: BlockingTableClient) -> None:
+    before = _replica_dirs(cluster_dir)
+    tables.create_table("dropped", partitions=2, replicas=REPLICAS)
+    tables.set("dropped", b"h", b"s", b"v")
+    created = _replica_dirs(cluster_dir) - before
+    assert len(created) == 2  # one group id per partition, on every node
+    tables.drop_table("dropped")
+    deadline = time.monotonic() + DROP_DEADLINE_S
+    while _replica_dirs(cluster_dir) & created:
+        assert time.monotonic() < deadline, f"still on disk: {_replica_dirs(cluster_dir) & created}"
+        time.sleep(0.2)
+    tables.create_table("after-drop", partitions=1, replicas=REPLICAS)  # the nodes still serve
+    tables.set("after-drop", b"h", b"s", b"v")
+    assert tables.get("after-drop", b"h", b"s") == b"v"
 
 
 def _cli(cluster_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:

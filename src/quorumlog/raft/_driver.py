@@ -31,8 +31,10 @@ one client the result of another's command.)
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import random
+import shutil
 import struct
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -324,6 +326,7 @@ class RaftHost:
         self._rejections = LogRateLimiter(self.config.rejected_message_log_interval_ms / 1000)
         self.snapshot_send_stats = SnapshotSendStats()
         self._work = asyncio.Event()  # hosts are created inside the running loop
+        self._pass_lock = asyncio.Lock()  # a group leaves only between ready passes
         self._tasks: list[asyncio.Task[None]] = []
         self._read_ids = itertools.count(1)
         self._closed = False
@@ -370,6 +373,30 @@ class RaftHost:
         self._groups[group_id] = _Group(
             group_id, node, storage, machine, applied, applied, ProposalWaiters(group_id))
         self._kick()
+
+    async def remove_group(self, group_id: int) -> None:
+        """Stop hosting ``group_id`` and delete its Raft log and snapshots from disk.
+
+        For a group whose data is gone for good (a dropped table's partition):
+        waits for the ready pass in progress, fails the group's pending
+        proposals and reads, cancels its snapshot sends, closes its storage and
+        removes its directory. Messages for it that arrive later are dropped
+        like those of any group this node does not host. The state machine is
+        the caller's to close.
+        """
+        async with self._pass_lock:
+            group = self._groups.pop(group_id, None)
+            if group is None:
+                return
+            for key, task in list(self._snapshot_sends.items()):
+                if key[0] == group_id:
+                    task.cancel()
+            _fail_all(group, ProposalDroppedError(f"raft group {group_id} was removed"))
+            group.storage.close()
+        directory = self.data_dir / f"group-{group_id:016x}"
+        await asyncio.get_running_loop().run_in_executor(
+            self._io, functools.partial(shutil.rmtree, directory, ignore_errors=True))
+        _log.info("raft_group_removed", node=self.node_id, group=group_id)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -530,7 +557,8 @@ class RaftHost:
             await self._work.wait()
             self._work.clear()
             try:
-                await self._ready_pass()
+                async with self._pass_lock:
+                    await self._ready_pass()
             except Exception as exc:
                 # Storage or state machine failed mid-pass: the groups' state is
                 # unknown, so this host must stop rather than limp on.

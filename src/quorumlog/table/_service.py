@@ -21,6 +21,7 @@ snapshot file (docs/table.md).
 from __future__ import annotations
 
 import asyncio
+import functools
 import shutil
 import tempfile
 import time
@@ -229,14 +230,16 @@ class TableService:
         while True:
             try:
                 result, revision = await self._meta.range("/table", prefix=True)
-                self._reconcile([(kv.key, kv.value) for kv in result.kvs])
+                for gid in self._reconcile([(kv.key, kv.value) for kv in result.kvs]):
+                    await self._remove_replica(gid)
                 await self._meta.watch_once("/table", prefix=True, start_revision=revision + 1,
                                             wait_ms=WATCH_WAIT_MS)
             except QuorumlogError as exc:
                 _log.warning("table_watch_failed", node=self.node_id, error=exc.message)
                 await asyncio.sleep(RETRY_DELAY_S)
 
-    def _reconcile(self, kvs: list[tuple[str, bytes]]) -> None:
+    def _reconcile(self, kvs: list[tuple[str, bytes]]) -> list[int]:
+        """Open the replicas assigned to this node; return the groups to remove."""
         for key, value in kvs:
             if key.startswith(TABLE_NODES_PREFIX):
                 node = decode_node(value)
@@ -250,12 +253,27 @@ class TableService:
                     wanted.add(gid)
                     if gid not in self._replicas:
                         self._open_replica(layout, partition)
+        gone = []
         for gid, replica in self._replicas.items():
             if gid not in wanted and not replica.dropped:
-                # Dropped: the replica stops serving at once; the Raft host
-                # has no group removal yet, so its files stay (docs/table.md).
+                # The replica stops serving at once; its group and files go next.
                 replica.dropped = True
+                gone.append(gid)
                 _log.info("table_replica_dropped", table=replica.table, group=gid)
+        return gone
+
+    async def _remove_replica(self, gid: int) -> None:
+        """A dropped table's replica: its Raft group, RocksDB and files go."""
+        replica = self._replicas.get(gid)
+        if replica is None:
+            return
+        await self.host.remove_group(gid)
+        replica.machine.store.close()
+        directory = replica.machine.store.path
+        await asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(shutil.rmtree, directory, ignore_errors=True))
+        del self._replicas[gid]
+        _log.info("table_replica_removed", table=replica.table, group=gid)
 
     def _open_replica(self, layout: TableLayout, partition: int) -> None:
         gid = group_id_of(layout.record.table_id, partition)
