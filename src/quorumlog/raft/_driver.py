@@ -747,10 +747,15 @@ class RaftHost:
         """The ready pass's application step; conf change proposals are resolved
         after ``advance()``, which is where the core switches configuration."""
         conf_changes = self._apply(group, ready)
-        if not conf_changes:
+        if not conf_changes and not any(e.type is EntryType.CONF_CHANGE
+                                        for e in ready.committed_entries):
             return None
 
         def resolve_conf_changes() -> None:
+            conf = group.node.conf_state
+            _log.info("raft_membership_changed", node=self.node_id, group=group.group_id,
+                      voters=sorted(conf.voters), learners=sorted(conf.learners),
+                      voters_outgoing=sorted(conf.voters_outgoing), term=group.node.term)
             for proposal in conf_changes:
                 _resolve(proposal.future, group.node.conf_state)
 
@@ -763,6 +768,9 @@ class RaftHost:
             self._role_changed(group, ready.soft_state.role, ready.soft_state.leader_id)
         if ready.snapshot is not None and ready.snapshot.meta.index > group.applied_index:
             index = ready.snapshot.meta.index
+            _log.info("raft_snapshot_installed", node=self.node_id, group=group.group_id,
+                      index=index, term=ready.snapshot.meta.term,
+                      voters=sorted(ready.snapshot.meta.conf_state.voters))
             group.machine.restore(ready.snapshot.data)
             group.applied_index = group.snapshot_index = index
             group.proposals.fail_up_to(index, self._outcome_unknown(
@@ -804,6 +812,16 @@ class RaftHost:
 
     def _role_changed(self, group: _Group, role: Role, leader_id: int) -> None:
         was_leader = group.role is Role.LEADER
+        if leader_id != group.leader_id:
+            # One line per leader change on every member: after a kill, the
+            # survivors' logs say who took over, in which term (issue 18).
+            _log.info("raft_leader_changed", node=self.node_id, group=group.group_id,
+                      old_leader=group.leader_id or None, new_leader=leader_id or None,
+                      term=group.node.term, role=role.name.lower())
+        elif role is not group.role:
+            _log.info("raft_role_changed", node=self.node_id, group=group.group_id,
+                      old_role=group.role.name.lower(), new_role=role.name.lower(),
+                      term=group.node.term, leader=leader_id or None)
         group.role, group.leader_id = role, leader_id
         if was_leader and role is not Role.LEADER:
             hint = self.address_of(leader_id) if leader_id else None
