@@ -121,3 +121,14 @@ def test_node_on_wildcard_registers_and_serves_under_its_advertised_address(
     read = cli("ledger", "read", ledger_id, "--meta", wildcard_node)
     assert read.returncode == 0, read.stderr[-3000:]
     assert read.stdout.splitlines() == ["a", "b"]
+
+
+def test_deploy_guide_node_toml_is_a_valid_config(tmp_path: Path) -> None:
+    """docs/deploy.md's per-host TOML loads as written (listen 0.0.0.0, advertise)."""
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "deploy.md").read_text()
+    block = guide.split("## One TOML per host", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "node.toml"
+    path.write_text(block.replace("/var/lib/quorumlog", str(tmp_path / "data")))
+    cfg = load_node_config(path)
+    assert cfg.node.advertise_address == "10.0.0.1:7100"
+    assert cfg.node.metrics_advertise_address == "10.0.0.1:9100"
