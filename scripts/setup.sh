@@ -7,8 +7,22 @@
 # the Spark tests then skip with a reason. Spark also needs Java 17+: this
 # script checks for it and says so when it is missing (the Spark tests skip
 # without it; nothing else needs Java).
+#
+# The network-namespace tests (tests/netns/) drop packets between namespaces with
+# nft: as root with apt-get, this installs Debian's nftables when `nft` is
+# missing; otherwise those tests skip with a reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if ! command -v nft >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing nftables (nft) for the network-namespace tests ..."
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >/dev/null 2>&1 \
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >/dev/null; }
+  else
+    echo "setup: no 'nft' on PATH: the network-namespace tests (tests/netns) skip" \
+         "(Debian: apt-get install nftables, as root)" >&2
+  fi
+fi
 extras=(--extra dev)
 if [ "${QUORUMLOG_SPARK:-1}" != "0" ]; then
   extras+=(--extra spark)

@@ -187,10 +187,11 @@ def format_bookie(
     bookie_config, addresses = None, None
     if config is not None:
         node_config = load_node_config(config)
-        if "bookie" not in node_config.node.roles or node_config.node.listen != bookie_id:
+        advertised = node_config.node.advertise_address
+        if "bookie" not in node_config.node.roles or advertised != bookie_id:
             raise UsageError(
-                f"{config} is not the config of bookie {bookie_id} (its node listens on "
-                f"{node_config.node.listen} with roles {list(node_config.node.roles)})")
+                f"{config} is not the config of bookie {bookie_id} (its node advertises "
+                f"{advertised} with roles {list(node_config.node.roles)})")
         bookie_config = node_config.bookie_config
         addresses = node_config.meta_addresses
     if members or directory or addresses is None:

@@ -65,6 +65,9 @@ ERROR_PREFIX = "error: "
 
 @dataclass(slots=True)
 class NodeInfo:
+    """One node of a cluster file; ``address`` and ``metrics`` are the addresses the
+    node advertises (``[node] advertise``/``metrics_advertise``): what ``status`` dials."""
+
     id: int
     pid: int
     address: str

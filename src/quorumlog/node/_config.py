@@ -5,8 +5,10 @@ Example::
     [node]
     id = 1
     data_dir = "/var/lib/quorumlog/node-1"
-    listen = "127.0.0.1:7101"
+    listen = "0.0.0.0:7101"              # the address the rpc server binds
+    advertise = "10.0.0.1:7101"          # what others dial (default: listen); never 0.0.0.0
     metrics_listen = "127.0.0.1:9101"    # "" disables the Prometheus endpoint
+    metrics_advertise = ""               # what status shows (default: metrics_listen)
     roles = ["meta", "bookie", "table"]  # any of: meta, bookie, table
 
     [meta]
@@ -45,6 +47,12 @@ Clients (the CLI, scripts, Spark workers) take the same fields from
 ``QUORUMLOG_SECURITY__<FIELD>`` environment variables or ``quorumlog
 --security FILE`` (a TOML file with a ``[security]`` table).
 
+``listen`` is bound; ``advertise`` is the address other nodes and clients
+use: the bookie registers in meta under it (it is the bookie's id), and a meta
+member's entry in ``[meta] members`` must be it. A wildcard address
+(``0.0.0.0``, ``::``) can be listened on but never advertised, so a node
+listening on one must set ``advertise`` (docs/deploy.md).
+
 A node without the meta role still needs ``[meta] members``: it is the list
 of meta addresses its bookie registers with.
 
@@ -65,6 +73,8 @@ from quorumlog.rpc import RpcSecurityConfig
 from quorumlog.table import TableConfig
 
 KNOWN_ROLES = frozenset({"meta", "bookie", "table"})
+# Hosts that mean "every local address" when bound and no address when dialed.
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]", "*", ""})
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -74,19 +84,54 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def require_advertisable(address: str, field: str, advertise_field: str) -> None:
+    """A ConfigError naming ``field`` when ``address`` (its value, or the default of
+    ``advertise_field``) is a wildcard address, which nobody can dial."""
+    host, _ = parse_address(address)
+    require(host not in WILDCARD_HOSTS,
+            f"node.{field} = \"{address}\" would be advertised, but it is a wildcard "
+            "address that other hosts cannot dial: set node."
+            f"{advertise_field} to this host's reachable host:port (an IP or DNS name)")
+
+
 class NodeSection(Config, frozen=True):
     id: int
     data_dir: str
     listen: str
+    # What other nodes and clients dial; "" = listen. The bookie's id.
+    advertise: str = ""
     metrics_listen: str = ""
+    # What `quorumlog status` shows for the Prometheus endpoint; "" = metrics_listen.
+    metrics_advertise: str = ""
     roles: tuple[str, ...] = ("meta",)
     log_level: str = "INFO"
+
+    @property
+    def advertise_address(self) -> str:
+        """The rpc address others use: ``advertise``, else ``listen``."""
+        return self.advertise or self.listen
+
+    @property
+    def metrics_advertise_address(self) -> str:
+        """The Prometheus address others use ("" when the endpoint is off)."""
+        if not self.metrics_listen:
+            return ""
+        return self.metrics_advertise or self.metrics_listen
 
     def validate(self) -> None:
         require(self.id >= 1, f"node id must be >= 1, got {self.id}")
         parse_address(self.listen)
+        require_advertisable(self.advertise_address, "advertise" if self.advertise else "listen",
+                             "advertise")
         if self.metrics_listen:
             parse_address(self.metrics_listen)
+            require_advertisable(
+                self.metrics_advertise_address,
+                "metrics_advertise" if self.metrics_advertise else "metrics_listen",
+                "metrics_advertise")
+        else:
+            require(not self.metrics_advertise,
+                    "node.metrics_advertise needs node.metrics_listen (the endpoint is off)")
         unknown = set(self.roles) - KNOWN_ROLES
         require(not unknown, f"unknown roles {sorted(unknown)}; known: {sorted(KNOWN_ROLES)}")
 
@@ -162,6 +207,13 @@ class NodeConfig(Config, frozen=True):
             require(
                 self.node.id in members,
                 f"node {self.node.id} has role meta but is not in [meta] members",
+            )
+            advertised = self.node.advertise_address
+            require(
+                members[self.node.id] == advertised,
+                f"[meta] members lists node {self.node.id} at {members[self.node.id]} but the "
+                f"node advertises {advertised} (node.advertise, default node.listen): peers dial "
+                "the members list, so make the two equal",
             )
 
     @property

@@ -140,7 +140,7 @@ class _Roles:
         if "bookie" in cfg.node.roles:
             self.bookie = BookieService(cfg.bookie_config, meta_addresses=cfg.meta_addresses)
         if "table" in cfg.node.roles:
-            self.table = TableService(cfg.node.id, cfg.node.listen, cfg.meta_addresses,
+            self.table = TableService(cfg.node.id, cfg.node.advertise_address, cfg.meta_addresses,
                                       cfg.data_path, cfg.table or TableConfig())
 
     def handlers(self) -> dict[type[rpc.Request[Any]], Any]:
@@ -246,7 +246,9 @@ async def _serve(cfg: NodeConfig, security: rpc.RpcSecurityConfig, health: Healt
         _log.critical("node_start_failed", node=cfg.node.id, error=repr(exc))
         await _stop(server, roles)
         raise
-    _log.info("node_started", node=cfg.node.id, listen=cfg.node.listen, roles=cfg.node.roles)
+    _log.info("node_started", node=cfg.node.id, listen=cfg.node.listen,
+              advertise=cfg.node.advertise_address,
+              metrics_advertise=cfg.node.metrics_advertise_address, roles=cfg.node.roles)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -276,7 +278,7 @@ async def _start_roles(cfg: NodeConfig, roles: _Roles) -> None:
         await roles.host.start()
         roles.meta.start(set(cfg.meta.member_map()) if cfg.meta.bootstrap else None)
     if roles.bookie is not None:
-        await roles.bookie.start(cfg.node.listen)
+        await roles.bookie.start(cfg.node.advertise_address)  # its id: what clients dial
         gc.freeze()  # start-up objects live for good: keep them out of collections
     if roles.table is not None:
         await roles.table.start()
