@@ -62,7 +62,7 @@ def test_up_three_nodes_lists_three_writable_bookies(three_nodes: Path) -> None:
         assert b["id"] == b["address"] and b["read_only"] is False
         assert b["labels"]["rack"].startswith("rack-") and b["labels"]["zone"] == "zone-1"
     status = json.loads(_cli("status", "--json", "--dir", str(three_nodes)).stdout)["nodes"]
-    assert [n["roles"] for n in status] == [["meta", "bookie"]] * 3
+    assert [n["roles"] for n in status] == [["meta", "bookie", "table"]] * 3
     assert all(n["bookie"]["state"] == "writable" for n in status)
     assert sum(1 for n in status if n["meta_role"] == "leader") == 1
 

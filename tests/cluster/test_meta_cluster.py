@@ -250,7 +250,8 @@ def test_cli_status_json_finds_the_leader(local_cluster: Path) -> None:
     nodes = json.loads(out.stdout)["nodes"]
     assert len(nodes) == 3
     assert sum(1 for n in nodes if n["meta_role"] == "leader") == 1
-    assert all(isinstance(n["pid"], int) and n["roles"] == ["meta", "bookie"] for n in nodes)
+    assert all(isinstance(n["pid"], int) and n["roles"] == ["meta", "bookie", "table"]
+               for n in nodes)
     assert all(n["bookie"]["state"] == "writable" for n in nodes)
 
 

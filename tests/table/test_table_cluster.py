@@ -107,9 +107,18 @@ def test_unknown_table_and_oversize_input_are_clear_errors(tables: BlockingTable
 
 
 def _replica_dirs(cluster_dir: Path) -> set[str]:
-    """Every table replica's RocksDB and Raft group directory on every node."""
-    return ({p.name for p in cluster_dir.glob("**/table/replicas/*")}
-            | {p.name.removeprefix("group-") for p in cluster_dir.glob("**/table/raft/group-*")})
+    """Every table replica's RocksDB and Raft group directory on every node (the
+    nodes delete them meanwhile: names only, from the two parent directories)."""
+    names: set[str] = set()
+    for node_dir in cluster_dir.glob("node-*"):
+        table_dir = node_dir / "data" / "table"
+        for parent, prefix in ((table_dir / "replicas", ""), (table_dir / "raft", "group-")):
+            try:
+                entries = os.listdir(parent)
+            except FileNotFoundError:
+                continue
+            names.update(n.removeprefix(prefix) for n in entries if n.startswith(prefix))
+    return names
 
 
 def test_drop_removes_every_replica_group_and_its_files(cluster_dir: Path,
