@@ -158,3 +158,39 @@ def test_a_fence_between_batches_fails_the_writer() -> None:
                 await future
 
     in_world(test)
+
+
+def test_a_batch_is_split_at_the_byte_bound() -> None:
+    async def test(world: LedgerWorld) -> None:
+        c, sent = counting_client(world)
+        lh = await c.create_ledger(1, 1, 1, password=PW)
+        big = b"x" * (wire.ADD_BATCH_BYTES_MAX * 2 // 5)  # two fit in a batch, three do not
+        futures = [lh.append_async(big) for _ in range(5)]
+        assert await asyncio.gather(*futures) == list(range(5))
+        assert [r.entry_ids for r in sent.adds] == [[0, 1], [2, 3], [4]]
+
+    in_world(test, bookies=3)
+
+
+def test_one_refused_entry_of_a_batch_replaces_only_for_that_entry() -> None:
+    """A bookie that refuses one entry of a batch (too large for it) acks the
+    others; the refused entry alone triggers the ensemble change."""
+
+    async def test(world: LedgerWorld) -> None:
+        c, sent = counting_client(world)
+        lh = await c.create_ledger(3, 3, 3, password=PW)
+        picky = lh.metadata.current_ensemble[2]
+        bookie = world.bookies[picky]
+        bookie.config = bookie.config.replace(
+            storage=bookie.config.storage.replace(entry_max_bytes=4096))
+        payloads = [b"s0", b"s1", b"L" * 8192, b"s3"]
+        futures = [lh.append_async(p) for p in payloads]
+        assert await asyncio.gather(*futures) == [0, 1, 2, 3]
+        assert lh.ensemble_changes == 1 and picky not in lh.metadata.current_ensemble
+        assert [r.entry_ids for r in sent.adds if r.bookie == picky] == [[0, 1, 2, 3]]
+        # The entries before the refused one stay on the picky bookie (its
+        # per-entry acks counted); the new fragment starts at the refused one.
+        assert set(bookie.entries(lh.id)) == {0, 1, 3}
+        assert lh.metadata.ensembles[-1].first_entry_id == 2
+
+    in_world(test)
