@@ -19,7 +19,9 @@ Cases, for (E, Qw, Qa) = (3, 3, 2) and (3, 2, 2):
   fences, reads and rewrites all 1,000 and closes: seconds.
 
 Baselines in the same run: one bookie's add rate (raw ``AddEntryRequest``\\ s
-over one rpc connection, ``send_nowait`` with a window, no ledger client), and
+over one rpc connection, ``send_nowait`` with a window, no ledger client), the
+same bookie's rate for raw batches of 64 (``AddEntriesRequest``, 256 entries
+in flight: what the ledger client's batching can reach per bookie), and
 etcd puts of the same size (3 members, HTTP gateway; only when ``etcd`` is on
 PATH). Targets from the issue (reported, not enforced): >= 50,000 appends/s
 of 1 KiB at (3,2,2); p99 <= 10 ms at half that rate; recovery of 1,000
@@ -58,7 +60,7 @@ from quorumlog import node as cluster
 from quorumlog import rpc
 from quorumlog.ledger import DigestType, LedgerClient, LedgerClientConfig
 from quorumlog.log import configure
-from quorumlog.proto import AddEntryRequest, encode_entry
+from quorumlog.proto import AddEntriesRequest, AddEntryRequest, encode_entry
 
 KIB = 1024
 SHAPES = ((3, 3, 2), (3, 2, 2))
@@ -243,6 +245,54 @@ async def single_bookie(address: str, size: int, window: int, count: int) -> Row
                percentile(latencies, 0.99) * 1000, done)
 
 
+BATCH_BASELINE_ENTRIES = 64
+"""Entries per AddEntriesRequest in the batched baseline (a writer with 256
+outstanding at (3,2,2) sends each bookie batches of about this size)."""
+
+
+async def single_bookie_batched(address: str, size: int, window: int, count: int) -> Row:
+    """Raw batches of adds to one bookie: ``AddEntriesRequest``\\ s of
+    ``BATCH_BASELINE_ENTRIES`` entries, up to ``window`` entries in flight."""
+    connection = await rpc.connect(*_host_port(address))
+    ledger_id = random.randrange(10**12, 10**13)
+    key = b"bench-master-key"
+    payload = os.urandom(size)
+    envelopes = [encode_entry(ledger_id, i, i - 1, payload, digest=DigestType.CRC32C)
+                 for i in range(count)]
+    per_batch = BATCH_BASELINE_ENTRIES
+    latencies: list[float] = []
+    in_flight: list[asyncio.Future[Any]] = []
+    start = now()
+    deadline = start + CASE_BUDGET_S
+    done = 0
+    try:
+        for first in range(0, count, per_batch):
+            if now() > deadline:
+                break
+            while len(in_flight) * per_batch >= window:
+                await in_flight[0]
+                in_flight = [f for f in in_flight if not f.done()]
+            batch = envelopes[first:first + per_batch]
+            sent = now()
+            future = connection.send_nowait(
+                AddEntriesRequest(ledger_id=ledger_id,
+                                  entry_ids=list(range(first, first + len(batch))),
+                                  sizes=[len(e) for e in batch], master_key=key),
+                payload=b"".join(batch), timeout_s=30)
+            future.add_done_callback(_stopwatch(latencies, sent))
+            in_flight.append(future)
+            done += len(batch)
+        results = await asyncio.gather(*in_flight)
+        if any(code for response, _ in results for code in response.codes):
+            raise RuntimeError("the bookie refused entries of a batched baseline")
+    finally:
+        await connection.close()
+    took = now() - start
+    return Row("baseline: one bookie, raw batched adds", "1 bookie", _size_name(size),
+               f"{window} ({per_batch}/batch)", done / took, done * size / took / 1e6,
+               percentile(latencies, 0.5) * 1000, percentile(latencies, 0.99) * 1000, done)
+
+
 def _host_port(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host, int(port)
@@ -304,6 +354,7 @@ async def run_all(args: argparse.Namespace, directory: Path) -> list[Row]:
             count = (6_000 if quick else 40_000) if size < 64 * KIB else (
                 600 if quick else 4_000)
             note(await single_bookie(bookies[0], size, window, count))
+        note(await single_bookie_batched(bookies[0], KIB, 256, 6_000 if quick else 40_000))
         peak: dict[tuple[tuple[int, int, int], int], float] = {}
         for shape in SHAPES:
             for size in SIZES:
@@ -353,11 +404,15 @@ def verdicts(rows: list[Row]) -> list[str]:
     out = []
     many = [r for r in rows if r.case == "appends" and r.shape == "(3,2,2)"
             and r.size == "1 KiB" and r.outstanding != "1"]
-    bookie = [r for r in rows if r.case.startswith("baseline: one bookie") and r.size == "1 KiB"]
+    bookie = [r for r in rows if r.case == "baseline: one bookie, raw adds" and r.size == "1 KiB"]
+    batched = [r for r in rows if r.case == "baseline: one bookie, raw batched adds"]
     if many:
         rate = many[0].rate_per_s
-        ratio = (f" ({rate / bookie[0].rate_per_s:.2f} x one bookie's raw add rate)"
+        ratio = (f" ({rate / bookie[0].rate_per_s:.2f} x one bookie's raw add rate"
                  if bookie else "")
+        if bookie and batched:
+            ratio += f", {rate / batched[0].rate_per_s:.2f} x its raw batched add rate"
+        ratio += ")" if bookie else ""
         out.append(f"1 KiB appends at (3,2,2): {rate:,.0f}/s{ratio}; target >= 50,000/s: "
                    + ("met" if rate >= 50_000 else "NOT met"))
     half = [r for r in rows if r.case == "latency at half rate"]

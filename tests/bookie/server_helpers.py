@@ -11,6 +11,8 @@ from quorumlog.ledger import DigestType
 from quorumlog.proto import (
     FLAG_NO_SYNC,
     FLAG_RECOVERY,
+    AddEntriesRequest,
+    AddEntriesResponse,
     AddEntryRequest,
     AddEntryResponse,
     ReadEntryRequest,
@@ -85,3 +87,15 @@ async def read(conn: rpc.Connection, ledger_id: int, entry_id: int) -> memoryvie
     _, data = await conn.call_with_payload(
         ReadEntryRequest(ledger_id=ledger_id, entry_id=entry_id), timeout_s=10)
     return data
+
+
+async def add_batch(conn: rpc.Connection, ledger_id: int, envelopes: list[tuple[int, bytes]],
+                    *, key: bytes = KEY, recovery: bool = False,
+                    no_sync: bool = False) -> AddEntriesResponse:
+    """One ``AddEntriesRequest`` of (entry id, envelope) pairs."""
+    flags = (FLAG_RECOVERY if recovery else 0) | (FLAG_NO_SYNC if no_sync else 0)
+    request = AddEntriesRequest(
+        ledger_id=ledger_id, entry_ids=[e for e, _ in envelopes],
+        sizes=[len(data) for _, data in envelopes], master_key=key, flags=flags)
+    return await conn.call(request, payload=b"".join(data for _, data in envelopes),
+                           timeout_s=10)

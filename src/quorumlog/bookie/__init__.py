@@ -39,9 +39,11 @@ from quorumlog.bookie._memory import MemoryLedgerStore
 from quorumlog.bookie._replay import apply_journal_record
 from quorumlog.bookie._results import CompactionResult, FlushResult, ScrubReport, StorageStats
 from quorumlog.bookie._rules import (
+    BatchAdd,
     JournalWrite,
     LedgerStore,
     absent_error,
+    add_entries,
     add_entry,
     batch_bounds,
     fence_ledger,
@@ -50,6 +52,7 @@ from quorumlog.bookie._rules import (
     lac_passed,
     long_poll_ms,
     parse_add,
+    split_batch,
     write_lac,
 )
 from quorumlog.bookie._server import BookieService, LocalBookie, local_config, run_bookie
@@ -59,6 +62,7 @@ from quorumlog.bookie._storage_errors import EntryLogCorruptionError, InvalidCoo
 __all__ = [
     "MASTER_KEY_MAX_BYTES",
     "NO_ENTRY",
+    "BatchAdd",
     "BookieConfig",
     "BookieService",
     "CompactionResult",
@@ -87,6 +91,7 @@ __all__ = [
     "StorageStats",
     "Verdict",
     "absent_error",
+    "add_entries",
     "add_entry",
     "apply_journal_record",
     "batch_bounds",
@@ -106,5 +111,6 @@ __all__ = [
     "plan_format",
     "run_bookie",
     "run_format",
+    "split_batch",
     "write_lac",
 ]

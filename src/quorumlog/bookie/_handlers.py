@@ -12,6 +12,13 @@ of an add::
     -> add_entry: envelope (structure, CRC32C, ids) -> LedgerStorage.add
        (master key, fencing, write cache) -> journal records
     -> journal append -> await the group commit (FLAG_NO_SYNC: the write) -> answer
+
+A batch of adds (``AddEntriesRequest``) takes the same path once for the
+whole request: split and check the batch, wait once for room for all of it,
+``add_entries`` applies each add in order (one entry's error leaves the
+others alone), every accepted entry's records are appended without awaiting
+in between, one await covers their durability, and one answer carries a
+result per entry.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from quorumlog import rpc
 from quorumlog.bookie._rules import (
     JournalWrite,
     absent_error,
+    add_entries,
     add_entry,
     batch_bounds,
     fence_ledger,
@@ -31,6 +39,7 @@ from quorumlog.bookie._rules import (
     lac_or_none,
     lac_passed,
     long_poll_ms,
+    split_batch,
     write_lac,
 )
 from quorumlog.errors import QuorumlogError
@@ -38,6 +47,8 @@ from quorumlog.proto import (
     FLAG_FENCE,
     FLAG_NO_SYNC,
     FLAG_RECOVERY,
+    AddEntriesRequest,
+    AddEntriesResponse,
     AddEntryRequest,
     AddEntryResponse,
     BookieStatusRequest,
@@ -65,6 +76,7 @@ from quorumlog.proto import (
     UnauthorizedError,
     WriteLacRequest,
     WriteLacResponse,
+    entry_result,
 )
 
 if TYPE_CHECKING:
@@ -83,6 +95,7 @@ class RequestHandlers:
     def table(self) -> dict[type[rpc.Request[Any]], Any]:
         return {
             AddEntryRequest: self.add,
+            AddEntriesRequest: self.add_batch,
             ReadEntryRequest: self.read,
             ReadBatchRequest: self.read_batch,
             ReadLacRequest: self.read_lac,
@@ -170,6 +183,44 @@ class RequestHandlers:
         counters.adds_ok += 1
         counters.added_bytes += len(data)
         return AddEntryResponse(ledger_id=ledger_id, entry_id=entry_id)
+
+    async def add_batch(
+        self, request: AddEntriesRequest, ctx: rpc.RequestContext
+    ) -> AddEntriesResponse:
+        service = self._service
+        counters, backpressure = service.counters, service.backpressure
+        try:
+            self._check_registered()
+            payload = ctx.payload
+            if service.journal.full:
+                await service.journal.wait_for_room()
+            if backpressure.must_wait(len(payload)):
+                await backpressure.wait_for_flush(len(payload))
+            entries = split_batch(payload, request.entry_ids, request.sizes)
+            ledger_id = request.ledger_id
+            batch = add_entries(
+                service.storage, ledger_id, entries, request.master_key,
+                recovery=bool(request.flags & FLAG_RECOVERY),
+                entry_max_bytes=service.config.storage.entry_max_bytes,
+                keyed=ledger_id in self.keyed)
+            done = self._journal_write(batch.write, sync=not (request.flags & FLAG_NO_SYNC))
+            accepted = [len(data) for (_, data), error in zip(entries, batch.errors,
+                                                               strict=True) if error is None]
+            if accepted:
+                self.keyed.add(ledger_id)
+                self.wake_lac(ledger_id)
+                backpressure.added(sum(accepted))
+            await done
+        except QuorumlogError:
+            counters.adds_failed += len(request.entry_ids)
+            raise
+        counters.adds_ok += len(accepted)
+        counters.adds_failed += len(entries) - len(accepted)
+        counters.added_bytes += sum(accepted)
+        results = [entry_result(error) for error in batch.errors]
+        return AddEntriesResponse(
+            ledger_id=ledger_id, entry_ids=list(request.entry_ids),
+            codes=[code for code, _ in results], messages=[text for _, text in results])
 
     # ------------------------------------------------------------------ reads
 

@@ -14,6 +14,8 @@ rules, not a copy of them.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,10 +23,12 @@ from quorumlog.bookie._bookie_config import BookieConfig
 from quorumlog.bookie._journal import FenceRecord, KeyRecord, LacRecord, encode_control
 from quorumlog.bookie._ledgers import LedgerInfo
 from quorumlog.bookie._limbo import limbo_error
-from quorumlog.errors import UsageError
+from quorumlog.errors import InvariantViolation, QuorumlogError, UsageError
 from quorumlog.proto import (
+    ADD_BATCH_ENTRIES_MAX,
     BadEnvelopeError,
     EntryInLimboError,
+    EntryTooLargeError,
     Envelope,
     NoSuchEntryError,
     NoSuchLedgerError,
@@ -89,6 +93,72 @@ def add_entry(store: LedgerStore, ledger_id: int, entry_id: int, data: bytes,
         return JournalWrite((data,), answer_when_durable=True)
     return JournalWrite((encode_control(KeyRecord(ledger_id, master_key)), data),
                         answer_when_durable=True)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchAdd:
+    """What a batch of adds did: one journal write covering every accepted
+    entry (answered once its last record is durable), and each entry's error
+    in request order (None: accepted)."""
+
+    write: JournalWrite
+    errors: tuple[QuorumlogError | None, ...]
+
+
+def split_batch(payload: bytes | memoryview, entry_ids: Sequence[int],
+                sizes: Sequence[int]) -> list[tuple[int, bytes]]:
+    """The (entry id, envelope) pairs of an ``AddEntriesRequest``, copied out of
+    the payload; a malformed batch (count over ``ADD_BATCH_ENTRIES_MAX``, sizes
+    that do not add up to the payload, ids not strictly ascending) is refused
+    whole with BadEnvelopeError."""
+    count = len(entry_ids)
+    if not 0 < count <= ADD_BATCH_ENTRIES_MAX:
+        raise BadEnvelopeError(
+            f"a batch of adds holds 1 to {ADD_BATCH_ENTRIES_MAX} entries, not {count}")
+    if len(sizes) != count or any(size < 0 for size in sizes) or sum(sizes) != len(payload):
+        raise BadEnvelopeError(
+            f"a batch of {count} adds has {len(sizes)} sizes summing to {sum(sizes)} "
+            f"for a payload of {len(payload)} bytes")
+    if any(b <= a for a, b in itertools.pairwise(entry_ids)):
+        raise BadEnvelopeError("the entry ids of a batch of adds must be strictly ascending")
+    view = memoryview(payload)
+    entries: list[tuple[int, bytes]] = []
+    offset = 0
+    for entry_id, size in zip(entry_ids, sizes, strict=True):
+        entries.append((entry_id, bytes(view[offset:offset + size])))
+        offset += size
+    return entries
+
+
+def add_entries(store: LedgerStore, ledger_id: int, entries: Sequence[tuple[int, bytes]],
+                master_key: bytes, *, recovery: bool, entry_max_bytes: int,
+                keyed: bool = False) -> BatchAdd:
+    """Apply a batch of adds to one ledger, in order, each exactly as
+    :func:`add_entry` (an entry over ``entry_max_bytes`` is refused with
+    EntryTooLargeError first, as the server does for a single add). One
+    entry's error does not stop the others; the accepted entries' records are
+    journaled together, in order."""
+    records: list[bytes] = []
+    errors: list[QuorumlogError | None] = []
+    for entry_id, data in entries:
+        if len(data) > entry_max_bytes:
+            errors.append(EntryTooLargeError(
+                f"entry {ledger_id}:{entry_id} has {len(data)} bytes, over entry_max_bytes "
+                f"{entry_max_bytes}"))
+            continue
+        try:
+            write = add_entry(store, ledger_id, entry_id, data, master_key, recovery=recovery,
+                              keyed=keyed)
+        except InvariantViolation:
+            raise  # a bug, not one entry's bad input
+        except QuorumlogError as exc:
+            errors.append(exc)
+            continue
+        keyed = True  # the first accepted entry journaled the key if it was needed
+        records.extend(write.records)
+        errors.append(None)
+    return BatchAdd(JournalWrite(tuple(records), answer_when_durable=bool(records)),
+                    tuple(errors))
 
 
 def fence_ledger(store: LedgerStore, ledger_id: int, master_key: bytes) -> JournalWrite:

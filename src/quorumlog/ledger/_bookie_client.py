@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Iterable
+import functools
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from quorumlog import proto as wire
 from quorumlog import rpc
-from quorumlog.errors import UsageError
+from quorumlog.errors import QuorumlogError, UsageError
 from quorumlog.proto import (
     LedgerFencedError,
     NoSuchEntryError,
@@ -101,6 +102,17 @@ class BookieTransport(Protocol):
         """Send one add now (no coroutine per add); the future fails on error."""
         ...
 
+    def add_entries(
+        self, bookie: str, ledger_id: int, master_key: bytes,
+        entries: Sequence[tuple[int, bytes]], *, flags: int, timeout_s: float,
+    ) -> asyncio.Future[list[QuorumlogError | None]]:
+        """Send a batch of adds to one ledger now (entry ids strictly ascending,
+        at most ``proto.ADD_BATCH_ENTRIES_MAX``). The future's result holds
+        each entry's error in order (None: durable on the bookie); the future
+        fails when the whole request does (timeout, lost connection, a
+        malformed batch): then no entry's fate is known."""
+        ...
+
     async def read_entry(
         self, bookie: str, ledger_id: int, entry_id: int, *, timeout_s: float,
         fence: bool = False, master_key: bytes = b"",
@@ -152,15 +164,36 @@ class RpcBookieTransport:
         request = wire.AddEntryRequest(
             ledger_id=ledger_id, entry_id=entry_id, master_key=master_key, flags=flags
         )
+        return self._send_now(bookie, request, envelope, timeout_s)
+
+    def add_entries(
+        self, bookie: str, ledger_id: int, master_key: bytes,
+        entries: Sequence[tuple[int, bytes]], *, flags: int, timeout_s: float,
+    ) -> asyncio.Future[list[QuorumlogError | None]]:
+        entry_ids = [entry_id for entry_id, _ in entries]
+        request = wire.AddEntriesRequest(
+            ledger_id=ledger_id, entry_ids=entry_ids,
+            sizes=[len(envelope) for _, envelope in entries], master_key=master_key,
+            flags=flags)
+        payload = b"".join(envelope for _, envelope in entries)
+        sent = self._send_now(bookie, request, payload, timeout_s)
+        out: asyncio.Future[list[QuorumlogError | None]] = (
+            asyncio.get_running_loop().create_future())
+        sent.add_done_callback(functools.partial(_batch_answer, out, bookie, entry_ids))
+        return out
+
+    def _send_now(
+        self, bookie: str, request: rpc.Request[Any], payload: bytes, timeout_s: float
+    ) -> asyncio.Future[Any]:
+        """``send_nowait`` on the open connection, or a task that waits for one."""
         connection = self._connections.get(bookie)
         if connection is not None and not connection.closed:
             try:
-                return connection.send_nowait(request, payload=envelope, timeout_s=timeout_s)
+                return connection.send_nowait(request, payload=payload, timeout_s=timeout_s)
             except rpc.BackpressureError:
                 pass
         return asyncio.get_running_loop().create_task(
-            self._call(bookie, request, envelope, timeout_s)
-        )
+            self._call(bookie, request, payload, timeout_s))
 
     async def _connection(self, bookie: str) -> rpc.Connection:
         connection = self._connections.get(bookie)
@@ -248,6 +281,31 @@ class RpcBookieTransport:
         self._connections.clear()
         if self._own_pool:
             await self._pool.close()
+
+
+def _batch_answer(
+    out: asyncio.Future[list[QuorumlogError | None]], bookie: str, entry_ids: list[int],
+    sent: asyncio.Future[Any],
+) -> None:
+    """Turn an ``AddEntriesResponse`` into the per-entry errors of ``out``."""
+    if out.done():
+        return
+    if sent.cancelled():
+        out.set_exception(rpc.ConnectionClosedError(f"a batch of adds to {bookie} was cancelled"))
+        return
+    error = sent.exception()
+    if error is not None:
+        out.set_exception(error)
+        return
+    response = sent.result()[0]
+    if (response.entry_ids != entry_ids or len(response.codes) != len(entry_ids)
+            or len(response.messages) != len(entry_ids)):
+        out.set_exception(rpc.ConnectionClosedError(
+            f"bookie {bookie} answered a batch of {len(entry_ids)} adds with results for "
+            f"entries {response.entry_ids[:8]}...; the batch's outcome is unknown"))
+        return
+    out.set_result([wire.entry_error(code, message)
+                    for code, message in zip(response.codes, response.messages, strict=True)])
 
 
 def in_order(done: set[T], started: Iterable[T]) -> list[T]:

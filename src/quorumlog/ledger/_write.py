@@ -7,6 +7,16 @@ is durable once Qa of them acked (``AckSet``); the LAC moves over every
 leading durable entry, in order, and each append's future completes with its
 entry id as the LAC passes it.
 
+Batching: an add is not sent the moment it is made; it is queued for each
+bookie of its write set, and at the end of the loop pass (``call_soon``)
+every bookie gets what was queued for it as one ``AddEntriesRequest`` (a
+queue of one goes as a plain ``AddEntryRequest``), in entry order, split at
+``proto.ADD_BATCH_ENTRIES_MAX`` entries or ``ADD_BATCH_BYTES_MAX`` bytes.
+The bookie answers per entry; each entry's answer goes through the same
+``_on_add_result`` as a single add's (acks, fencing, ensemble change), and a
+failed request counts as a failure of each of its entries. Pipelined appends
+and the recovery rewrites of one pass thus share requests and fsyncs.
+
 Ensemble change: a bookie error or timeout before the entry has Qa acks
 replaces that bookie: a new fragment starting at LAC + 1 is written to meta by
 compare-and-swap on the version this handle holds, then the unconfirmed
@@ -106,6 +116,34 @@ class _PendingAdd:
         self.done = False
 
 
+_Queued = tuple[_PendingAdd, int, bytes]
+"""An add waiting for the end of the loop pass: the entry, the ensemble index
+it goes to, and its envelope."""
+
+
+def _batches(queue: list[_Queued]) -> list[list[_Queued]]:
+    """Split one bookie's queued adds into batches: entry ids strictly ascending
+    (a resend queued behind a newer entry is put in its place; a later queueing
+    of the same entry replaces an earlier one), at most ADD_BATCH_ENTRIES_MAX
+    entries and ADD_BATCH_BYTES_MAX bytes (a larger entry goes alone)."""
+    by_entry = {queued[0].entry_id: queued for queued in queue}
+    batches: list[list[_Queued]] = []
+    batch: list[_Queued] = []
+    batch_bytes = 0
+    for entry_id in sorted(by_entry):
+        queued = by_entry[entry_id]
+        size = len(queued[2])
+        if batch and (len(batch) >= wire.ADD_BATCH_ENTRIES_MAX
+                      or batch_bytes + size > wire.ADD_BATCH_BYTES_MAX):
+            batches.append(batch)
+            batch, batch_bytes = [], 0
+        batch.append(queued)
+        batch_bytes += size
+    if batch:
+        batches.append(batch)
+    return batches
+
+
 class WriteHandle:
     """An open ledger this client writes (see the module docstring).
 
@@ -158,6 +196,10 @@ class WriteHandle:
         self._lac_piggybacked = lac  # highest LAC carried by an envelope sent
         self._adds_since_tick = 0
         self._lac_timer: asyncio.TimerHandle | None = None
+        # Adds queued in this loop pass, per bookie, and batches sent (a count).
+        self._outbox: dict[str, list[_Queued]] = {}
+        self._flush_scheduled = False
+        self._batches_sent = 0
 
     # ----- properties ---------------------------------------------------------
 
@@ -190,6 +232,12 @@ class WriteHandle:
     @property
     def outstanding_adds(self) -> int:
         return len(self._pending)
+
+    @property
+    def add_batches_sent(self) -> int:
+        """How many batches of adds (two or more entries to one bookie) this
+        handle sent."""
+        return self._batches_sent
 
     @property
     def ensemble_changes(self) -> int:
@@ -296,15 +344,65 @@ class WriteHandle:
         return future
 
     def _send(self, pending: _PendingAdd, indexes: tuple[int, ...] | list[int]) -> None:
+        """Queue the entry for the bookies at ``indexes``; everything queued in
+        one loop pass goes out at its end, one batch per bookie (``_flush``).
+        The envelope is taken now: a queued entry may be confirmed (and its
+        envelope dropped) by other bookies before the flush."""
         ensemble = self._ensemble
-        add_entry = self._ctx.bookies.add_entry
+        outbox = self._outbox
         for index in indexes:
             bookie = ensemble[index]
             pending.sent_to[index] = bookie
-            future = add_entry(bookie, self.id, pending.entry_id, self._master_key,
-                               pending.envelope, flags=self._flags,
-                               timeout_s=self._add_timeout_s)
-            future.add_done_callback(functools.partial(self._on_add_done, pending, index, bookie))
+            queue = outbox.get(bookie)
+            if queue is None:
+                outbox[bookie] = queue = []
+            queue.append((pending, index, pending.envelope))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Send what this loop pass queued: per bookie, in entry order, in
+        batches bounded by ``ADD_BATCH_ENTRIES_MAX`` and ``ADD_BATCH_BYTES_MAX``."""
+        self._flush_scheduled = False
+        outbox, self._outbox = self._outbox, {}
+        if self._state is HandleState.FAILED:
+            return  # every pending add already failed
+        for bookie, queue in outbox.items():
+            for batch in _batches(queue):
+                self._send_batch(bookie, batch)
+
+    def _send_batch(self, bookie: str, batch: list[_Queued]) -> None:
+        timeout_s = self._add_timeout_s
+        if len(batch) == 1:  # a batch of one travels as a plain add
+            pending, index, envelope = batch[0]
+            single = self._ctx.bookies.add_entry(
+                bookie, self.id, pending.entry_id, self._master_key, envelope,
+                flags=self._flags, timeout_s=timeout_s)
+            single.add_done_callback(functools.partial(self._on_add_done, pending, index,
+                                                       bookie))
+            return
+        self._batches_sent += 1
+        future = self._ctx.bookies.add_entries(
+            bookie, self.id, self._master_key,
+            [(pending.entry_id, envelope) for pending, _, envelope in batch],
+            flags=self._flags, timeout_s=timeout_s)
+        future.add_done_callback(functools.partial(self._on_batch_done, batch, bookie))
+
+    def _on_batch_done(self, batch: list[_Queued], bookie: str,
+                       future: asyncio.Future[list[QuorumlogError | None]]) -> None:
+        """Each entry of the batch gets its own outcome, in order (as if it had
+        been answered alone); a failed request fails every entry of it."""
+        if future.cancelled():
+            errors: list[BaseException | None] = [rpc.ConnectionClosedError(
+                f"a batch of adds to bookie {bookie} was cancelled")] * len(batch)
+        elif (error := future.exception()) is not None:
+            errors = [error] * len(batch)
+        else:
+            errors = list(future.result())
+        invariant(len(errors) == len(batch), "a batch answer has one result per entry")
+        for (pending, index, _), entry_error in zip(batch, errors, strict=True):
+            self._on_add_result(pending, index, bookie, entry_error)
 
     def _on_add_done(
         self, pending: _PendingAdd, index: int, bookie: str, future: asyncio.Future[Any]
@@ -314,6 +412,11 @@ class WriteHandle:
                 f"add to bookie {bookie} was cancelled")
         else:
             error = future.exception()
+        self._on_add_result(pending, index, bookie, error)
+
+    def _on_add_result(
+        self, pending: _PendingAdd, index: int, bookie: str, error: BaseException | None
+    ) -> None:
         if pending.sent_to[index] != bookie or self._state is HandleState.FAILED:
             return  # an answer from a replaced bookie, or nobody is waiting
         if error is None:

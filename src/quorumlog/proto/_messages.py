@@ -16,6 +16,17 @@ Requests and their meaning:
   envelope's LAC is the piggybacked LAC. The add is answered after the journal
   fsync, or, with ``FLAG_NO_SYNC`` (deferred sync), once journaled in memory;
   ``ForceLedgerRequest`` makes every earlier add of the ledger durable.
+- ``AddEntriesRequest`` + payload envelopes back to back (``sizes`` long
+  each): a batch of adds to one ledger, entry ids strictly ascending (not
+  necessarily consecutive: with E > Qw a bookie holds every few entries, and
+  resends after an ensemble change skip the entries a bookie already has),
+  at most ``ADD_BATCH_ENTRIES_MAX`` entries. The bookie applies each add in
+  order exactly as an ``AddEntryRequest`` (same checks, same fencing), then
+  answers once, after one journal fsync covers every accepted entry, with a
+  result per entry: ``codes[i]`` is 0 (``ENTRY_OK``) or the entry's wire
+  error code (``WIRE_ERROR_CODES``), ``messages[i]`` its text. One entry's
+  error (fenced, too large, bad envelope) does not fail the others; an error
+  of the whole request (malformed batch, not registered) fails them all.
 - ``ReadEntryRequest``: one entry's envelope as the payload of the response.
   ``FLAG_FENCE`` (needs the master key) fences the ledger first, durably,
   before answering: this is the recovery read. NoSuchEntryError /
@@ -44,10 +55,27 @@ from __future__ import annotations
 from typing import ClassVar
 
 from quorumlog import rpc
+from quorumlog.errors import QuorumlogError
+from quorumlog.proto._errors import WIRE_ERROR_CODES, BookieError
 
 FLAG_RECOVERY = 1
 FLAG_NO_SYNC = 2
 FLAG_FENCE = 4
+
+
+ADD_BATCH_ENTRIES_MAX = 256
+"""Most entries in one ``AddEntriesRequest``. Bounds the bookie's work per
+request and the per-entry result lists; a writer's outstanding window (256 by
+default) fits in one batch per bookie."""
+
+ADD_BATCH_BYTES_MAX = 1024 * 1024
+"""Most envelope bytes a client puts in one ``AddEntriesRequest`` (a larger
+single entry travels alone). Far below the rpc frame bound (16 MiB by
+default), so a batch never trips it, and large enough that 1 KiB entries
+batch by count, not by size."""
+
+ENTRY_OK = 0
+"""Per-entry result code of an accepted add in ``AddEntriesResponse``."""
 
 
 # ----- entries ----------------------------------------------------------------
@@ -67,6 +95,53 @@ class AddEntryRequest(rpc.Request[AddEntryResponse], frozen=True):
     entry_id: int
     master_key: bytes
     flags: int = 0  # FLAG_RECOVERY | FLAG_NO_SYNC
+
+
+class AddEntriesResponse(rpc.Message, frozen=True):
+    """One result per entry of the request, in its order: ``codes[i]`` is
+    ``ENTRY_OK`` or a wire error code, ``messages[i]`` the error's text."""
+
+    type_id: ClassVar[int] = 1215
+    ledger_id: int
+    entry_ids: list[int]
+    codes: list[int]
+    messages: list[str]
+
+
+class AddEntriesRequest(rpc.Request[AddEntriesResponse], frozen=True):
+    """Payload: the entries' envelopes back to back, ``sizes[i]`` bytes each."""
+
+    type_id: ClassVar[int] = 1214
+    ledger_id: int
+    entry_ids: list[int]
+    sizes: list[int]
+    master_key: bytes
+    flags: int = 0  # FLAG_RECOVERY | FLAG_NO_SYNC, for every entry
+
+
+def entry_result(error: QuorumlogError | None) -> tuple[int, str]:
+    """The per-entry (code, message) of an add's outcome (None: accepted)."""
+    if error is None:
+        return ENTRY_OK, ""
+    for klass in type(error).__mro__:
+        code = _CODE_OF_CLASS.get(klass)
+        if code is not None:
+            return code, error.message
+    return _CODE_OF_CLASS[BookieError], f"{type(error).__name__}: {error.message}"
+
+
+def entry_error(code: int, message: str) -> QuorumlogError | None:
+    """The error a per-entry result code stands for (None for ``ENTRY_OK``)."""
+    if code == ENTRY_OK:
+        return None
+    cls = _CLASS_OF_CODE.get(code)
+    if cls is None:
+        return BookieError(f"bookie error with unknown code {code}: {message}")
+    return cls(message)
+
+
+_CODE_OF_CLASS: dict[type[QuorumlogError], int] = {c: code for code, c in WIRE_ERROR_CODES}
+_CLASS_OF_CODE: dict[int, type[QuorumlogError]] = dict(WIRE_ERROR_CODES)
 
 
 class ReadEntryResponse(rpc.Message, frozen=True):

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,7 @@ from quorumlog.bookie import (
     LacWaiters,
     MemoryLedgerStore,
     absent_error,
+    add_entries,
     add_entry,
     apply_journal_record,
     batch_bounds,
@@ -46,6 +47,7 @@ from quorumlog.bookie import (
     lac_entry,
     lac_or_none,
     lac_passed,
+    split_batch,
     write_lac,
 )
 from quorumlog.bookie import long_poll_ms as long_poll_ms_of
@@ -173,6 +175,31 @@ class SimBookie:
                                      recovery=bool(flags & wire.FLAG_RECOVERY)))
         self._wake(ledger_id)
         return future
+
+    def add_batch(self, ledger_id: int, key: bytes, entries: list[tuple[int, bytes]],
+                  flags: int) -> list[QuorumlogError | None] | asyncio.Future[Any]:
+        """A batch of adds, by the bookie's rules: the batch checked as the server
+        checks it, each entry applied in order, one "fsync" answers them all."""
+        entries = split_batch(b"".join(data for _, data in entries), [e for e, _ in entries],
+                              [len(data) for _, data in entries])
+        batch = add_entries(self._memory, ledger_id, entries, key,
+                            recovery=bool(flags & wire.FLAG_RECOVERY),
+                            entry_max_bytes=self.config.storage.entry_max_bytes)
+        durable = self._log(batch.write)
+        self._wake(ledger_id)
+        errors = list(batch.errors)
+        if durable is None:
+            return errors  # nothing accepted: answer now
+        answer: asyncio.Future[list[QuorumlogError | None]] = self.loop.create_future()
+
+        def synced(_: asyncio.Future[None]) -> None:
+            if durable.cancelled():
+                answer.cancel()
+            elif not answer.done():
+                answer.set_result(errors)
+
+        durable.add_done_callback(synced)
+        return answer
 
     def fence(self, ledger_id: int, key: bytes) -> asyncio.Future[None] | None:
         future = self._log(fence_ledger(self._memory, ledger_id, key))
@@ -373,6 +400,14 @@ class SimBookieNetwork:
         return self._request(
             bookie, "AddEntryRequest",
             lambda b: b.add(ledger_id, entry_id, master_key, envelope, flags), timeout_s)
+
+    def add_entries(self, bookie: str, ledger_id: int, master_key: bytes,
+                    entries: Sequence[tuple[int, bytes]], *, flags: int,
+                    timeout_s: float) -> asyncio.Future[list[QuorumlogError | None]]:
+        batch = [(entry_id, bytes(envelope)) for entry_id, envelope in entries]
+        return self._request(
+            bookie, "AddEntriesRequest",
+            lambda b: b.add_batch(ledger_id, master_key, batch, flags), timeout_s)
 
     async def read_entry(self, bookie: str, ledger_id: int, entry_id: int, *,
                          timeout_s: float, fence: bool = False,
@@ -664,11 +699,19 @@ class LedgerWorld:
     def monotonic_s(self) -> float:
         return _ms(self.network) / 1000
 
-    def client(self, name: str, config: Any = None, *, log: Any = None) -> Any:
-        """A ``LedgerClient`` whose bookie traffic goes through this world as ``name``."""
+    def transport(self, name: str) -> SimBookieNetwork:
+        """The ``BookieTransport`` of a client called ``name`` in this world."""
+        return SimBookieNetwork(name, self.network)
+
+    def client(self, name: str, config: Any = None, *, log: Any = None,
+               transport: Any = None) -> Any:
+        """A ``LedgerClient`` whose bookie traffic goes through this world as
+        ``name`` (through ``transport`` when given, e.g. a wrapper of
+        :meth:`transport`)."""
         from quorumlog.ledger import LedgerClient
 
-        return LedgerClient(self.meta, SimBookieNetwork(name, self.network), config=config,
+        bookies = transport if transport is not None else self.transport(name)
+        return LedgerClient(self.meta, bookies, config=config,
                             rng=random.Random(self._client_rng.getrandbits(64)),
                             clock=self, log=log or _QuietLog())
 
