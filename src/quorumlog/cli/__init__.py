@@ -1,77 +1,32 @@
-"""The ``quorumlog`` command line. Each component adds a sub-app here."""
+"""The ``quorumlog`` command line.
+
+Kept tiny: ``quorumlog --version`` answers without importing the CLI
+framework or any component (issue 18: it took 0.7 s); everything else loads
+the typer app in ``_app``.
+"""
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-
-import typer
-from rich.console import Console
-
-import quorumlog
-from quorumlog.errors import QuorumlogError
-from quorumlog.log import configure
-
-app = typer.Typer(
-    name="quorumlog",
-    help="quorumlog: replicated durable logs and key-value tables.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-
-err_console = Console(stderr=True)
-
-
-def _version_callback(value: bool) -> None:
-    if value:
-        typer.echo(f"quorumlog {quorumlog.__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _root(
-    version: bool = typer.Option(
-        False, "--version", callback=_version_callback, is_eager=True,
-        help="Print the version and exit.",
-    ),
-    log_level: str = typer.Option("WARNING", "--log-level", help="Logging level."),
-    security: Path | None = typer.Option(
-        None, "--security", envvar="QUORUMLOG_SECURITY_FILE",
-        help="TOML file with a \\[security] table (TLS, token) for connecting to the cluster; "
-        "QUORUMLOG_SECURITY__<FIELD> variables override its fields.",
-    ),
-) -> None:
-    """quorumlog: replicated durable logs and key-value tables."""
-    configure(log_level)
-    if security is not None:
-        from quorumlog import config, rpc
-
-        rpc.set_default_security(config.load(rpc.RpcSecurityConfig, security,
-                                             section="security"))
-
-
-def _register() -> None:
-    """Attach each component's sub-app (one line per component)."""
-    app.add_typer(__import__("quorumlog.cli._wal", fromlist=["app"]).app, name="wal")
-    app.add_typer(__import__("quorumlog.cli._sim", fromlist=["app"]).app, name="sim")
-    app.add_typer(__import__("quorumlog.cli._ledger", fromlist=["app"]).app, name="ledger")
-    app.add_typer(__import__("quorumlog.cli._bookie", fromlist=["app"]).app, name="bookie")
-    app.add_typer(__import__("quorumlog.cli._stream", fromlist=["app"]).app, name="stream")
-    app.add_typer(__import__("quorumlog.cli._table", fromlist=["app"]).app, name="table")
-    from quorumlog.cli import _cluster, _meta
-
-    _cluster.register(app)
-    app.add_typer(_meta.app, name="meta")
-
-
-_register()
+from typing import Any
 
 
 def main() -> None:
     """Entry point: a QuorumlogError becomes a one-line message and exit code 1."""
-    try:
-        app()
-    except QuorumlogError as exc:
-        err_console.print(f"[bold red]error:[/] {exc.message}")
-        sys.exit(1)
+    if sys.argv[1:] == ["--version"]:
+        from quorumlog import __version__
+
+        print(f"quorumlog {__version__}")
+        return
+    from quorumlog.cli._app import main as run
+
+    run()
+
+
+def __getattr__(name: str) -> Any:
+    """``from quorumlog.cli import app`` (tests, embedding) loads the typer app."""
+    if name in ("app", "err_console"):
+        from quorumlog.cli import _app
+
+        return getattr(_app, name)
+    raise AttributeError(f"module 'quorumlog.cli' has no attribute {name!r}")
