@@ -83,3 +83,15 @@ def test_ledger_read_ranges_that_cannot_be_read_say_why(meta: str) -> None:
     assert "(3;" in past.stderr and "Traceback" not in past.stderr
     after = cli("ledger", "read", ledger_id, "--from", "9", *common)
     assert after.returncode == 2 and "--from 9" in after.stderr
+
+
+def test_meta_member_list_shows_every_member_with_its_state(meta: str) -> None:
+    result = cli("meta", "member", "list", "--json", "--members", meta)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert sorted(r["address"] for r in rows) == sorted(meta.split(","))
+    assert {r["kind"] for r in rows} == {"voter"}
+    assert sum(1 for r in rows if r["leader"]) == 1
+    assert len({r["term"] for r in rows}) == 1
+    table = cli("meta", "member", "list", "--members", meta)
+    assert table.returncode == 0 and "leader *" in table.stdout

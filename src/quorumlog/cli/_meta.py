@@ -187,6 +187,67 @@ def _change(action: str, node_id: int, address: str, members: str | None,
     console.print(f"voters {voters}, learners {learners}")
 
 
+@member_app.command("list")
+def member_list(
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """List the meta members (voters and learners) with their state, as each one reports it.
+
+    Like ``etcdctl member list -w table`` and ``endpoint status`` together: the
+    configuration comes from the first member that answers; every member is
+    then asked for its own role, term and indexes (unreachable ones say so).
+    """
+    from quorumlog import rpc
+    from quorumlog.errors import QuorumlogError
+    from quorumlog.meta import MetaClient
+
+    addresses = _members(members, directory)
+
+    async def main() -> list[dict[str, object]]:
+        async with MetaClient(addresses) as meta:
+            config = None
+            for address in addresses:
+                try:
+                    config = await meta.status(address)
+                    break
+                except QuorumlogError:
+                    continue
+            if config is None:
+                raise typer.BadParameter(f"no meta member answered at {', '.join(addresses)}")
+            known = dict(config.addresses)
+            rows = []
+            for node_id in sorted({*config.voters, *config.learners}):
+                row: dict[str, object] = {
+                    "id": node_id, "address": known.get(node_id, "?"),
+                    "kind": "voter" if node_id in config.voters else "learner"}
+                try:
+                    status = await meta.status(str(row["address"]))
+                    row.update(role=status.role, term=status.term,
+                               leader=status.leader == node_id,
+                               commit_index=status.commit_index,
+                               applied_index=status.applied_index, revision=status.revision)
+                except QuorumlogError as exc:
+                    row.update(role="unreachable", error=exc.message)
+                rows.append(row)
+            return rows
+
+    rows = rpc.run(main())
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    table = Table(title="meta members")
+    for col in ("id", "address", "kind", "role", "term", "applied", "revision"):
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        role = str(row["role"]) + (" *" if row.get("leader") else "")
+        table.add_row(str(row["id"]), str(row["address"]), str(row["kind"]), role,
+                      str(row.get("term", "-")), str(row.get("applied_index", "-")),
+                      str(row.get("revision", "-")))
+    console.print(table)
+
+
 @member_app.command("add")
 def member_add(
     node_id: int, address: str, members: str | None = MembersOption,

@@ -149,6 +149,9 @@ class MetaStatusResponse(rpc.Message, frozen=True):
     # Linearizable reads this member served, by how leadership was confirmed.
     lease_reads: int = 0
     read_index_reads: int = 0
+    learners: list[int] = []
+    # Node id -> rpc address of the members this node knows (voters and learners).
+    addresses: dict[int, str] = {}
 
 
 class MetaStatusRequest(rpc.Request[MetaStatusResponse], frozen=True):
@@ -496,7 +499,9 @@ class MetaService:
             leader=status["leader"], commit_index=status["commit_index"],
             applied_index=status["applied_index"], revision=self.machine.revision,
             voters=status["voters"], read_mode=self.read_mode, lease_reads=self.lease_reads,
-            read_index_reads=self.read_index_reads,
+            read_index_reads=self.read_index_reads, learners=status["learners"],
+            addresses={n: a for n in (*status["voters"], *status["learners"])
+                       if (a := self.host.address_of(n)) is not None},
         )
 
 
