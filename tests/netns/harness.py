@@ -42,7 +42,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from quorumlog.node import NodeInfo
+from quorumlog.node import LOCAL_BOOKIE_TOML, NodeInfo
 
 PREFIX = "qlt"
 SUBNET_PREFIX = "10.77.0."
@@ -59,17 +59,8 @@ UP_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 10.0
 POLL_INTERVAL_S = 0.2
 FAULT_TABLE = "qlfault"
-# Small bookies and a short session TTL, as in the local cluster (node._cluster).
-BOOKIE_TOML = (
-    "journal_segment_size_bytes = 8388608\n"
-    "session_ttl_ms = 4000\n"
-    "\n[bookie.storage]\n"
-    "write_cache_max_bytes = 33554432\n"
-    "read_cache_max_bytes = 16777216\n"
-    "entry_log_max_bytes = 67108864\n"
-    "index_write_buffer_bytes = 4194304\n"
-    "index_block_cache_bytes = 8388608\n"
-)
+# Small bookies and a short session TTL: the local cluster's settings.
+BOOKIE_TOML = LOCAL_BOOKIE_TOML
 
 
 def availability() -> str | None:

@@ -6,6 +6,7 @@ config); ``quorumlog up/down/status/stop/restart`` manage a local cluster on 127
 
 from quorumlog.node._cluster import (
     DEFAULT_DIR,
+    LOCAL_BOOKIE_TOML,
     RESTART_TIMEOUT_S,
     NodeInfo,
     add_node,
@@ -26,6 +27,7 @@ from quorumlog.node._process import EXIT_CONFIG, META_ONLY_ENV, run_node
 __all__ = [
     "DEFAULT_DIR",
     "EXIT_CONFIG",
+    "LOCAL_BOOKIE_TOML",
     "META_ONLY_ENV",
     "RESTART_TIMEOUT_S",
     "MetaSection",
