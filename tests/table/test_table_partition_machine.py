@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from quorumlog.table import SetCommand, TableEntry, TableStore, TimetagClock, encode_entry
-from quorumlog.table._service import PartitionMachine
+from quorumlog.table._machine import PartitionMachine
 
 
 def _machine(path: Path) -> PartitionMachine:

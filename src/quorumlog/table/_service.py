@@ -11,11 +11,6 @@ assigned to this node. Each group's state machine is a
 Writes are ``TableEntry`` proposals stamped by the leader's ``TimetagClock``;
 reads wait on ``read_barrier`` (ReadIndex) and read the leader's store. A
 follower answers ``NotLeaderError`` with the leader's address.
-
-Snapshots are RocksDB checkpoints (hard links) packed into the bytes of a
-Raft snapshot, so they travel through the chunked snapshot transfer; the
-current limitation is that the whole checkpoint is held in memory and in the
-snapshot file (docs/table.md).
 """
 
 from __future__ import annotations
@@ -23,21 +18,18 @@ from __future__ import annotations
 import asyncio
 import functools
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from quorumlog import rpc
 from quorumlog.config import Config, require
-from quorumlog.errors import QuorumlogError, invariant
+from quorumlog.errors import QuorumlogError
 from quorumlog.log import get_logger
 from quorumlog.meta import MetaClient
 from quorumlog.raft import HostConfig, RaftHost
-from quorumlog.table._commands import TableEntry, WriteResult, decode_entry, encode_entry
+from quorumlog.table._commands import TableEntry, encode_entry
 from quorumlog.table._layout import (
     TABLE_NODES_PREFIX,
     TABLES_PREFIX,
@@ -49,6 +41,7 @@ from quorumlog.table._layout import (
     parse_layouts,
     table_node_key,
 )
+from quorumlog.table._machine import PartitionMachine
 from quorumlog.table._messages import (
     PartitionNotHostedError,
     TableCountRequest,
@@ -92,55 +85,6 @@ class TableConfig(Config, frozen=True):
         require(self.election_timeout_ticks >= 2, "[table] election_timeout_ticks must be >= 2")
         require(self.snapshot_entries >= 1, "[table] snapshot_entries must be >= 1")
         require(self.registration_ttl_ms >= 1000, "[table] registration_ttl_ms must be >= 1000")
-
-
-class _Checkpoint(msgspec.Struct, frozen=True):
-    decree: int
-    files: list[tuple[str, bytes]]
-
-
-_ENCODE = msgspec.msgpack.Encoder()
-_DECODE_CHECKPOINT = msgspec.msgpack.Decoder(_Checkpoint)
-
-
-class PartitionMachine:
-    """The Raft state machine of one partition replica (``raft.StateMachine``)."""
-
-    def __init__(self, store: TableStore, clock: TimetagClock, staging: Path) -> None:
-        self.store = store
-        self.clock = clock
-        self._staging = staging
-
-    def apply(self, index: int, data: bytes) -> list[WriteResult]:
-        entry = decode_entry(data)
-        self.clock.observe(entry.timestamp_us)
-        return self.store.apply(index, entry)
-
-    def snapshot(self) -> bytes:
-        """A RocksDB checkpoint of the store, packed (file name, contents)."""
-        self._staging.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=self._staging) as temp:
-            target = Path(temp) / "checkpoint"
-            decree = self.store.checkpoint(target)
-            files = [(path.name, path.read_bytes()) for path in sorted(target.iterdir())]
-        return _ENCODE.encode(_Checkpoint(decree=decree, files=files))
-
-    def restore(self, data: bytes) -> None:
-        """Install a checkpoint, unless the store already holds everything in it
-        (a restart: the store is at or past the snapshot's decree)."""
-        checkpoint = _DECODE_CHECKPOINT.decode(data)
-        if self.store.applied_decree >= checkpoint.decree:
-            return
-        self._staging.mkdir(parents=True, exist_ok=True)
-        target = Path(tempfile.mkdtemp(dir=self._staging)) / "checkpoint"
-        target.mkdir()
-        for name, content in checkpoint.files:
-            invariant("/" not in name and name not in ("", ".", ".."), f"bad file {name!r}")
-            (target / name).write_bytes(content)
-        self.store.restore(target)
-        shutil.rmtree(target.parent, ignore_errors=True)
-        invariant(self.store.applied_decree == checkpoint.decree,
-                  "a restored checkpoint holds its decree")
 
 
 @dataclass(slots=True)
