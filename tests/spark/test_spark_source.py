@@ -344,3 +344,34 @@ def test_bad_input_gives_clear_errors(spark: Any, meta: list[str]) -> None:
     with pytest.raises(Exception, match="append-only"):
         spark.createDataFrame([("v",)], "value string").write.format("quorumlog").option(
             "meta", ",".join(meta)).option("stream", "bad").mode("overwrite").save()
+
+
+def test_reads_in_a_session_with_pushdown_off(spark: Any, meta: list[str]) -> None:
+    """Spark's default is Python filter pushdown off: ``register`` must then
+    give a source Spark accepts, which reads and filters the same rows."""
+    from quorumlog.spark import PUSHDOWN_SETTING, QuorumlogDataSource, register
+
+    async def fill(client: StreamClient) -> list[Any]:
+        await client.create_stream("plain", config(entries=4))
+        producer = await client.producer("plain")
+        for i in range(12):
+            await producer.send(b"p%d" % i, key=b"k%d" % (i % 3))
+        await producer.close()
+        return await all_messages(client, "plain")
+
+    produced = run(meta, fill)
+    try:
+        spark.conf.set(PUSHDOWN_SETTING, "false")
+        # The pushdown-capable source is what Spark refuses in such a session.
+        spark.dataSource.register(QuorumlogDataSource)
+        with pytest.raises(Exception, match="DATA_SOURCE_PUSHDOWN_DISABLED"):
+            reader(spark, meta, "plain").filter("partition = 1").collect()
+        register(spark)
+        frame = reader(spark, meta, "plain")
+        assert row_tuples(frame.collect()) == as_tuples(produced)
+        only_p1 = frame.filter("partition = 1").collect()
+        assert {bytes(r["value"]) for r in only_p1} == {m.value for m in produced
+                                                        if m.partition == 1}
+    finally:
+        spark.conf.set(PUSHDOWN_SETTING, "true")
+        register(spark)

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ARROW_SCHEMA", "SCHEMA_DDL", "QuorumlogDataSource", "local_session", "register"]
+__all__ = ["ARROW_SCHEMA", "PUSHDOWN_SETTING", "SCHEMA_DDL", "QuorumlogDataSource", "local_session",
+           "register"]
 
 
 def __getattr__(name: str) -> Any:
@@ -33,11 +34,22 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'quorumlog.spark' has no attribute {name!r}")
 
 
-def register(spark: Any) -> None:
-    """Make ``format("quorumlog")`` available in this Spark session."""
-    from quorumlog.spark._source import QuorumlogDataSource
+PUSHDOWN_SETTING = "spark.sql.python.filterPushdown.enabled"
 
-    spark.dataSource.register(QuorumlogDataSource)
+
+def register(spark: Any) -> None:
+    """Make ``format("quorumlog")`` available in this Spark session.
+
+    Works with Spark's default settings: when the session has Python filter
+    pushdown on (``spark.sql.python.filterPushdown.enabled=true``, as
+    :func:`local_session` sets), batch reads skip ledgers and entries by the
+    query's filters; when it is off, they scan (Spark filters every row
+    either way). Call ``register`` again after changing the setting.
+    """
+    from quorumlog.spark._source import QuorumlogDataSource, QuorumlogScanDataSource
+
+    pushdown = str(spark.conf.get(PUSHDOWN_SETTING, "false")).strip().lower() == "true"
+    spark.dataSource.register(QuorumlogDataSource if pushdown else QuorumlogScanDataSource)
 
 
 def local_session(master: str = "local[2]", app_name: str = "quorumlog", **conf: str) -> Any:
@@ -58,7 +70,7 @@ def local_session(master: str = "local[2]", app_name: str = "quorumlog", **conf:
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "4")
-               .config("spark.sql.python.filterPushdown.enabled", "true")
+               .config(PUSHDOWN_SETTING, "true")
                .config("spark.sql.session.timeZone", "UTC"))
     for key, value in conf.items():
         builder = builder.config(key, value)

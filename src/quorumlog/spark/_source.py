@@ -132,6 +132,18 @@ class QuorumlogDataSource(DataSource):
         return QuorumlogStreamWriter(self._parsed, self._record(), self._parsed.writer_id)
 
 
+class QuorumlogScanDataSource(QuorumlogDataSource):
+    """The same source for a session with Python filter pushdown off (Spark's
+    default): its batch reader does not implement ``pushFilters``, which Spark
+    refuses there (``DATA_SOURCE_PUSHDOWN_DISABLED``). It reads the same rows;
+    it only cannot skip ledgers and entries by the query's filters.
+    ``register`` picks this class or :class:`QuorumlogDataSource` by the
+    session's setting."""
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return QuorumlogScanReader(self._parsed, self._record())
+
+
 def _check_write(schema: StructType, overwrite: bool) -> None:
     if overwrite:
         raise UsageError("a quorumlog stream is append-only: use mode('append')")
@@ -635,3 +647,11 @@ class QuorumlogStreamWriter(DataSourceStreamArrowWriter):
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
         client = _io.ledger_client(self.options.meta)
         _io.run(abort_job_ledgers(client, self.record, self.job(batchId), _merge(messages)))
+
+
+class QuorumlogScanReader(QuorumlogReader):
+    """:class:`QuorumlogReader` without filter pushdown (see
+    :class:`QuorumlogScanDataSource`): Spark checks whether a reader's
+    ``pushFilters`` is the base class's, so this one is."""
+
+    pushFilters = DataSourceReader.pushFilters  # type: ignore[assignment]  # noqa: N815
