@@ -37,6 +37,7 @@ ENV_PREFIX = "QUORUMLOG_"
 # overrides: never rejected as unknown. Add a name here when code reads one.
 DIRECT_ENV_VARIABLES = frozenset({
     "QUORUMLOG_CLUSTER_DIR",      # node._cluster: the local cluster directory
+    "QUORUMLOG_MEMBERS",          # cli --members/--meta: meta addresses
     "QUORUMLOG_SECURITY_FILE",    # cli --security
     "QUORUMLOG_LEDGER_PASSWORD",  # cli ledger --password
     "QUORUMLOG_LOG_LEVEL",        # spark workers' log level

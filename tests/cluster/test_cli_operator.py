@@ -95,3 +95,22 @@ def test_meta_member_list_shows_every_member_with_its_state(meta: str) -> None:
     assert len({r["term"] for r in rows}) == 1
     table = cli("meta", "member", "list", "--members", meta)
     assert table.returncode == 0 and "leader *" in table.stdout
+
+
+def test_one_address_flag_for_every_command(meta: str) -> None:
+    """--members everywhere, --meta as its alias everywhere, $QUORUMLOG_MEMBERS
+    when neither is given (issue 18: ledger took --meta, all others --members)."""
+    import os
+
+    assert cli("meta", "put", "/ops/flag", "v", "--meta", meta).returncode == 0
+    created = cli("ledger", "create", "-e", "1", "-w", "1", "-a", "1", "--members", meta)
+    assert created.returncode == 0, created.stderr
+    ledger_id = created.stdout.split()[-1]
+    env = {**os.environ, "QUORUMLOG_MEMBERS": meta, "QUORUMLOG_CLUSTER_DIR": "/nonexistent"}
+    for args in (("meta", "get", "/ops/flag"), ("ledger", "info", ledger_id),
+                 ("stream", "list"), ("bookie", "list")):
+        done = subprocess.run([sys.executable, "-m", "quorumlog", *args], capture_output=True,
+                              text=True, timeout=CLI_TIMEOUT_S, check=False, env=env)
+        assert done.returncode == 0, (args, done.stderr)
+    got = json.loads(cli("meta", "get", "/ops/flag", "--meta", meta).stdout)
+    assert got["value"] == "v"

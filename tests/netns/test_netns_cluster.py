@@ -35,15 +35,15 @@ def test_three_hosts_serve_meta_ledgers_and_streams_on_advertised_addresses(
     got = c.cli("meta", "get", "/deploy/k", "--members", c.meta_members)
     assert got.returncode == 0 and "v1" in got.stdout, got.stdout + got.stderr
 
-    created = c.cli("ledger", "create", "-e", "3", "-w", "2", "-a", "2", "--meta",
+    created = c.cli("ledger", "create", "-e", "3", "-w", "2", "-a", "2", "--members",
                     c.meta_members)
     assert created.returncode == 0, created.stderr
     ledger_id = created.stdout.split()[-1]
     lines = [f"entry-{i}" for i in range(20)]
-    appended = c.cli("ledger", "append", ledger_id, "--meta", c.meta_members,
+    appended = c.cli("ledger", "append", ledger_id, "--members", c.meta_members,
                      stdin="\n".join(lines) + "\n")
     assert appended.returncode == 0, appended.stderr
-    read = c.cli("ledger", "read", ledger_id, "--meta", c.meta_members)
+    read = c.cli("ledger", "read", ledger_id, "--members", c.meta_members)
     assert read.stdout.splitlines() == lines, read.stderr
 
     assert c.cli("stream", "create", "orders", "--members", c.meta_members).returncode == 0
@@ -137,6 +137,6 @@ def test_isolated_bookie_ensemble_change_loses_no_acknowledged_entry(
     assert len(record["ensembles"]) >= 2, f"no ensemble change: {record['ensembles']}"
     assert c.rpc_address(victim) not in record["ensembles"][-1][1]
     c.heal()
-    read = c.cli("ledger", "read", str(ledger_id), "--meta", c.meta_members)
+    read = c.cli("ledger", "read", str(ledger_id), "--members", c.meta_members)
     assert read.returncode == 0, read.stderr
     assert read.stdout.splitlines() == [f"entry-{i}" for i in acked]

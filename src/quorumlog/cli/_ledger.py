@@ -5,7 +5,8 @@ line of standard input (the ledger stays open: a later ``append`` continues
 it, ``recover`` closes it); ``read ID`` prints one entry per line up to the
 LAC; ``recover ID`` opens with recovery (fences, recovers, closes) and prints
 the last entry id; ``info``, ``list`` and ``delete`` manage metadata. The meta
-service comes from ``--meta`` or the local cluster directory.
+service comes from ``--members`` (or its alias ``--meta``), $QUORUMLOG_MEMBERS or
+the local cluster directory, as for every command.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from quorumlog.cli._meta import MembersOption
+
 if TYPE_CHECKING:
     from quorumlog.ledger import BlockingLedgerClient, LedgerMetadata
 
@@ -26,8 +29,6 @@ app = typer.Typer(help="Create, write, read, recover and delete ledgers.",
                   no_args_is_help=True)
 console = Console()
 
-MetaOption = typer.Option(
-    None, "--meta", help="Comma-separated meta addresses (default: the local cluster).")
 DirOption = typer.Option(None, "--dir", help="Local cluster directory (default: "
                          ".quorumlog/cluster or $QUORUMLOG_CLUSTER_DIR).")
 PasswordOption = typer.Option(
@@ -73,7 +74,7 @@ def create(
     placement: str = typer.Option("random", help="random, rack_aware or zone_aware."),
     metadata: list[str] = typer.Option([], "--metadata", "-m",
                                        help="Custom metadata KEY=VALUE (repeatable)."),
-    meta: str | None = MetaOption,
+    meta: str | None = MembersOption,
     directory: Path | None = DirOption,
 ) -> None:
     """Create a ledger (E >= Qw >= Qa) and print its id."""
@@ -89,7 +90,7 @@ def create(
 def append(
     ledger_id: int = typer.Argument(..., help="The ledger to append to."),
     password: str = PasswordOption,
-    meta: str | None = MetaOption,
+    meta: str | None = MembersOption,
     directory: Path | None = DirOption,
     as_json: bool = JsonOption,
 ) -> None:
@@ -130,7 +131,7 @@ def read(
     first: int = typer.Option(0, "--from", help="First entry id."),
     last: int = typer.Option(-1, "--to", help="Last entry id (default: the LAC)."),
     ids: bool = typer.Option(False, "--ids", help="Prefix each line with the entry id and a tab."),
-    meta: str | None = MetaOption,
+    meta: str | None = MembersOption,
     directory: Path | None = DirOption,
 ) -> None:
     """Print one entry per line, up to the LAC (an open ledger stays open)."""
@@ -163,7 +164,7 @@ def read(
 def recover(
     ledger_id: int = typer.Argument(..., help="The ledger to recover."),
     password: str = PasswordOption,
-    meta: str | None = MetaOption,
+    meta: str | None = MembersOption,
     directory: Path | None = DirOption,
 ) -> None:
     """Recover and close a ledger; print its last entry id (-1: empty)."""
@@ -192,7 +193,7 @@ def _info_row(metadata: LedgerMetadata) -> dict[str, Any]:
 @app.command()
 def info(
     ledger_id: int = typer.Argument(..., help="The ledger to describe."),
-    meta: str | None = MetaOption,
+    meta: str | None = MembersOption,
     directory: Path | None = DirOption,
     as_json: bool = JsonOption,
 ) -> None:
@@ -217,7 +218,7 @@ def info(
 @app.command("list")
 def list_(
     limit: int = typer.Option(1000, help="At most this many ledgers."),
-    meta: str | None = MetaOption,
+    meta: str | None = MembersOption,
     directory: Path | None = DirOption,
     as_json: bool = JsonOption,
 ) -> None:
@@ -250,7 +251,7 @@ def delete(
     ledger_id: int = typer.Argument(..., help="The ledger to delete."),
     force: bool = typer.Option(False, "--force", help="Delete it even if it belongs to a "
                                "stream (the stream loses that data)."),
-    meta: str | None = MetaOption,
+    meta: str | None = MembersOption,
     directory: Path | None = DirOption,
 ) -> None:
     """Delete a ledger's metadata; bookies garbage-collect its entries.

@@ -15,8 +15,9 @@ app = typer.Typer(help="Read and write the metadata service.", no_args_is_help=T
 console = Console()
 
 MembersOption = typer.Option(
-    None, "--members", help="Comma-separated meta addresses (default: the local cluster)."
-)
+    None, "--members", "--meta", envvar="QUORUMLOG_MEMBERS",
+    help="Comma-separated meta addresses (default: $QUORUMLOG_MEMBERS, else the local "
+    "cluster). --meta is the same flag.")
 DirOption = typer.Option(None, "--dir", help="Local cluster directory.")
 
 
