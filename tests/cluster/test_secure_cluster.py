@@ -100,3 +100,44 @@ def test_tls_and_token_from_node_config(
     rogue = _cli("meta", "get", "/secure/cli", *dir_args, security_file=files / "rogue.toml")
     assert rogue.returncode != 0
     assert "Traceback" not in rogue.stderr, rogue.stderr
+
+
+@pytest.mark.timeout(180)
+def test_metrics_endpoint_uses_tls_and_the_token(
+        secure_cluster: tuple[Path, rpc.RpcSecurityConfig, Path]) -> None:
+    """Issue 18: the Prometheus endpoint ignored TLS and the token. Now it is
+    HTTPS with the node's certificate and mutual TLS like the rpc port, and
+    /metrics needs ``Authorization: Bearer <token>``; probes stay open."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    directory, security, _ = secure_cluster
+    metrics = cluster.load(directory)[0].metrics
+    context = ssl.create_default_context(cafile=security.tls_ca_path)
+    assert security.tls_cert_path is not None and security.tls_key_path is not None
+    context.load_cert_chain(security.tls_cert_path, security.tls_key_path)
+
+    def get(path: str, *, token: str | None = None,
+            ctx: ssl.SSLContext | None = context, scheme: str = "https") -> tuple[int, str]:
+        request = urllib.request.Request(f"{scheme}://{metrics}{path}")
+        if token is not None:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, context=ctx, timeout=10) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    status, body = get("/metrics", token=TOKEN)
+    assert status == 200 and "quorumlog_" in body
+    assert get("/metrics")[0] == 401
+    assert get("/metrics", token="not-the-token")[0] == 401
+    status, body = get("/healthz")
+    assert status == 200 and '"ok"' in body
+    with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+        get("/metrics", token=TOKEN, ctx=None, scheme="http")  # plaintext is refused
+    no_cert = ssl.create_default_context(cafile=security.tls_ca_path)
+    with pytest.raises((urllib.error.URLError, ConnectionError, OSError, ssl.SSLError)):
+        get("/metrics", token=TOKEN, ctx=no_cert)  # mutual TLS: a client certificate
+    assert get("/metrics", token=TOKEN)[0] == 200  # and it kept serving

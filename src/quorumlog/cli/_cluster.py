@@ -47,8 +47,10 @@ def up(
     table = Table(title=f"quorumlog cluster in {_dir(directory).resolve()}")
     for col in ("node", "pid", "address", "metrics", "roles"):
         table.add_column(col)
+    security = cluster.cluster_security()
+    scheme = "https" if security is not None and security.tls_enabled else "http"
     for i in infos:
-        table.add_row(str(i.id), str(i.pid), i.address, f"http://{i.metrics}/metrics",
+        table.add_row(str(i.id), str(i.pid), i.address, f"{scheme}://{i.metrics}/metrics",
                       ",".join(i.roles))
     console.print(table)
     console.print("meta members: " + ",".join(i.address for i in infos))

@@ -9,6 +9,13 @@
   writable. 503 otherwise, with the reasons. A node that is alive but not
   ready should get no traffic but must not be restarted for it.
 
+When the cluster uses TLS (``[security] tls_enabled``) the endpoint is
+HTTPS with the node's certificate and the same client-certificate rule as
+the rpc port; when it has a ``token``, ``/metrics`` answers 401 unless the
+request carries ``Authorization: Bearer <token>`` (Prometheus:
+``authorization: {credentials: ...}`` in the scrape config). ``/healthz`` and
+``/readyz`` carry no data worth a secret and stay open to probes.
+
 Both answer JSON. The checks run on the event loop (``Health.refresh``, every
 ``REFRESH_INTERVAL_S``); the HTTP thread only reads their last result, so it
 never touches the roles' state from another thread.
@@ -17,7 +24,9 @@ never touches the roles' state from another thread.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -75,8 +84,11 @@ class Health:
             await asyncio.sleep(REFRESH_INTERVAL_S)
 
 
-def http_app(registry: CollectorRegistry, health: Health) -> Callable[..., Iterable[bytes]]:
+def http_app(registry: CollectorRegistry, health: Health,
+             token: str | None = None) -> Callable[..., Iterable[bytes]]:
+    """The WSGI app; with ``token``, /metrics needs ``Authorization: Bearer``."""
     metrics = make_wsgi_app(registry)
+    expected = f"Bearer {token}".encode() if token else None
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
@@ -86,6 +98,11 @@ def http_app(registry: CollectorRegistry, health: Health) -> Callable[..., Itera
             start_response(status, [("Content-Type", "application/json")])
             return [json.dumps(body).encode() + b"\n"]
         if path in ("/metrics", "/"):
+            if expected is not None and not hmac.compare_digest(
+                    environ.get("HTTP_AUTHORIZATION", "").encode(), expected):
+                start_response("401 Unauthorized", [("Content-Type", "text/plain"),
+                                                     ("WWW-Authenticate", "Bearer")])
+                return [b"unauthorized: send Authorization: Bearer <the cluster token>\n"]
             result: Iterable[bytes] = metrics(environ, start_response)
             return result
         start_response("404 Not Found", [("Content-Type", "text/plain")])
@@ -99,12 +116,24 @@ class _QuietHandler(WSGIRequestHandler):
         """Scrapes and probes every few seconds are not worth a log line."""
 
 
-def start_http(host: str, port: int, registry: CollectorRegistry,
-               health: Health) -> tuple[ThreadingWSGIServer, threading.Thread]:
+class _Server(ThreadingWSGIServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that fails the TLS handshake or hangs up mid-request costs
+        nothing but its own connection (no traceback on the node's stderr)."""
+
+
+def start_http(host: str, port: int, registry: CollectorRegistry, health: Health, *,
+               ssl_context: ssl.SSLContext | None = None,
+               token: str | None = None) -> tuple[ThreadingWSGIServer, threading.Thread]:
     """Serve /metrics, /healthz and /readyz on a daemon thread (OSError if the port
-    is taken)."""
-    server = make_server(host, port, http_app(registry, health), ThreadingWSGIServer,
+    is taken); HTTPS with ``ssl_context``, /metrics behind ``token``."""
+    server = make_server(host, port, http_app(registry, health, token), _Server,
                          handler_class=_QuietHandler)
+    if ssl_context is not None:
+        # The handshake runs on the request's own thread (its first read), so a
+        # client that never completes it cannot stall the accept loop.
+        server.socket = ssl_context.wrap_socket(server.socket, server_side=True,
+                                                do_handshake_on_connect=False)
     thread = threading.Thread(target=server.serve_forever, name="node-http", daemon=True)
     thread.start()
     return server, thread

@@ -95,7 +95,10 @@ def start_metrics(cfg: NodeConfig,
         return None
     host, port = parse_address(cfg.node.metrics_listen)
     try:
-        return start_http(host, port, rpc.metrics_registry, health)
+        security = cfg.security or rpc.RpcSecurityConfig()
+        context = rpc.server_ssl_context(security) if security.tls_enabled else None
+        return start_http(host, port, rpc.metrics_registry, health, ssl_context=context,
+                          token=security.token)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             raise PortInUseError(

@@ -84,6 +84,7 @@ from ._loop_thread import (
 from ._messages import Message, Request
 from ._metrics import metrics_registry
 from ._pool import Pool
+from ._security import server_ssl_context
 from ._server import RequestContext, Server
 
 __all__ = [
@@ -111,5 +112,6 @@ __all__ = [
     "metrics_registry",
     "register_error",
     "run",
+    "server_ssl_context",
     "set_default_security",
 ]
