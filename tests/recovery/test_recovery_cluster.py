@@ -4,8 +4,11 @@ and watch the auditor and workers bring every ledger back to full write quorum."
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +23,9 @@ from quorumlog.proto import BOOKIE_REGISTRY_PREFIX, ledger_key
 from quorumlog.recovery import TASK_PREFIX, recovery_status
 
 DEADLINE_S = 60.0
+# Longer than the recovery delay plus several audit rounds: what a paused
+# auditor would have filed by then, an enabled one would have.
+DISABLED_WAIT_S = 4.5
 ENTRIES = 40
 RECOVERY_ENV = {
     "QUORUMLOG_RECOVERY__LOST_BOOKIE_RECOVERY_DELAY_MS": "3000",
@@ -47,6 +53,11 @@ def four_nodes(tmp_path: Path) -> Iterator[Path]:
         yield directory
     finally:
         cluster.down(directory)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "quorumlog", *args], capture_output=True,
+                          text=True, timeout=120)
 
 
 def _payload(ledger_id: int, entry_id: int) -> bytes:
@@ -126,7 +137,17 @@ def test_killed_bookie_is_replicated_away(four_nodes: Path) -> None:
             return [i for i in ledgers
                     if any(victim in f.bookies for f in (await _metadata(meta, i)).ensembles)]
 
-    assert rpc.run(naming()), "random placement put the victim in no ensemble"
+    named = rpc.run(naming())
+    assert named, "random placement put the victim in no ensemble"
+    assert _cli("recovery", "disable", "--dir", str(four_nodes)).returncode == 0
     os.kill(victim_info.pid, signal.SIGKILL)
+    # Paused: past the delay (and several audit rounds) nothing is filed or changed.
+    time.sleep(DISABLED_WAIT_S)
+    assert json.loads(_cli("recovery", "list-underreplicated", "--json", "--dir",
+                           str(four_nodes)).stdout) == {"ledgers": []}
+    assert rpc.run(naming()) == named
+    status = json.loads(_cli("recovery", "status", "--json", "--dir", str(four_nodes)).stdout)
+    assert status["enabled"] is False and status["auditor"]
+    assert _cli("recovery", "enable", "--dir", str(four_nodes)).returncode == 0
     rpc.run(_wait_replicated(meta_addresses, ledgers, victim))
     rpc.run(_check_full_quorum(meta_addresses, ledgers, victim))
