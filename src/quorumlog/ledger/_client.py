@@ -143,6 +143,7 @@ class LedgerClient:
             ledger_id=ledger_id, ensemble_size=ensemble, write_quorum=write_quorum,
             ack_quorum=ack_quorum, digest=digest_type, password_sha256=password_digest(password),
             ensembles=(Fragment(0, bookies),), custom=custom, created_ms=self._ctx.clock.wall_ms(),
+            password=password,
         )
         if not await self._ctx.meta.cas(wire.ledger_key(ledger_id), 0, created.encode()):
             raise QuorumlogError(

@@ -45,6 +45,12 @@ class LedgerMetadata(msgspec.Struct, frozen=True, kw_only=True):
     custom: dict[str, bytes] = msgspec.field(default_factory=dict)
     created_ms: int = 0
     format_version: int = METADATA_FORMAT_VERSION
+    # The ledger password itself, as BookKeeper's metadata keeps it: the
+    # re-replication workers (quorumlog.recovery) copy a lost bookie's entries
+    # with it (recovery adds carry the master key; HMAC digests need the MAC
+    # key). Empty in ledgers created before it was stored; whoever can read
+    # meta can write such ledgers, so meta access is as sensitive as bookies'.
+    password: bytes = b""
 
     def __post_init__(self) -> None:
         Schedule(self.ensemble_size, self.write_quorum, self.ack_quorum)  # validates
@@ -109,6 +115,31 @@ class LedgerMetadata(msgspec.Struct, frozen=True, kw_only=True):
         else:
             invariant(fragments[-1].first_entry_id < first, "new fragment must start later")
             fragments.append(Fragment(first, tuple(current)))
+        return msgspec.structs.replace(self, ensembles=tuple(fragments))
+
+    def known_password(self) -> bytes | None:
+        """The ledger password if metadata knows it (stored, or the empty
+        password of a ledger created before passwords were stored), else None."""
+        if self.password and password_digest(self.password) == self.password_sha256:
+            return self.password
+        if password_digest(b"") == self.password_sha256:
+            return b""
+        return None
+
+    def with_bookie_replaced(self, fragment_index: int, position: int,
+                             bookie: str) -> LedgerMetadata:
+        """The same ledger with ``bookie`` at ``position`` of one fragment
+        (re-replication: the entries were copied there first)."""
+        invariant(0 <= fragment_index < len(self.ensembles), "fragment index out of range")
+        invariant(0 <= position < self.ensemble_size, f"ensemble index {position} out of range")
+        fragment = self.ensembles[fragment_index]
+        bookies = list(fragment.bookies)
+        bookies[position] = bookie
+        if len(set(bookies)) != len(bookies):
+            raise UsageError(f"ledger {self.ledger_id}: {bookie} is already in the fragment "
+                             f"at entry {fragment.first_entry_id}")
+        fragments = list(self.ensembles)
+        fragments[fragment_index] = Fragment(fragment.first_entry_id, tuple(bookies))
         return msgspec.structs.replace(self, ensembles=tuple(fragments))
 
     def in_recovery(self) -> LedgerMetadata:

@@ -69,6 +69,7 @@ from quorumlog import config
 from quorumlog.bookie import BookieConfig
 from quorumlog.config import Config, require
 from quorumlog.meta import LEASE_CLOCK_DRIFT_PERCENT, READ_MODES, ReadMode
+from quorumlog.recovery import RecoveryConfig
 from quorumlog.rpc import RpcSecurityConfig
 from quorumlog.table import TableConfig
 
@@ -177,6 +178,9 @@ class NodeConfig(Config, frozen=True):
     meta: MetaSection | None = None
     bookie: BookieConfig | None = None
     table: TableConfig | None = None  # [table]: zone, cluster id, Raft timing
+    # [recovery]: the auditor and replication worker of a bookie node
+    # (quorumlog.recovery.RecoveryConfig; defaults when absent).
+    recovery: RecoveryConfig | None = None
     # TLS and token for the node's rpc server and for its own clients (Raft
     # peers, the bookie's meta client): see quorumlog.rpc.RpcSecurityConfig.
     security: RpcSecurityConfig | None = None
@@ -194,6 +198,8 @@ class NodeConfig(Config, frozen=True):
             assert self.meta is not None
             self.meta.validate()
             self.bookie_config.validate()
+            if self.recovery is not None:
+                self.recovery.validate()
         if "table" in self.node.roles:
             require(self.meta is not None and bool(self.meta.members),
                     "role table needs [meta] members (the meta addresses it registers with)")

@@ -43,6 +43,7 @@ from quorumlog.meta import MetaService
 from quorumlog.node._config import NodeConfig, parse_address
 from quorumlog.node._health import Health, start_http
 from quorumlog.raft import HostConfig, RaftHost
+from quorumlog.recovery import RecoveryConfig, RecoveryService
 from quorumlog.table import TableConfig, TableService, is_table_group
 
 _log = get_logger(__name__)
@@ -124,6 +125,7 @@ class _Roles:
         self.meta: MetaService | None = None
         self.bookie: BookieService | None = None
         self.table: TableService | None = None
+        self.recovery: RecoveryService | None = None
         if "meta" in cfg.node.roles:
             assert cfg.meta is not None  # NodeConfig.validate requires it
             self.host = RaftHost(
@@ -142,6 +144,10 @@ class _Roles:
             )
         if "bookie" in cfg.node.roles:
             self.bookie = BookieService(cfg.bookie_config, meta_addresses=cfg.meta_addresses)
+            recovery = cfg.recovery or RecoveryConfig()
+            if recovery.enabled:  # auditor candidate + replication worker (docs/recovery.md)
+                self.recovery = RecoveryService(cfg.node.advertise_address, cfg.meta_addresses,
+                                                recovery)
         if "table" in cfg.node.roles:
             self.table = TableService(cfg.node.id, cfg.node.advertise_address, cfg.meta_addresses,
                                       cfg.data_path, cfg.table or TableConfig())
@@ -283,6 +289,8 @@ async def _start_roles(cfg: NodeConfig, roles: _Roles) -> None:
     if roles.bookie is not None:
         await roles.bookie.start(cfg.node.advertise_address)  # its id: what clients dial
         gc.freeze()  # start-up objects live for good: keep them out of collections
+    if roles.recovery is not None:
+        await roles.recovery.start()
     if roles.table is not None:
         await roles.table.start()
 
@@ -290,7 +298,9 @@ async def _start_roles(cfg: NodeConfig, roles: _Roles) -> None:
 async def _stop(server: rpc.Server, roles: _Roles) -> None:
     """The bookie leaves meta (while meta, maybe this process's, still answers), then
     the rpc server stops (no new requests), then the bookie, the table role (its
-    own Raft host), meta, the meta Raft host."""
+    own Raft host), meta, the meta Raft host. Recovery stops first (its locks go)."""
+    if roles.recovery is not None:
+        await roles.recovery.close()
     if roles.bookie is not None:
         await roles.bookie.unregister()
     await server.close()

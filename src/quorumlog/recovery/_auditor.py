@@ -1,0 +1,149 @@
+"""The auditor: one per cluster, elected through an ephemeral meta key.
+
+Each round (``audit_interval_ms``) the holder of ``/recovery/auditor``:
+
+1. reads the registered bookies (``/bookies/available/``) and every bookie
+   that ever started (``/bookies/cookies/``); a known bookie that is not
+   registered gets ``/recovery/missing/<id>`` with the time it was first seen
+   gone (persistent, so a new auditor keeps counting from there); a bookie
+   registered again loses that key;
+2. a bookie missing for ``lost_bookie_recovery_delay_ms``, or draining, is
+   lost: every ledger whose fragments name one gets one task
+   ``/underreplicated/<ledger>`` (a task already there gains the new bookies).
+
+A bookie back before the delay never gets a task. A task for a bookie that
+came back later is re-checked by the worker against the bookie's data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+
+from quorumlog import proto as wire
+from quorumlog.clock import SYSTEM_CLOCK, Clock
+from quorumlog.errors import QuorumlogError
+from quorumlog.ledger import LedgerMetadata
+from quorumlog.log import get_logger
+from quorumlog.meta import MetaClient
+from quorumlog.recovery import _layout as layout
+from quorumlog.recovery._config import RecoveryConfig
+from quorumlog.recovery._metrics import LEDGERS_LOST, TASKS_PENDING
+from quorumlog.recovery._plan import bookies_to_replace, lost_bookies
+from quorumlog.recovery._session import RecoverySession
+
+_log = get_logger(__name__)
+
+
+@dataclass(slots=True)
+class AuditRound:
+    """What one audit round saw and did."""
+
+    lost: set[str] = field(default_factory=set)
+    missing: dict[str, int] = field(default_factory=dict)
+    tasks_filed: list[int] = field(default_factory=list)
+    tasks_pending: int = 0
+    skipped_disabled: bool = False
+
+
+async def ids_under(meta: MetaClient, prefix: str) -> dict[str, bytes]:
+    return {kv.key[len(prefix):]: kv.value for kv in await meta.list_keys(prefix)}
+
+
+async def iter_ledgers(meta: MetaClient, page: int) -> list[tuple[LedgerMetadata, int]]:
+    """Every ledger's metadata and version, read ``page`` keys per meta call."""
+    out: list[tuple[LedgerMetadata, int]] = []
+    start, end = wire.LEDGER_KEY_PREFIX, wire.LEDGER_KEY_PREFIX[:-1] + chr(ord("/") + 1)
+    while True:
+        result, _ = await meta.range(start, end=end, limit=page)
+        for kv in result.kvs:
+            try:
+                out.append((LedgerMetadata.decode(kv.value), kv.version))
+            except QuorumlogError:
+                _log.warning("recovery_ledger_metadata_malformed", key=kv.key)
+        if len(result.kvs) < page:
+            return out
+        start = result.kvs[-1].key + "\x00"
+
+
+class Auditor:
+    def __init__(self, auditor_id: str, meta: MetaClient, session: RecoverySession,
+                 config: RecoveryConfig, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.auditor_id = auditor_id
+        self._meta = meta
+        self._session = session
+        self._config = config
+        self._clock = clock
+        self._held_in_session = 0
+
+    async def elected(self) -> bool:
+        """Hold (or take) the auditor lease; False while another node holds it."""
+        session_id = await self._session.current()
+        if self._held_in_session == session_id:
+            current = await self._meta.get(layout.AUDITOR_KEY)
+            if current is not None and current.value == self.auditor_id.encode():
+                return True
+        if await self._meta.cas(layout.AUDITOR_KEY, 0, self.auditor_id.encode(),
+                                session_id=session_id):
+            self._held_in_session = session_id
+            _log.info("recovery_auditor_elected", auditor=self.auditor_id)
+            return True
+        return False
+
+    async def audit_once(self) -> AuditRound:
+        """One round (the caller holds the lease)."""
+        out = AuditRound()
+        if await self._meta.get(layout.DISABLED_KEY) is not None:
+            out.skipped_disabled = True
+            return out
+        now_ms = self._clock.wall_ms()
+        available = set(await ids_under(self._meta, wire.BOOKIE_REGISTRY_PREFIX))
+        known = set(await ids_under(self._meta, wire.BOOKIE_COOKIE_PREFIX))
+        draining = set(await ids_under(self._meta, layout.DRAINING_PREFIX))
+        recorded = await ids_under(self._meta, layout.MISSING_PREFIX)
+        for bookie in sorted(set(recorded) & available):
+            await self._meta.delete(layout.missing_key(bookie))  # back in time (or later)
+            _log.info("recovery_bookie_back", bookie=bookie)
+        for bookie in sorted(known - available):
+            if bookie in recorded:
+                out.missing[bookie] = layout.MissingBookie.decode(recorded[bookie]).since_ms
+            else:
+                record = layout.MissingBookie(bookie=bookie, since_ms=now_ms)
+                await self._meta.cas(layout.missing_key(bookie), 0, record.encode())
+                out.missing[bookie] = now_ms
+                _log.info("recovery_bookie_missing", bookie=bookie)
+        out.lost = lost_bookies(out.missing, now_ms, self._config.lost_bookie_recovery_delay_ms,
+                                draining)
+        tasks = {int(k): layout.ReplicationTask.decode(v)
+                 for k, v in (await ids_under(self._meta, layout.TASK_PREFIX)).items()}
+        if out.lost:
+            for metadata, _ in await iter_ledgers(self._meta, self._config.audit_ledgers_per_page):
+                names = bookies_to_replace(metadata, out.lost)
+                if names and await self._file(metadata.ledger_id, names, tasks, now_ms):
+                    out.tasks_filed.append(metadata.ledger_id)
+        out.tasks_pending = sum(1 for t in tasks.values() if t.state is layout.TaskState.PENDING)
+        out.tasks_pending += sum(1 for i in out.tasks_filed if i not in tasks)
+        TASKS_PENDING.set(out.tasks_pending)
+        LEDGERS_LOST.set(sum(1 for t in tasks.values() if t.state is layout.TaskState.LOST))
+        return out
+
+    async def _file(self, ledger_id: int, names: tuple[str, ...],
+                    tasks: dict[int, layout.ReplicationTask], now_ms: int) -> bool:
+        existing = tasks.get(ledger_id)
+        key = layout.task_key(ledger_id)
+        if existing is None:
+            task = layout.ReplicationTask(ledger_id=ledger_id, bookies=names, created_ms=now_ms)
+            filed = await self._meta.cas(key, 0, task.encode())
+            if filed:
+                _log.info("recovery_task_filed", ledger=ledger_id, bookies=list(names))
+            return filed
+        if set(names) <= set(existing.bookies) or existing.state is not layout.TaskState.PENDING:
+            return False
+        kv = await self._meta.get(key)
+        if kv is None:
+            return False
+        current = layout.ReplicationTask.decode(kv.value)
+        merged = tuple(sorted(set(current.bookies) | set(names)))
+        return bool(await self._meta.cas(
+            key, kv.version, msgspec.structs.replace(current, bookies=merged).encode()))

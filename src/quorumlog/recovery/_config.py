@@ -1,0 +1,55 @@
+"""Settings of auto-recovery (``[recovery]`` in a node's TOML file).
+
+Every bound has its unit in its name and a comment saying why it exists.
+"""
+
+from __future__ import annotations
+
+from quorumlog.config import Config, require
+
+MIB = 1024 * 1024
+
+
+class RecoveryConfig(Config, frozen=True):
+    """The auditor and the replication worker of one bookie node."""
+
+    # Run the auditor candidate and the replication worker on this node.
+    enabled: bool = True
+    # A bookie gone (unregistered) for less than this is thought to be
+    # restarting: no task is filed. BookKeeper's lostBookieRecoveryDelay.
+    lost_bookie_recovery_delay_ms: int = 60_000
+    # How often the elected auditor compares registrations with ledgers, and
+    # how often an idle worker looks for tasks.
+    audit_interval_ms: int = 1_000
+    worker_poll_interval_ms: int = 1_000
+    # The auditor lease and task locks live in a meta session of this TTL: a
+    # SIGKILLed auditor or worker loses them after at most this long.
+    lease_ttl_ms: int = 4_000
+    # An OPEN ledger whose task is younger than this is left to its writer
+    # (which replaces failed bookies itself); after it, the worker fences and
+    # recovers the ledger (closing it) and replicates it.
+    open_ledger_grace_ms: int = 30_000
+    # Attempts at one task before it is marked failed (reported, not retried),
+    # and the pause after a failed attempt (doubled each time).
+    task_attempts_max: int = 8
+    retry_backoff_ms: int = 500
+    # Copy speed bound of one worker, so re-replication does not starve
+    # clients of disk and network.
+    throttle_bytes_per_s: int = 64 * MIB
+    # Entries per recovery add batch (the bookie's AddEntriesRequest bound
+    # applies too) and in-flight reads from survivors.
+    copy_batch_entries_max: int = 64
+    # One bookie request (read or add batch) made by a worker.
+    request_timeout_ms: int = 10_000
+    # Ledgers the auditor reads per meta range call.
+    audit_ledgers_per_page: int = 1_000
+
+    def validate(self) -> None:
+        for name in ("lost_bookie_recovery_delay_ms", "open_ledger_grace_ms",
+                     "retry_backoff_ms"):
+            require(getattr(self, name) >= 0, f"[recovery] {name} must be >= 0")
+        for name in ("audit_interval_ms", "worker_poll_interval_ms", "lease_ttl_ms",
+                     "task_attempts_max", "throttle_bytes_per_s", "copy_batch_entries_max",
+                     "request_timeout_ms", "audit_ledgers_per_page"):
+            require(getattr(self, name) > 0, f"[recovery] {name} must be positive")
+        require(self.lease_ttl_ms >= 500, "[recovery] lease_ttl_ms must be >= 500")

@@ -1,0 +1,73 @@
+"""The recovery role of a bookie node: an auditor candidate and a replication
+worker, sharing one meta session (see docs/recovery.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+
+from quorumlog.errors import QuorumlogError
+from quorumlog.ledger import LedgerClient
+from quorumlog.log import get_logger
+from quorumlog.meta import MetaClient
+from quorumlog.recovery._auditor import Auditor
+from quorumlog.recovery._config import RecoveryConfig
+from quorumlog.recovery._session import RecoverySession
+from quorumlog.recovery._worker import ReplicationWorker
+
+_log = get_logger(__name__)
+
+
+class RecoveryService:
+    def __init__(self, node_id: str, meta_addresses: Sequence[str],
+                 config: RecoveryConfig) -> None:
+        config.validate()
+        self.node_id = node_id
+        self._addresses = list(meta_addresses)
+        self._config = config
+        self._tasks: list[asyncio.Task[None]] = []
+        self._client: LedgerClient | None = None
+        self._session: RecoverySession | None = None
+
+    async def start(self) -> None:
+        client = await LedgerClient.connect(self._addresses)
+        self._client = client
+        meta: MetaClient = client.meta
+        self._session = RecoverySession(meta, self._config.lease_ttl_ms)
+        auditor = Auditor(self.node_id, meta, self._session, self._config)
+        worker = ReplicationWorker(self.node_id, client, meta, self._session, self._config)
+        loop = asyncio.get_running_loop()
+
+        async def audit() -> None:
+            if await auditor.elected():
+                await auditor.audit_once()
+
+        async def work() -> None:
+            await worker.work_once()
+
+        self._tasks = [
+            loop.create_task(_every(self._config.audit_interval_ms, "audit", audit)),
+            loop.create_task(_every(self._config.worker_poll_interval_ms, "replicate", work)),
+        ]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._session is not None:
+            await self._session.close()
+        if self._client is not None:
+            await self._client.close()
+
+
+async def _every(interval_ms: int, what: str, step: Callable[[], Awaitable[None]]) -> None:
+    """Run ``step`` every ``interval_ms``; an operating error is logged and retried."""
+    while True:
+        try:
+            await step()
+        except QuorumlogError as exc:
+            _log.warning("recovery_step_failed", step=what, error=exc.message)
+        await asyncio.sleep(interval_ms / 1000)

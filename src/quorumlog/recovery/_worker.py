@@ -1,0 +1,293 @@
+"""Replication workers: copy an under-replicated ledger's entries to new bookies.
+
+A worker takes a task (``/underreplicated/<ledger>``) by writing the
+ephemeral lock ``/underreplicated-locks/<ledger>`` in its node's recovery
+session, so a SIGKILLed worker's lock vanishes with its session and another
+worker takes the task over. For the ledger it then:
+
+1. drops the task if the ledger was deleted; leaves an OPEN ledger to its
+   writer for ``open_ledger_grace_ms``, then fences and recovers (closes) it
+   with the ledger client's recovery;
+2. for each fragment position naming a lost bookie: if that bookie is
+   registered again and still holds every entry of the position, nothing is
+   copied; otherwise a replacement (random placement among writable bookies
+   outside the fragment; kept in the task so a successor reuses it) gets each
+   entry, read from a surviving replica with digest verification, in batches
+   of recovery adds, at most ``throttle_bytes_per_s``;
+3. swaps the replacement into that fragment by compare-and-swap of the ledger
+   metadata - after the copy, so a worker dying mid-copy changed nothing in
+   metadata and its successor copies again (recovery adds of the same entry
+   are idempotent on the bookie);
+4. deletes the task. An entry no surviving replica holds marks the task LOST
+   (reported, never retried); other failures retry with backoff up to
+   ``task_attempts_max``, then mark it FAILED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+
+import msgspec
+
+from quorumlog import proto as wire
+from quorumlog.clock import SYSTEM_CLOCK, Clock
+from quorumlog.errors import QuorumlogError, invariant
+from quorumlog.ledger import (
+    LedgerClient,
+    LedgerMetadata,
+    choose_replacement,
+    master_key,
+)
+from quorumlog.log import get_logger
+from quorumlog.meta import MetaClient
+from quorumlog.recovery import _layout as layout
+from quorumlog.recovery._config import RecoveryConfig
+from quorumlog.recovery._metrics import BYTES_COPIED, FRAGMENTS_REPLICATED
+from quorumlog.recovery._plan import Slot, entries_of_slot, slots_to_replace, sources_for
+from quorumlog.recovery._session import RecoverySession
+
+_log = get_logger(__name__)
+
+METADATA_CAS_ATTEMPTS_MAX = 16
+"""Compare-and-swap attempts on one ledger's metadata or task before the attempt fails."""
+
+
+class EntryLostError(QuorumlogError):
+    """No surviving replica holds an entry: the ledger has lost data."""
+
+
+class Throttle:
+    """Token bucket in bytes/s over the worker's copies."""
+
+    def __init__(self, bytes_per_s: int, clock: Clock) -> None:
+        self._rate = bytes_per_s
+        self._clock = clock
+        self._start_s = clock.monotonic_s()
+        self._sent = 0
+
+    async def spend(self, size_bytes: int) -> None:
+        self._sent += size_bytes
+        ahead_s = self._sent / self._rate - (self._clock.monotonic_s() - self._start_s)
+        if ahead_s > 0:
+            await asyncio.sleep(ahead_s)
+
+
+class ReplicationWorker:
+    def __init__(self, worker_id: str, client: LedgerClient, meta: MetaClient,
+                 session: RecoverySession, config: RecoveryConfig, *,
+                 clock: Clock = SYSTEM_CLOCK, rng: random.Random | None = None) -> None:
+        self.worker_id = worker_id
+        self._client = client
+        self._meta = meta
+        self._session = session
+        self._config = config
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._throttle = Throttle(config.throttle_bytes_per_s, clock)
+
+    async def work_once(self) -> list[int]:
+        """Try every pending task once; the ledgers this worker finished."""
+        if await self._meta.get(layout.DISABLED_KEY) is not None:
+            return []
+        done: list[int] = []
+        now_ms = self._clock.wall_ms()
+        for kv in await self._meta.list_keys(layout.TASK_PREFIX):
+            task = layout.ReplicationTask.decode(kv.value)
+            if task.state is not layout.TaskState.PENDING or task.retry_after_ms > now_ms:
+                continue
+            session_id = await self._session.current()
+            lock = layout.lock_key(task.ledger_id)
+            if not await self._meta.cas(lock, 0, self.worker_id.encode(), session_id=session_id):
+                continue  # another worker has it
+            try:
+                if await self._attempt(task.ledger_id):
+                    done.append(task.ledger_id)
+            finally:
+                await self._meta.delete(lock)
+        return done
+
+    async def _attempt(self, ledger_id: int) -> bool:
+        try:
+            return await self.replicate(ledger_id)
+        except EntryLostError as exc:
+            _log.error("recovery_ledger_lost", ledger=ledger_id, error=exc.message)
+            await self._update_task(ledger_id, state=layout.TaskState.LOST, error=exc.message)
+        except QuorumlogError as exc:
+            _log.warning("recovery_attempt_failed", ledger=ledger_id, error=exc.message)
+            await self._failed_attempt(ledger_id, exc.message)
+        return False
+
+    async def _failed_attempt(self, ledger_id: int, error: str) -> None:
+        kv = await self._meta.get(layout.task_key(ledger_id))
+        if kv is None:
+            return
+        task = layout.ReplicationTask.decode(kv.value)
+        attempts = task.attempts + 1
+        state = (layout.TaskState.FAILED if attempts >= self._config.task_attempts_max
+                 else layout.TaskState.PENDING)
+        backoff_ms = self._config.retry_backoff_ms * 2 ** min(attempts - 1, 10)
+        await self._update_task(ledger_id, state=state, error=error, attempts=attempts,
+                                retry_after_ms=self._clock.wall_ms() + backoff_ms)
+
+    async def _update_task(
+            self, ledger_id: int, **changes: object) -> layout.ReplicationTask | None:
+        key = layout.task_key(ledger_id)
+        for _ in range(METADATA_CAS_ATTEMPTS_MAX):
+            kv = await self._meta.get(key)
+            if kv is None:
+                return None
+            task = msgspec.structs.replace(layout.ReplicationTask.decode(kv.value), **changes)
+            if await self._meta.cas(key, kv.version, task.encode()):
+                return task
+        raise QuorumlogError(f"task of ledger {ledger_id} kept changing under this worker")
+
+    async def replicate(self, ledger_id: int) -> bool:
+        """Bring ``ledger_id`` back to full write quorum; True when the task is done."""
+        kv = await self._meta.get(layout.task_key(ledger_id))
+        if kv is None:
+            return False
+        task = layout.ReplicationTask.decode(kv.value)
+        ctx = self._client.context
+        try:
+            metadata, _ = await ctx.load_metadata(ledger_id)
+        except wire.NoSuchLedgerError:
+            await self._meta.delete(layout.task_key(ledger_id))  # deleted: nothing to keep
+            return True
+        password = metadata.known_password()
+        if password is None:
+            raise EntryLostError(
+                f"ledger {ledger_id}: its password is not in its metadata (created before "
+                "passwords were stored), so no worker can write its entries elsewhere; copy "
+                "it with a client that knows the password")
+        if not metadata.is_closed:
+            if self._clock.wall_ms() - task.created_ms < self._config.open_ledger_grace_ms:
+                return False  # its writer may still replace the bookie itself
+            _log.info("recovery_fencing_open_ledger", ledger=ledger_id)
+            await self._client.open_ledger(ledger_id, password=password, recovery=True)
+            metadata, _ = await ctx.load_metadata(ledger_id)
+        available = {c.address for c in await ctx.candidates(None)}
+        draining = {kv.key[len(layout.DRAINING_PREFIX):]
+                    for kv in await self._meta.list_keys(layout.DRAINING_PREFIX)}
+        for slot in slots_to_replace(metadata, task.bookies):
+            await self._replace_slot(ledger_id, slot, password, available=available,
+                                     draining=draining, task=task)
+        await self._meta.delete(layout.task_key(ledger_id))
+        _log.info("recovery_ledger_replicated", ledger=ledger_id, bookies=list(task.bookies))
+        return True
+
+    async def _replace_slot(self, ledger_id: int, slot: Slot, password: bytes, *,
+                            available: set[str], draining: set[str],
+                            task: layout.ReplicationTask) -> None:
+        metadata, _ = await self._client.context.load_metadata(ledger_id)
+        fragment = metadata.ensembles[slot.fragment_index]
+        if fragment.bookies[slot.position] != slot.bookie:
+            return  # replaced already (by an earlier attempt of this task)
+        entries = entries_of_slot(metadata, slot)
+        if (slot.bookie in available and slot.bookie not in draining
+                and await self._holds_all(metadata, slot.bookie, entries)):
+            _log.info("recovery_bookie_still_holds", ledger=ledger_id, bookie=slot.bookie)
+            return
+        target = await self._replacement(metadata, slot, available, task)
+        copied = await self._copy(metadata, slot, entries, target, password,
+                                  avoid=set(task.bookies) - available)
+        await self._swap(ledger_id, slot, target)
+        FRAGMENTS_REPLICATED.inc()
+        _log.info("recovery_fragment_replicated", ledger=ledger_id, first=slot.first_entry_id,
+                  old=slot.bookie, new=target, entries=len(entries), bytes=copied)
+
+    async def _holds_all(self, metadata: LedgerMetadata, bookie: str,
+                         entries: Sequence[int]) -> bool:
+        timeout_s = self._config.request_timeout_ms / 1000
+        for entry_id in entries:
+            try:
+                await self._client.context.bookies.read_entry(
+                    bookie, metadata.ledger_id, entry_id, timeout_s=timeout_s)
+            except QuorumlogError:
+                return False
+        return True
+
+    async def _replacement(self, metadata: LedgerMetadata, slot: Slot, available: set[str],
+                           task: layout.ReplicationTask) -> str:
+        fragment = metadata.ensembles[slot.fragment_index].bookies
+        name = layout.replacement_slot(slot.first_entry_id, slot.position)
+        chosen = task.replacements.get(name)
+        candidates = [c for c in await self._client.context.candidates(None)
+                      if c.address not in task.bookies]
+        usable = {c.address for c in candidates if c.writable}
+        if chosen is None or chosen not in usable or chosen in fragment:
+            chosen = choose_replacement(candidates, fragment, slot.position, self._rng,
+                                        write_quorum=metadata.write_quorum)
+            kv = await self._meta.get(layout.task_key(metadata.ledger_id))
+            if kv is not None:
+                current = layout.ReplicationTask.decode(kv.value)
+                await self._update_task(metadata.ledger_id, replacements={
+                    **current.replacements, name: chosen})
+        invariant(chosen not in fragment, "a replacement is never in the fragment already")
+        return chosen
+
+    async def _copy(self, metadata: LedgerMetadata, slot: Slot, entries: Sequence[int],
+                    target: str, password: bytes, *, avoid: set[str]) -> int:
+        key = master_key(password)
+        digest_key = wire.mac_key(password) if metadata.digest is wire.DigestType.HMAC_SHA256 \
+            else b""
+        batch_max = min(self._config.copy_batch_entries_max, wire.ADD_BATCH_ENTRIES_MAX)
+        timeout_s = self._config.request_timeout_ms / 1000
+        copied = 0
+        for start in range(0, len(entries), batch_max):
+            batch = entries[start:start + batch_max]
+            envelopes = await asyncio.gather(*(
+                self._read_verified(metadata, slot, entry_id, digest_key, avoid)
+                for entry_id in batch))
+            results = await self._client.context.bookies.add_entries(
+                target, metadata.ledger_id, key, list(zip(batch, envelopes, strict=True)),
+                flags=wire.FLAG_RECOVERY, timeout_s=timeout_s)
+            for entry_id, error in zip(batch, results, strict=True):
+                if error is not None:
+                    raise QuorumlogError(
+                        f"ledger {metadata.ledger_id}: bookie {target} refused entry "
+                        f"{entry_id}: {error}")
+            size = sum(len(e) for e in envelopes)
+            copied += size
+            BYTES_COPIED.inc(size)
+            await self._throttle.spend(size)
+        return copied
+
+    async def _read_verified(self, metadata: LedgerMetadata, slot: Slot, entry_id: int,
+                             digest_key: bytes, avoid: set[str]) -> bytes:
+        timeout_s = self._config.request_timeout_ms / 1000
+        errors: list[str] = []
+        sources = [b for b in sources_for(metadata, slot, entry_id, avoid) if b not in avoid]
+        missing = 0
+        for bookie in sources:
+            try:
+                reply = await self._client.context.bookies.read_entry(
+                    bookie, metadata.ledger_id, entry_id, timeout_s=timeout_s)
+                wire.decode_entry(reply.envelope, ledger_id=metadata.ledger_id,
+                                  entry_id=entry_id, digest=metadata.digest, key=digest_key,
+                                  source=bookie)
+                return bytes(reply.envelope)
+            except (wire.NoSuchEntryError, wire.NoSuchLedgerError) as exc:
+                missing += 1
+                errors.append(f"{bookie}: {exc}")
+            except QuorumlogError as exc:
+                errors.append(f"{bookie}: {exc}")
+        if missing == len(sources):  # every live replica says so (or none is left)
+            raise EntryLostError(
+                f"ledger {metadata.ledger_id}: entry {entry_id} is on no surviving bookie "
+                f"({'; '.join(errors) or 'every replica of its write set is lost'})")
+        raise QuorumlogError(
+            f"ledger {metadata.ledger_id}: cannot read entry {entry_id} from a surviving "
+            f"replica now ({'; '.join(errors)}); retrying later")
+
+    async def _swap(self, ledger_id: int, slot: Slot, target: str) -> None:
+        ctx = self._client.context
+        for _ in range(METADATA_CAS_ATTEMPTS_MAX):
+            metadata, version = await ctx.load_metadata(ledger_id)
+            if metadata.ensembles[slot.fragment_index].bookies[slot.position] != slot.bookie:
+                return  # someone swapped it meanwhile
+            updated = metadata.with_bookie_replaced(slot.fragment_index, slot.position, target)
+            if await self._meta.cas(wire.ledger_key(ledger_id), version, updated.encode()):
+                return
+        raise QuorumlogError(f"ledger {ledger_id}: metadata kept changing during the swap")

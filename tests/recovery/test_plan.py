@@ -1,0 +1,56 @@
+"""The pure decisions of auto-recovery: lost bookies, slots, entries, sources."""
+
+from __future__ import annotations
+
+from quorumlog.ledger import Fragment, LedgerMetadata, LedgerState, password_digest
+from quorumlog.proto import DigestType
+from quorumlog.recovery import entries_of_slot, lost_bookies, slots_to_replace
+from quorumlog.recovery._plan import bookies_to_replace, sources_for
+
+
+def _ledger(e: int, qw: int, ensembles: tuple[Fragment, ...], last: int) -> LedgerMetadata:
+    return LedgerMetadata(ledger_id=7, ensemble_size=e, write_quorum=qw, ack_quorum=1,
+                          digest=DigestType.CRC32C, password_sha256=password_digest(b""),
+                          state=LedgerState.CLOSED, ensembles=ensembles, last_entry_id=last)
+
+
+def test_lost_after_the_delay_or_draining() -> None:
+    missing = {"a": 1_000, "b": 4_000}
+    assert lost_bookies(missing, now_ms=5_000, delay_ms=3_000) == {"a"}
+    assert lost_bookies(missing, now_ms=5_000, delay_ms=3_000, draining=["c"]) == {"a", "c"}
+    assert lost_bookies({}, now_ms=5_000, delay_ms=0) == set()
+
+
+def test_slots_cover_each_fragment_up_to_the_next() -> None:
+    md = _ledger(3, 2, (Fragment(0, ("a", "b", "c")), Fragment(10, ("a", "d", "c"))), 14)
+    assert bookies_to_replace(md, {"c", "x"}) == ("c",)
+    slots = slots_to_replace(md, ["c"])
+    assert [(s.fragment_index, s.position, s.first_entry_id, s.last_entry_id)
+            for s in slots] == [(0, 2, 0, 9), (1, 2, 10, 14)]
+    # position 2 of E=3, Qw=2 stores entries whose write set {e%3, e%3+1} holds 2
+    assert entries_of_slot(md, slots[0]) == [1, 2, 4, 5, 7, 8]
+    assert sources_for(md, slots[0], 1, avoid=set()) == ["b"]
+    assert sources_for(md, slots[0], 2, avoid={"a"}) == ["a"]  # avoided go last
+
+
+def test_empty_fragment_has_no_entries() -> None:
+    md = _ledger(2, 2, (Fragment(0, ("a", "b")), Fragment(5, ("a", "c"))), 4)
+    slot = slots_to_replace(md, ["c"])[0]
+    assert slot.last_entry_id < slot.first_entry_id
+    assert entries_of_slot(md, slot) == []
+
+
+def test_write_quorum_one_has_no_other_source() -> None:
+    md = _ledger(2, 1, (Fragment(0, ("a", "b")),), 3)
+    slot = slots_to_replace(md, ["b"])[0]
+    assert entries_of_slot(md, slot) == [1, 3]
+    assert sources_for(md, slot, 1, avoid={"b"}) == []  # the worker reports the ledger lost
+
+
+def test_metadata_swap_and_known_password() -> None:
+    md = _ledger(3, 2, (Fragment(0, ("a", "b", "c")),), 3)
+    assert md.known_password() == b""
+    swapped = md.with_bookie_replaced(0, 1, "d")
+    assert swapped.ensembles[0].bookies == ("a", "d", "c")
+    other = LedgerMetadata.decode(md.encode())
+    assert other == md
