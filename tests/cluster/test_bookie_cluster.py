@@ -246,3 +246,42 @@ def test_bookie_whose_meta_never_answers_never_serves(tmp_path: Path) -> None:
             await service.close()
 
     rpc.run(main())
+
+
+def test_listings_fit_80_columns_and_speak_json_and_yaml(three_nodes: Path) -> None:
+    """Issue 18: at 80 columns every column of `status` ended in "…". The
+    default table now fits (cells wrap, nothing is cut), -o wide adds columns,
+    -o json and -o yaml carry the raw values."""
+    import yaml
+
+    env = {**os.environ, "COLUMNS": "80"}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "quorumlog", *args, "--dir",
+                               str(three_nodes)], capture_output=True, text=True,
+                              timeout=120, env=env)
+
+    addresses = [n.address for n in cluster.load(three_nodes)]
+    for command in (("status",), ("bookie", "list")):
+        table = run(*command)
+        assert table.returncode == 0, table.stderr
+        lines = table.stdout.splitlines()
+        assert max(len(line) for line in lines) <= 80 and "…" not in table.stdout
+        assert all(address in table.stdout for address in addresses)  # never broken
+        wide = run(*command, "-o", "wide")
+        assert wide.returncode == 0 and "…" not in wide.stdout
+        assert len(wide.stdout.splitlines()[1]) > len(lines[1])  # more columns
+        as_json = json.loads(run(*command, "-o", "json").stdout)
+        as_yaml = yaml.safe_load(run(*command, "-o", "yaml").stdout)
+        # Same rows and fields (a live cluster's indexes move between the calls).
+        assert as_yaml.keys() == as_json.keys()
+        (key,) = as_json
+        assert [sorted(row) for row in as_yaml[key]] == [sorted(row) for row in as_json[key]]
+        assert [row["address"] for row in as_yaml[key]] == [
+            row["address"] for row in as_json[key]]
+    nodes = json.loads(run("status", "-o", "json").stdout)["nodes"]
+    assert {n["address"] for n in nodes} == set(addresses)
+    assert all(isinstance(n["bookie"]["disk_usage"], float) for n in nodes)  # raw, not "12%"
+    assert "%" in run("status").stdout  # human in the table
+    bad = run("status", "-o", "xml")
+    assert bad.returncode != 0 and "expected one of" in bad.stderr and "Traceback" not in bad.stderr

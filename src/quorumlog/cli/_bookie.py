@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from quorumlog.cli._meta import MembersOption, _members
+from quorumlog.cli._output import JsonFlag, OutputOption, emit, field, output_format
 
 app = typer.Typer(help="Administer bookies (the ledger storage nodes).", no_args_is_help=True)
 console = Console()
@@ -46,28 +47,30 @@ def _echo_json(data: object) -> None:
 def list_bookies(
     members: str | None = MembersOption,
     directory: Path | None = DirOption,
-    as_json: bool = JsonOption,
+    output: str = OutputOption,
+    as_json: bool = JsonFlag,
 ) -> None:
-    """List the bookies registered in meta (address, read-only, labels, instance id)."""
+    """List the bookies registered in meta (address, state, labels; -o wide: instance id)."""
     from quorumlog.meta import BlockingMetaClient
     from quorumlog.proto import BOOKIE_REGISTRY_PREFIX, BookieRegistration
 
+    fmt = output_format(output, as_json)
     with BlockingMetaClient(_members(members, directory)) as meta:
         kvs = meta.list_keys(BOOKIE_REGISTRY_PREFIX)
     registrations = [BookieRegistration.decode(kv.value) for kv in kvs]
-    if as_json:
-        _echo_json({"bookies": [
-            {"id": r.id, "address": r.address, "read_only": r.read_only, "labels": r.labels,
-             "instance_id": r.instance_id}
-            for r in registrations]})
-        return
-    table = Table(title=f"{len(registrations)} registered bookie(s)")
-    for col in ("id", "address", "read_only", "labels", "instance_id"):
-        table.add_column(col)
-    for r in registrations:
-        labels = ",".join(f"{k}={v}" for k, v in sorted(r.labels.items()))
-        table.add_row(r.id, r.address, str(r.read_only), labels, r.instance_id)
-    console.print(table)
+    rows = [{"id": r.id, "address": r.address, "read_only": r.read_only, "labels": r.labels,
+             "instance_id": r.instance_id} for r in registrations]
+    emit(console, fmt, "bookies", rows, BOOKIE_COLUMNS,
+         title=f"{len(registrations)} registered bookie(s)")
+
+
+BOOKIE_COLUMNS = (
+    field("address", no_wrap=True),
+    field("read_only", lambda v: "read-only" if v else "writable", header="state"),
+    field("labels", lambda v: ", ".join(f"{k}={x}" for k, x in sorted(v.items()))),
+    field("id", wide_only=True),
+    field("instance_id", header="instance", wide_only=True),
+)
 
 
 @app.command()

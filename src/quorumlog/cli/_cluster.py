@@ -3,12 +3,23 @@ node processes and the local cluster."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from quorumlog.cli._output import (
+    Column,
+    JsonFlag,
+    OutputOption,
+    emit,
+    field,
+    human_ratio,
+    joined,
+    output_format,
+)
 
 console = Console()
 
@@ -47,8 +58,7 @@ def up(
     table = Table(title=f"quorumlog cluster in {_dir(directory).resolve()}")
     for col in ("node", "pid", "address", "metrics", "roles"):
         table.add_column(col)
-    security = cluster.cluster_security()
-    scheme = "https" if security is not None and security.tls_enabled else "http"
+    scheme = _scheme()
     for i in infos:
         table.add_row(str(i.id), str(i.pid), i.address, f"{scheme}://{i.metrics}/metrics",
                       ",".join(i.roles))
@@ -66,32 +76,64 @@ def down(directory: Path | None = DirOption) -> None:
 
 def status(
     directory: Path | None = DirOption,
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    output: str = OutputOption,
+    as_json: bool = JsonFlag,
 ) -> None:
-    """Show every node: pid, roles, address, Raft role, term, commit index, bookie state."""
+    """Show every node: roles, address, meta Raft role and term (DOWN for a node
+    that is not running), bookie state and disk use.
+
+    ``-o wide`` adds pid, metrics URL, leader, commit/applied index, revision and
+    ledgers; ``-o json``/``-o yaml`` print every raw field.
+    """
     from quorumlog import node as cluster
 
+    fmt = output_format(output, as_json)
     rows = cluster.status(_dir(directory))
-    if as_json:
-        typer.echo(json.dumps({"nodes": rows}, indent=2))
-        return
-    table = Table(title="quorumlog nodes")
-    cols = ("id", "pid", "alive", "roles", "address", "meta_role", "term", "leader",
-            "commit_index", "applied_index", "revision", "bookie")
-    for col in cols:
-        table.add_column(col)
-    for r in rows:
-        table.add_row(*[_cell(r, c) for c in cols])
-    console.print(table)
+    emit(console, fmt, "nodes", rows, STATUS_COLUMNS, title="quorumlog nodes")
 
 
-def _cell(row: dict[str, object], column: str) -> str:
-    value = row.get(column, "-")
-    if column == "roles" and isinstance(value, list):
-        return ",".join(str(v) for v in value)
-    if column == "bookie" and isinstance(value, dict):
-        return str(value.get("state", "-"))
-    return str(value)
+def _meta_cell(row: dict[str, Any]) -> str:
+    if not row.get("alive"):
+        return "DOWN"
+    role = row.get("meta_role")
+    if role is None:
+        return "-"
+    return f"{role} t{row.get('term', '?')}"
+
+
+def _bookie_field(name: str, fmt: Any = str) -> Any:
+    def show(row: dict[str, Any]) -> str:
+        bookie = row.get("bookie")
+        if not isinstance(bookie, dict) or bookie.get(name) is None:
+            return "-"
+        return str(fmt(bookie[name]))
+
+    return show
+
+
+STATUS_COLUMNS = (
+    field("id", no_wrap=True),
+    field("roles", joined),
+    field("address", no_wrap=True),
+    Column("meta", _meta_cell),
+    Column("bookie", _bookie_field("state")),
+    Column("disk", _bookie_field("disk_usage", human_ratio)),
+    field("alive", lambda v: "yes" if v else "NO", wide_only=True),
+    field("pid", wide_only=True),
+    field("metrics", lambda v: f"{_scheme()}://{v}/metrics", wide_only=True),
+    field("leader", wide_only=True),
+    field("commit_index", header="commit", wide_only=True),
+    field("applied_index", header="applied", wide_only=True),
+    field("revision", wide_only=True),
+    Column("ledgers", _bookie_field("ledgers"), wide_only=True),
+)
+
+
+def _scheme() -> str:
+    from quorumlog import node as cluster
+
+    security = cluster.cluster_security()
+    return "https" if security is not None and security.tls_enabled else "http"
 
 
 def restart(
