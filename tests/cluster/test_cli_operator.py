@@ -114,3 +114,28 @@ def test_one_address_flag_for_every_command(meta: str) -> None:
         assert done.returncode == 0, (args, done.stderr)
     got = json.loads(cli("meta", "get", "/ops/flag", "--meta", meta).stdout)
     assert got["value"] == "v"
+
+
+def test_ledger_info_and_list_show_an_open_ledgers_progress(meta: str) -> None:
+    """Issue 18: an open ledger with 4 entries showed last entry -1 and 0 bytes,
+    and a recovered one -1 bytes. Now info asks the bookies for the LAC, and
+    the tables say open / unknown instead of printing sentinels."""
+    created = cli("ledger", "create", "-e", "3", "-w", "2", "-a", "2", "--members", meta)
+    ledger_id = created.stdout.split()[-1]
+    appended = subprocess.run(
+        [sys.executable, "-m", "quorumlog", "ledger", "append", ledger_id, "--members", meta],
+        input="a\nbb\nccc\ndddd\n", capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
+        check=False)
+    assert appended.returncode == 0, appended.stderr
+    info = json.loads(cli("ledger", "info", ledger_id, "--json", "--members", meta).stdout)
+    assert info["state"] == "OPEN" and info["last_add_confirmed"] >= 2  # LAC trails by one
+    table = cli("ledger", "info", ledger_id, "--members", meta).stdout
+    assert "last_add_confirmed" in table and "OPEN" in table and "-1" not in table
+    listed = cli("ledger", "list", "-o", "yaml", "--members", meta)
+    assert listed.returncode == 0 and f"id: {ledger_id}" in listed.stdout
+    row = [line for line in cli("ledger", "list", "--members", meta).stdout.splitlines()
+           if line.startswith(f"│ {ledger_id} ")]
+    assert row and "open" in row[0] and "-1" not in row[0]
+    assert cli("ledger", "recover", ledger_id, "--members", meta).stdout.strip() == "3"
+    closed = cli("ledger", "info", ledger_id, "--members", meta).stdout
+    assert "unknown (closed by recovery)" in closed and "-1" not in closed

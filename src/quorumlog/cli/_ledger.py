@@ -21,6 +21,15 @@ from rich.console import Console
 from rich.table import Table
 
 from quorumlog.cli._meta import MembersOption
+from quorumlog.cli._output import (
+    Column,
+    OutputOption,
+    emit,
+    field,
+    human_age_ms,
+    human_bytes,
+    output_format,
+)
 
 if TYPE_CHECKING:
     from quorumlog.ledger import BlockingLedgerClient, LedgerMetadata
@@ -197,22 +206,77 @@ def info(
     directory: Path | None = DirOption,
     as_json: bool = JsonOption,
 ) -> None:
-    """Show a ledger's metadata (state, quorums, fragments, custom metadata)."""
+    """Show a ledger's metadata (state, quorums, fragments, custom metadata).
+
+    For an open ledger it also asks the bookies of its last fragment for the
+    LAC (last_add_confirmed): metadata knows the last entry only once the
+    ledger is closed.
+    """
+    from quorumlog.errors import QuorumlogError
+
     with _client(meta, directory) as client:
         row = _info_row(client.ledger_metadata(ledger_id))
+        if row["state"] != "CLOSED":
+            try:
+                row["last_add_confirmed"] = client.last_add_confirmed(ledger_id)
+            except QuorumlogError as exc:
+                row["last_add_confirmed_error"] = exc.message
     if as_json:
         typer.echo(json.dumps(row))
         return
     table = Table(title=f"ledger {ledger_id}", show_header=False)
-    table.add_column("field")
-    table.add_column("value")
+    table.add_column("field", no_wrap=True)
+    table.add_column("value", overflow="fold")
     for key, value in row.items():
-        text = str(value)
-        if key == "fragments":
-            text = "\n".join(f"{f['first_entry_id']}: {', '.join(f['bookies'])}"
-                             for f in value)
-        table.add_row(key, text)
+        table.add_row(key, _human(key, value, row))
     console.print(table)
+
+
+def _human(key: str, value: Any, row: dict[str, Any]) -> str:
+    """A metadata field as a person reads it (``--json`` keeps the raw value)."""
+    closed = row["state"] == "CLOSED"
+    if key == "fragments":
+        return "\n".join(f"from entry {f['first_entry_id']}: {', '.join(f['bookies'])}"
+                         for f in value)
+    if key == "last_entry_id":
+        if not closed:
+            return "- (open: see last_add_confirmed)"
+        return "none (empty)" if value < 0 else str(value)
+    if key == "length_bytes":
+        if not closed:
+            return "- (known when closed)"
+        return "unknown (closed by recovery)" if value < 0 else human_bytes(value)
+    if key == "created_ms":
+        return f"{human_age_ms(value)} ({value})" if value else "-"
+    if key == "custom":
+        return ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+    return str(value)
+
+
+def _last_entry_cell(row: dict[str, Any]) -> str:
+    if row["state"] != "CLOSED":
+        return "open"
+    return "empty" if row["last_entry_id"] < 0 else str(row["last_entry_id"])
+
+
+def _size_cell(row: dict[str, Any]) -> str:
+    if row["state"] != "CLOSED":
+        return "-"
+    return "unknown" if row["length_bytes"] < 0 else human_bytes(row["length_bytes"])
+
+
+LIST_COLUMNS = (
+    field("id", no_wrap=True),
+    field("state"),
+    Column("E/Qw/Qa", lambda r: f"{r['ensemble']}/{r['write_quorum']}/{r['ack_quorum']}"),
+    Column("last entry", _last_entry_cell),
+    Column("size", _size_cell),
+    field("created_ms", human_age_ms, header="created"),
+    field("digest", wide_only=True),
+    Column("fragments", lambda r: str(len(r["fragments"])), wide_only=True),
+    field("custom", lambda v: ", ".join(f"{k}={x}" for k, x in v.items()) or "-",
+          wide_only=True),
+)
 
 
 @app.command("list")
@@ -220,11 +284,13 @@ def list_(
     limit: int = typer.Option(1000, help="At most this many ledgers."),
     meta: str | None = MembersOption,
     directory: Path | None = DirOption,
+    output: str = OutputOption,
     as_json: bool = JsonOption,
 ) -> None:
-    """List ledgers with their state, quorums and last entry."""
+    """List ledgers: state, quorums, last entry, size, age (-o wide|json|yaml for more)."""
     from quorumlog.proto import NoSuchLedgerError
 
+    fmt = output_format(output, as_json)
     with _client(meta, directory) as client:
         rows = []
         for ledger_id in client.list_ledgers(limit=limit):
@@ -232,18 +298,10 @@ def list_(
                 rows.append(_info_row(client.ledger_metadata(ledger_id)))
             except NoSuchLedgerError:
                 continue  # deleted between the list and the get
-    if as_json:
-        typer.echo(json.dumps(rows))
+    if fmt == "json":
+        typer.echo(json.dumps(rows))  # a bare list, as before -o existed
         return
-    table = Table(title=f"{len(rows)} ledgers")
-    for column in ("id", "state", "E/Qw/Qa", "digest", "last entry", "bytes", "fragments"):
-        table.add_column(column, justify="left" if column in ("state", "digest") else "right")
-    for row in rows:
-        table.add_row(str(row["id"]), row["state"],
-                      f"{row['ensemble']}/{row['write_quorum']}/{row['ack_quorum']}",
-                      row["digest"], str(row["last_entry_id"]), str(row["length_bytes"]),
-                      str(len(row["fragments"])))
-    console.print(table)
+    emit(console, fmt, "ledgers", rows, LIST_COLUMNS, title=f"{len(rows)} ledger(s)")
 
 
 @app.command()

@@ -92,6 +92,9 @@ class BlockingLedgerClient:
     def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
         return self._loop.call(self._client.ledger_metadata(ledger_id))
 
+    def last_add_confirmed(self, ledger_id: int) -> int:
+        return self._loop.call(self._client.last_add_confirmed(ledger_id))
+
 
 class _BlockingHandle(Generic[H]):
     """What a blocking write handle and a blocking read handle share."""

@@ -232,6 +232,35 @@ class LedgerClient:
         metadata, _ = await self._ctx.load_metadata(ledger_id)
         return metadata
 
+    async def last_add_confirmed(self, ledger_id: int) -> int:
+        """The LAC of a ledger as its bookies know it, without opening it (no
+        password, no fencing): a closed ledger's last entry from metadata; for
+        an open one, the highest LAC the bookies of its last fragment report
+        (BookKeeper's ``readLastAddConfirmed``: a lower bound while the writer
+        runs). -1 when nothing is confirmed; EntryUnavailableError when no
+        bookie of the last fragment answers."""
+        self._check_open()
+        metadata, _ = await self._ctx.load_metadata(ledger_id)
+        if metadata.is_closed:
+            return metadata.last_entry_id
+        fragment = metadata.ensembles[-1]
+        timeout_s = self._ctx.config.read_timeout_ms / 1000
+        replies = await asyncio.gather(*(
+            self._ctx.bookies.read_lac(bookie, ledger_id, timeout_s=timeout_s)
+            for bookie in fragment.bookies), return_exceptions=True)
+        lac, answered = fragment.first_entry_id - 1, False
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                if outcome_of(reply) is BookieOutcome.NO_SUCH_ENTRY:
+                    answered = True  # this bookie has nothing of the ledger yet
+                continue
+            answered, lac = True, max(lac, reply.lac)
+        if not answered:
+            raise EntryUnavailableError(
+                f"ledger {ledger_id}: no bookie of its last fragment "
+                f"({', '.join(fragment.bookies)}) answered for its LAC")
+        return lac
+
     # ----- delete and list -------------------------------------------------------
 
     async def delete_ledger(self, ledger_id: int, *, force: bool = False) -> None:
