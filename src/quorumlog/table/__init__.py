@@ -40,6 +40,13 @@ from quorumlog.table._errors import (
     TableError,
     ValueTooLargeError,
 )
+from quorumlog.table._heartbeat import (
+    ChangeExecutor,
+    ChangeOutcome,
+    ScheduleRow,
+    TableScheduleRequest,
+    TableScheduleResponse,
+)
 from quorumlog.table._layout import (
     PartitionRecord,
     TableExistsError,
@@ -54,6 +61,15 @@ from quorumlog.table._layout import (
 )
 from quorumlog.table._messages import PartitionNotHostedError
 from quorumlog.table._placement import NotEnoughTableNodesError
+from quorumlog.table._scheduler import (
+    ChangeKind,
+    GroupReport,
+    NodeReport,
+    ScheduledChange,
+    Scheduler,
+    SchedulerConfig,
+)
+from quorumlog.table._scheduler_service import SchedulerService
 from quorumlog.table._service import TableConfig, TableService
 from quorumlog.table._store import SCAN_LIMIT_MAX, ScanItem, ScanPage, TableStore
 from quorumlog.table._timetag import (
@@ -73,17 +89,22 @@ __all__ = [
     "VALUE_BYTES_MAX",
     "BadTableRequestError",
     "BlockingTableClient",
+    "ChangeExecutor",
+    "ChangeKind",
+    "ChangeOutcome",
     "CheckAndMutateCommand",
     "CheckResult",
     "CheckType",
     "DeleteCommand",
     "Done",
+    "GroupReport",
     "IncrCommand",
     "IncrResult",
     "KeyTooLargeError",
     "MultiDeleteCommand",
     "MultiSetCommand",
     "Mutation",
+    "NodeReport",
     "NotAnIntegerError",
     "NotEnoughTableNodesError",
     "PartitionNotHostedError",
@@ -92,6 +113,11 @@ __all__ = [
     "Refused",
     "ScanItem",
     "ScanPage",
+    "ScheduleRow",
+    "ScheduledChange",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerService",
     "SetCommand",
     "TableClient",
     "TableConfig",
@@ -101,6 +127,8 @@ __all__ = [
     "TableLayout",
     "TableNodeRecord",
     "TableRecord",
+    "TableScheduleRequest",
+    "TableScheduleResponse",
     "TableService",
     "TableStore",
     "Timetag",
