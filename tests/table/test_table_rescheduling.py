@@ -1,0 +1,166 @@
+"""The scheduler on real processes: 4 table nodes (3 of them meta), 8 partitions x 3.
+
+A node that holds replicas is SIGKILLed and stays down: after
+``replace_dead_after_ms`` every partition is back to 3 voters, none on the
+dead node, and every acknowledged write reads back. The delays are short in
+these node configs so the whole run fits in well under a minute.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quorumlog.errors import QuorumlogError
+from quorumlog.node._cluster import free_port, start_node
+from quorumlog.table import BlockingTableClient, NotEnoughTableNodesError, TableLayout
+
+PARTITIONS = 8
+REPLICAS = 3
+DEADLINE_S = 60.0
+POLL_S = 0.1
+TABLE_TOML = """
+[table]
+tick_interval_ms = 50
+election_timeout_ticks = 10
+snapshot_entries = 50
+registration_ttl_ms = 1000
+heartbeat_interval_ms = 100
+node_dead_after_ms = 1500
+replace_dead_after_ms = 3000
+catchup_entries_max = 20
+"""
+
+
+class Nodes:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.addresses: dict[int, str] = {}
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.meta: list[str] = []
+
+    def write(self, node_id: int, roles: list[str]) -> Path:
+        node_dir = self.root / f"node-{node_id}"
+        node_dir.mkdir(parents=True, exist_ok=True)
+        role_list = ", ".join(f'"{r}"' for r in roles)
+        members = ", ".join(f'"{i}={a}"' for i, a in sorted(self.addresses.items()) if i <= 3)
+        path = node_dir / "node.toml"
+        path.write_text(
+            f"[node]\nid = {node_id}\ndata_dir = \"{node_dir / 'data'}\"\n"
+            f"listen = \"{self.addresses[node_id]}\"\nmetrics_listen = \"\"\n"
+            f"roles = [{role_list}]\n\n[meta]\nmembers = [{members}]\nbootstrap = true\n"
+            + TABLE_TOML)
+        return path
+
+    def start(self, node_id: int) -> None:
+        roles = ["meta", "table"] if node_id <= 3 else ["table"]
+        self.addresses.setdefault(node_id, f"127.0.0.1:{free_port()}")
+        self.procs[node_id] = start_node(self.write(node_id, roles))
+
+    def kill(self, node_id: int) -> None:
+        proc = self.procs[node_id]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+    def close(self) -> None:
+        for node_id in list(self.procs):
+            self.kill(node_id)
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[Nodes]:
+    cluster = Nodes(tmp_path)
+    for node_id in (1, 2, 3):
+        cluster.addresses[node_id] = f"127.0.0.1:{free_port()}"
+    cluster.meta = [cluster.addresses[i] for i in (1, 2, 3)]
+    try:
+        for node_id in (1, 2, 3, 4):
+            cluster.start(node_id)
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def _until(condition: Callable[[], Any], what: str, timeout_s: float = DEADLINE_S) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            value = condition()
+        except QuorumlogError:
+            value = None
+        if value:
+            return value
+        time.sleep(POLL_S)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def _create(client: BlockingTableClient, name: str) -> TableLayout:
+    def attempt() -> TableLayout | None:
+        try:
+            return client.create_table(name, partitions=PARTITIONS, replicas=REPLICAS)
+        except NotEnoughTableNodesError:
+            return None
+
+    layout: TableLayout = _until(attempt, "4 registered table nodes")
+    return layout
+
+
+class Writer:
+    """Sets keys one after another; remembers what was acknowledged."""
+
+    def __init__(self, client: BlockingTableClient, table: str) -> None:
+        self.client, self.table = client, table
+        self.acked: dict[bytes, bytes] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        i = 0
+        while not self.stop.is_set():
+            key, value = b"k%05d" % i, b"v%d" % i
+            try:
+                self.client.set(self.table, key, b"s", value)
+            except QuorumlogError:
+                continue  # unknown outcome: not counted, the next key goes on
+            self.acked[key] = value
+            i += 1
+
+
+def _settled(client: BlockingTableClient, table: str, dead: int) -> bool:
+    layout = client.table_info(table)
+    return all(len(p.members) == REPLICAS and dead not in p.members and not p.learners
+               for p in layout.partitions)
+
+
+def test_a_killed_nodes_replicas_are_replaced_and_no_write_is_lost(nodes: Nodes) -> None:
+    with BlockingTableClient(nodes.meta) as client:
+        layout = _create(client, "resched")
+        victims = sum(4 in p.members for p in layout.partitions)
+        assert victims > 0  # node 4 holds replicas
+        writer = Writer(client, "resched")
+        writer.thread.start()
+        _until(lambda: len(writer.acked) >= 200, "200 acknowledged writes")
+        nodes.kill(4)
+        killed_at = time.monotonic()
+        _until(lambda: _settled(client, "resched", dead=4), "every partition on 3 live nodes")
+        replaced_s = time.monotonic() - killed_at
+        _until(lambda: len(writer.acked) >= 400, "writes after the replacement")
+        writer.stop.set()
+        writer.thread.join(timeout=30)
+        after = client.table_info("resched")
+        for old, new in zip(layout.partitions, after.partitions, strict=True):
+            if 4 in old.members:  # recorded by the scheduler at the group's new epoch
+                assert new.epoch > 0 and set(old.members) - {4} <= set(new.members)
+        for key, value in sorted(writer.acked.items()):
+            assert client.get("resched", key, b"s") == value, key
+        print(f"replaced {victims} replicas in {replaced_s:.1f} s after the kill")
