@@ -20,9 +20,18 @@ from typing import Any
 
 import pytest
 
+from quorumlog import rpc
 from quorumlog.errors import QuorumlogError
+from quorumlog.meta import MetaClient
 from quorumlog.node._cluster import free_port, start_node
-from quorumlog.table import BlockingTableClient, NotEnoughTableNodesError, TableLayout
+from quorumlog.table import (
+    BlockingTableClient,
+    NotEnoughTableNodesError,
+    TableLayout,
+    fetch_schedule,
+    group_id_of,
+    table_nodes,
+)
 
 PARTITIONS = 8
 REPLICAS = 3
@@ -84,7 +93,7 @@ def nodes(tmp_path: Path) -> Iterator[Nodes]:
         cluster.addresses[node_id] = f"127.0.0.1:{free_port()}"
     cluster.meta = [cluster.addresses[i] for i in (1, 2, 3)]
     try:
-        for node_id in (1, 2, 3, 4):
+        for node_id in (1, 2, 3):
             cluster.start(node_id)
         yield cluster
     finally:
@@ -104,14 +113,39 @@ def _until(condition: Callable[[], Any], what: str, timeout_s: float = DEADLINE_
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
-def _create(client: BlockingTableClient, name: str) -> TableLayout:
+def _registered(meta: list[str]) -> int:
+    async def count() -> int:
+        async with MetaClient(meta) as client:
+            return len(await table_nodes(client))
+
+    return rpc.run(count())
+
+
+def _leaders(meta: list[str], layout: TableLayout) -> set[int]:
+    """The nodes leading a partition of ``layout``, as the scheduler sees them."""
+    async def fetch() -> set[int]:
+        pool = rpc.Pool()
+        try:
+            view = await fetch_schedule(meta, pool)
+        finally:
+            await pool.close()
+        gids = {group_id_of(layout.record.table_id, p) for p in range(layout.record.partitions)}
+        return {g.leader for g in view.groups if g.group_id in gids}
+
+    return rpc.run(fetch())
+
+
+def _create(client: BlockingTableClient, meta: list[str], name: str,
+            nodes: int) -> TableLayout:
     def attempt() -> TableLayout | None:
+        if _registered(meta) < nodes:
+            return None
         try:
             return client.create_table(name, partitions=PARTITIONS, replicas=REPLICAS)
         except NotEnoughTableNodesError:
             return None
 
-    layout: TableLayout = _until(attempt, "4 registered table nodes")
+    layout: TableLayout = _until(attempt, f"{nodes} registered table nodes")
     return layout
 
 
@@ -143,8 +177,9 @@ def _settled(client: BlockingTableClient, table: str, dead: int) -> bool:
 
 
 def test_a_killed_nodes_replicas_are_replaced_and_no_write_is_lost(nodes: Nodes) -> None:
+    nodes.start(4)
     with BlockingTableClient(nodes.meta) as client:
-        layout = _create(client, "resched")
+        layout = _create(client, nodes.meta, "resched", 4)
         victims = sum(4 in p.members for p in layout.partitions)
         assert victims > 0  # node 4 holds replicas
         writer = Writer(client, "resched")
@@ -164,3 +199,30 @@ def test_a_killed_nodes_replicas_are_replaced_and_no_write_is_lost(nodes: Nodes)
         for key, value in sorted(writer.acked.items()):
             assert client.get("resched", key, b"s") == value, key
         print(f"replaced {victims} replicas in {replaced_s:.1f} s after the kill")
+
+
+def _spread(client: BlockingTableClient, table: str, node: int) -> bool:
+    partitions = client.table_info(table).partitions
+    replicas = {n: sum(n in p.members for p in partitions) for n in (1, 2, 3, node)}
+    settled = all(len(p.members) == REPLICAS and not p.learners for p in partitions)
+    return settled and max(replicas.values()) - min(replicas.values()) <= 1
+
+
+@pytest.mark.slow  # ~30 s: six replica moves one after another, then leader moves
+def test_a_node_added_to_a_running_cluster_gets_replicas_and_leaders(nodes: Nodes) -> None:
+    with BlockingTableClient(nodes.meta) as client:
+        layout = _create(client, nodes.meta, "grow", 3)
+        assert all(set(p.members) == {1, 2, 3} for p in layout.partitions)
+        writer = Writer(client, "grow")
+        writer.thread.start()
+        _until(lambda: len(writer.acked) >= 100, "100 acknowledged writes")
+        nodes.start(4)
+        started_at = time.monotonic()
+        _until(lambda: _spread(client, "grow", 4), "replicas spread onto node 4")
+        spread_s = time.monotonic() - started_at
+        _until(lambda: 4 in _leaders(nodes.meta, layout), "a leader on node 4")
+        writer.stop.set()
+        writer.thread.join(timeout=30)
+        for key, value in sorted(writer.acked.items()):
+            assert client.get("grow", key, b"s") == value, key
+        print(f"node 4 got its replicas in {spread_s:.1f} s")

@@ -43,9 +43,11 @@ from quorumlog.table._errors import (
 from quorumlog.table._heartbeat import (
     ChangeExecutor,
     ChangeOutcome,
+    GroupState,
     ScheduleRow,
     TableScheduleRequest,
     TableScheduleResponse,
+    fetch_schedule,
 )
 from quorumlog.table._layout import (
     PartitionRecord,
@@ -58,6 +60,7 @@ from quorumlog.table._layout import (
     is_table_group,
     partition_of,
     table_node_key,
+    table_nodes,
 )
 from quorumlog.table._messages import PartitionNotHostedError
 from quorumlog.table._placement import NotEnoughTableNodesError
@@ -98,6 +101,7 @@ __all__ = [
     "DeleteCommand",
     "Done",
     "GroupReport",
+    "GroupState",
     "IncrCommand",
     "IncrResult",
     "KeyTooLargeError",
@@ -140,9 +144,11 @@ __all__ = [
     "check_passes",
     "decode_entry",
     "encode_entry",
+    "fetch_schedule",
     "group_id_of",
     "is_table_group",
     "make_timetag",
     "partition_of",
     "table_node_key",
+    "table_nodes",
 ]

@@ -26,7 +26,13 @@ from typing import ClassVar
 import msgspec
 
 from quorumlog import rpc
-from quorumlog.errors import NotLeaderError, QuorumlogError, UsageError, invariant
+from quorumlog.errors import (
+    DeadlineExceededError,
+    NotLeaderError,
+    QuorumlogError,
+    UsageError,
+    invariant,
+)
 from quorumlog.log import get_logger
 from quorumlog.raft import ConfChange, ConfChangeSingle, ConfChangeType, RaftHost, Role
 from quorumlog.table._scheduler import ChangeKind, GroupReport, NodeReport, ScheduledChange
@@ -35,6 +41,8 @@ _log = get_logger(__name__)
 
 HEARTBEAT_TIMEOUT_S = 2.0  # one heartbeat round trip to one meta member
 CHANGE_TIMEOUT_S = 30.0  # one configuration change, proposed until applied on the leader
+SCHEDULE_DEADLINE_S = 10.0  # `quorumlog table schedule` / `info`: finding the meta leader
+SCHEDULE_RETRY_S = 0.2  # pause between rounds when no member knows the leader
 
 
 class TableHeartbeatResponse(rpc.Message, frozen=True):
@@ -56,11 +64,25 @@ class ScheduleRow(msgspec.Struct, frozen=True):
     age_ms: int
 
 
+class GroupState(msgspec.Struct, frozen=True):
+    """A group as the scheduler sees it (its leader's last report)."""
+
+    group_id: int
+    leader: int
+    epoch: int
+    voters: tuple[int, ...]
+    learners: tuple[int, ...]
+    applied_index: int
+    size_bytes: int
+    change_in_progress: bool
+
+
 class TableScheduleResponse(rpc.Message, frozen=True):
     type_id: ClassVar[int] = 3103
-    leader: int
+    leader: int  # the meta leader answering
     nodes: list[tuple[int, str, bool, int]]  # (node id, zone, alive, ms since last heartbeat)
     changes: list[ScheduleRow]
+    groups: list[GroupState]
 
 
 class TableScheduleRequest(rpc.Request[TableScheduleResponse], frozen=True):
@@ -234,3 +256,31 @@ class HeartbeatSender:
         invariant(last is not None, "a heartbeat round ends in an answer or an error")
         assert last is not None  # for mypy; invariant() above checked it
         raise last
+
+
+async def fetch_schedule(meta_addresses: list[str], pool: rpc.Pool, *,
+                         deadline_s: float = SCHEDULE_DEADLINE_S) -> TableScheduleResponse:
+    """The meta leader's scheduler view; follows ``NotLeaderError`` hints, retries
+    until ``deadline_s`` (then DeadlineExceededError)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + deadline_s
+    hint: str | None = None
+    tried = 0
+    last: QuorumlogError | None = None
+    while loop.time() < deadline:
+        address = hint or meta_addresses[tried % len(meta_addresses)]
+        tried += 1
+        try:
+            return await pool.call(address, TableScheduleRequest(),
+                                   timeout_s=HEARTBEAT_TIMEOUT_S)
+        except NotLeaderError as exc:
+            last, hint = exc, exc.leader_hint
+        except QuorumlogError as exc:
+            if not exc.retriable:
+                raise
+            last, hint = exc, None
+        if hint is None:
+            await asyncio.sleep(SCHEDULE_RETRY_S)
+    raise DeadlineExceededError(
+        f"no meta leader answered the schedule request within {deadline_s:.0f} s (last "
+        f"error: {last.message if last else 'none'}); check `quorumlog status`")

@@ -23,6 +23,7 @@ from quorumlog.errors import NotLeaderError, QuorumlogError, TransientError
 from quorumlog.log import get_logger
 from quorumlog.meta import MetaClient, MetaService
 from quorumlog.table._heartbeat import (
+    GroupState,
     ScheduleRow,
     TableHeartbeatRequest,
     TableHeartbeatResponse,
@@ -118,7 +119,13 @@ class SchedulerService:
                              age_ms=now - f.finished_ms) for f in reversed(scheduler.recent)]
         nodes = [(n.node_id, n.zone, not scheduler.is_dead(n.node_id, now),
                   now - n.last_seen_ms) for _, n in sorted(scheduler.nodes.items())]
-        return TableScheduleResponse(leader=self._meta.host.node_id, nodes=nodes, changes=rows)
+        groups = [GroupState(group_id=g.group_id, leader=g.leader, epoch=g.epoch,
+                             voters=g.voters, learners=g.learners,
+                             applied_index=g.applied.get(g.leader, 0), size_bytes=g.size_bytes,
+                             change_in_progress=g.change_in_progress)
+                  for _, g in sorted(scheduler.groups.items())]
+        return TableScheduleResponse(leader=self._meta.host.node_id, nodes=nodes, changes=rows,
+                                     groups=groups)
 
     # ----- partition records -------------------------------------------------------
 
