@@ -9,9 +9,11 @@ these node configs so the whole run fits in well under a minute.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -199,6 +201,27 @@ def test_a_killed_nodes_replicas_are_replaced_and_no_write_is_lost(nodes: Nodes)
         for key, value in sorted(writer.acked.items()):
             assert client.get("resched", key, b"s") == value, key
         print(f"replaced {victims} replicas in {replaced_s:.1f} s after the kill")
+    _check_cli(nodes.meta, "resched", dead=4)
+
+
+def _cli(*args: str) -> Any:
+    done = subprocess.run([sys.executable, "-m", "quorumlog", *args, "-o", "json"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(done.stdout)
+
+
+def _check_cli(meta: list[str], table: str, dead: int) -> None:
+    """`table info` and `table schedule` show the new layout and the changes made."""
+    members = ",".join(meta)
+    info = _cli("table", "info", table, "--members", members)
+    groups = info["partition_groups"]
+    assert len(groups) == PARTITIONS
+    assert all(len(g["members"]) == REPLICAS and dead not in g["members"] for g in groups)
+    assert all(g["leader"] in g["members"] for g in groups)
+    schedule = _cli("table", "schedule", "--members", members)
+    assert {n["node"]: n["alive"] for n in schedule["nodes"]}.get(dead) is False
+    done = [c for c in schedule["changes"] if c["state"] == "done"]
+    assert {"add_learner", "promote"} <= {c["kind"] for c in done}
 
 
 def _spread(client: BlockingTableClient, table: str, node: int) -> bool:
