@@ -211,3 +211,17 @@ def test_the_plan_is_deterministic() -> None:
         return run(cluster, scheduler, 3_100, 20)
 
     assert changes() == changes()
+
+
+def test_a_change_whose_target_dies_is_abandoned_and_the_node_replaced() -> None:
+    groups = {10: [1, 2, 3], 11: [1, 2, 4], 12: [1, 3, 4]}
+    cluster = Cluster([1, 2, 3, 4], groups)
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    (transfer,) = cluster.beat(scheduler, 1_000)  # node 1 leads all three: hand one over
+    assert transfer.kind is ChangeKind.TRANSFER_LEADER and transfer.node_id == 2
+    cluster.down.add(transfer.node_id)  # the target dies before the transfer happens
+    assert cluster.beat(scheduler, 1_500) == []
+    cluster.beat(scheduler, 2_100)
+    assert [f.outcome for f in scheduler.recent] == ["abandoned"]
+    run(cluster, scheduler, 4_100, 30)
+    assert all(transfer.node_id not in v and len(v) == 3 for v in cluster.voters.values())

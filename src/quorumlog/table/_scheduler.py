@@ -157,7 +157,7 @@ class FinishedChange:
     change: ScheduledChange
     issued_ms: int
     finished_ms: int
-    outcome: str  # "done" (the epoch moved on) or "timed_out"
+    outcome: str  # "done" (the epoch moved on), "timed_out" or "abandoned" (target died)
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +233,11 @@ class Scheduler:
                 self._finish(gid, now_ms, "done")
             elif now_ms - pending.issued_ms >= self.config.change_timeout_ms:
                 self._finish(gid, now_ms, "timed_out")
+            elif (pending.change.kind is not ChangeKind.REMOVE
+                  and self.is_dead(pending.change.node_id, now_ms)):
+                # Its target died (a leader transfer to it would never finish): give
+                # the group back to the policies, which will replace the dead node.
+                self._finish(gid, now_ms, "abandoned")
 
     def _finish(self, gid: int, now_ms: int, outcome: str) -> None:
         pending = self.pending.pop(gid)
