@@ -1,10 +1,11 @@
 """``quorumlog table``: create, list, inspect and drop tables; set, get, delete,
-scan and increment records."""
+scan and increment records; the scheduler's view (``schedule``)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -13,7 +14,7 @@ from rich.table import Table
 from quorumlog.cli._meta import DirOption, MembersOption, _members
 
 if TYPE_CHECKING:
-    from quorumlog.table import BlockingTableClient, TableLayout
+    from quorumlog.table import BlockingTableClient, TableLayout, TableScheduleResponse
 
 app = typer.Typer(help="Pegasus-style key-value tables on multi-raft.", no_args_is_help=True)
 console = Console()
@@ -61,19 +62,98 @@ def list_(members: str | None = MembersOption, directory: Path | None = DirOptio
     console.print(table)
 
 
+OutputOption = typer.Option("table", "-o", "--output", help="table (rich, 80 columns) or json.")
+
+
+def _schedule(members: str | None, directory: Path | None) -> TableScheduleResponse:
+    from quorumlog import rpc
+    from quorumlog.table import fetch_schedule
+
+    addresses = _members(members, directory)
+
+    async def fetch() -> TableScheduleResponse:
+        pool = rpc.Pool()
+        try:
+            return await fetch_schedule(addresses, pool)
+        finally:
+            await pool.close()
+
+    return rpc.run(fetch())
+
+
+def _check_output(output: str) -> None:
+    if output not in ("table", "json"):
+        raise typer.BadParameter(f"--output must be table or json, got {output!r}")
+
+
 @app.command()
 def info(name: str, members: str | None = MembersOption,
-         directory: Path | None = DirOption) -> None:
-    """Show a table's partitions and their members."""
+         directory: Path | None = DirOption, output: str = OutputOption) -> None:
+    """Show a table's partitions: leader, members, learners, epoch (from the scheduler)."""
+    from quorumlog.table import group_id_of
+
+    _check_output(output)
     with _client(members, directory) as client:
         layout: TableLayout = client.table_info(name)
+    view = {g.group_id: g for g in _schedule(members, directory).groups}
     r = layout.record
+    rows: list[dict[str, Any]] = []
+    for p, part in enumerate(layout.partitions):
+        group = view.get(group_id_of(r.table_id, p))
+        rows.append({"partition": p, "leader": group.leader if group else 0,
+                     "members": list(part.members), "learners": list(part.learners),
+                     "epoch": part.epoch, "group_epoch": group.epoch if group else None,
+                     "applied_index": group.applied_index if group else None,
+                     "size_bytes": group.size_bytes if group else None})
+    if output == "json":
+        typer.echo(json.dumps({"name": name, "table_id": r.table_id,
+                               "partitions": r.partitions, "replicas": r.replicas,
+                               "partition_groups": rows}))
+        return
     console.print(f"table {name!r}: id {r.table_id}, {r.partitions} partition(s), "
                   f"{r.replicas} replica(s)")
-    table = Table("partition", "members (node ids)", "epoch")
-    for p, part in enumerate(layout.partitions):
-        table.add_row(str(p), ", ".join(map(str, part.members)), str(part.epoch))
+    table = Table("part", "leader", "members", "learners", "epoch", "applied", "bytes",
+                  width=80)
+    for row in rows:
+        table.add_row(str(row["partition"]), str(row["leader"] or "-"),
+                      ",".join(map(str, row["members"])),
+                      ",".join(map(str, row["learners"])) or "-",
+                      str(row["epoch"]), str(row["applied_index"] or "-"),
+                      str(row["size_bytes"] or "-"))
     console.print(table)
+
+
+@app.command()
+def schedule(members: str | None = MembersOption, directory: Path | None = DirOption,
+             output: str = OutputOption) -> None:
+    """The scheduler on the meta leader: table nodes, pending and recent changes."""
+    _check_output(output)
+    view = _schedule(members, directory)
+    changes = [{"group": row.change.group_id, "kind": row.change.kind.value,
+                "node": row.change.node_id, "remove": row.change.remove_node_id or None,
+                "epoch": row.change.epoch, "state": row.state, "age_ms": row.age_ms,
+                "reason": row.change.reason} for row in view.changes]
+    nodes = [{"node": n, "zone": zone, "alive": alive, "last_heartbeat_ms_ago": ago}
+             for n, zone, alive, ago in view.nodes]
+    if output == "json":
+        typer.echo(json.dumps({"meta_leader": view.leader, "nodes": nodes,
+                               "changes": changes}))
+        return
+    console.print(f"scheduler on meta leader node {view.leader}")
+    node_table = Table("node", "zone", "alive", "last heartbeat (ms ago)", width=80)
+    for node in nodes:
+        node_table.add_row(str(node["node"]), str(node["zone"]),
+                           "yes" if node["alive"] else "no",
+                           str(node["last_heartbeat_ms_ago"]))
+    console.print(node_table)
+    change_table = Table("group", "change", "node", "epoch", "state", "age ms", "reason",
+                         width=80)
+    for change in changes:
+        what = str(change["node"]) + (f" -{change['remove']}" if change["remove"] else "")
+        change_table.add_row(f"{change['group']:x}", str(change["kind"]), what,
+                             str(change["epoch"]), str(change["state"]),
+                             str(change["age_ms"]), str(change["reason"]))
+    console.print(change_table)
 
 
 @app.command()

@@ -44,7 +44,7 @@ from quorumlog.node._config import NodeConfig, parse_address
 from quorumlog.node._health import Health, start_http
 from quorumlog.raft import HostConfig, RaftHost
 from quorumlog.recovery import RecoveryConfig, RecoveryService
-from quorumlog.table import TableConfig, TableService, is_table_group
+from quorumlog.table import SchedulerService, TableConfig, TableService, is_table_group
 
 _log = get_logger(__name__)
 
@@ -126,6 +126,7 @@ class _Roles:
         self.bookie: BookieService | None = None
         self.table: TableService | None = None
         self.recovery: RecoveryService | None = None
+        self.scheduler: SchedulerService | None = None
         if "meta" in cfg.node.roles:
             assert cfg.meta is not None  # NodeConfig.validate requires it
             self.host = RaftHost(
@@ -142,6 +143,11 @@ class _Roles:
                 self.host, read_mode=cfg.meta.read_mode,
                 lease_clock_drift_percent=cfg.meta.lease_clock_drift_percent,
             )
+            # The table scheduler answers heartbeats on whichever member leads meta.
+            table_config = cfg.table or TableConfig()
+            self.scheduler = SchedulerService(
+                self.meta, cfg.meta_addresses, table_config.scheduler_config(),
+                heartbeat_interval_ms=table_config.heartbeat_interval_ms)
         if "bookie" in cfg.node.roles:
             self.bookie = BookieService(cfg.bookie_config, meta_addresses=cfg.meta_addresses)
             recovery = cfg.recovery or RecoveryConfig()
@@ -157,6 +163,8 @@ class _Roles:
         if self.host is not None and self.meta is not None:
             handlers.update(self.host.handlers())
             handlers.update(self.meta.handlers())
+        if self.scheduler is not None:
+            handlers.update(self.scheduler.handlers())
         if self.bookie is not None:
             handlers.update(self.bookie.handlers())
         if self.table is not None:
@@ -286,6 +294,8 @@ async def _start_roles(cfg: NodeConfig, roles: _Roles) -> None:
         assert cfg.meta is not None
         await roles.host.start()
         roles.meta.start(set(cfg.meta.member_map()) if cfg.meta.bootstrap else None)
+    if roles.scheduler is not None:
+        roles.scheduler.start()
     if roles.bookie is not None:
         await roles.bookie.start(cfg.node.advertise_address)  # its id: what clients dial
         gc.freeze()  # start-up objects live for good: keep them out of collections
@@ -308,6 +318,8 @@ async def _stop(server: rpc.Server, roles: _Roles) -> None:
         await roles.bookie.close()
     if roles.table is not None:
         await roles.table.close()
+    if roles.scheduler is not None:
+        await roles.scheduler.close()
     if roles.meta is not None:
         await roles.meta.close()
     if roles.host is not None:

@@ -40,6 +40,15 @@ from quorumlog.table._errors import (
     TableError,
     ValueTooLargeError,
 )
+from quorumlog.table._heartbeat import (
+    ChangeExecutor,
+    ChangeOutcome,
+    GroupState,
+    ScheduleRow,
+    TableScheduleRequest,
+    TableScheduleResponse,
+    fetch_schedule,
+)
 from quorumlog.table._layout import (
     PartitionRecord,
     TableExistsError,
@@ -51,9 +60,19 @@ from quorumlog.table._layout import (
     is_table_group,
     partition_of,
     table_node_key,
+    table_nodes,
 )
 from quorumlog.table._messages import PartitionNotHostedError
 from quorumlog.table._placement import NotEnoughTableNodesError
+from quorumlog.table._scheduler import (
+    ChangeKind,
+    GroupReport,
+    NodeReport,
+    ScheduledChange,
+    Scheduler,
+    SchedulerConfig,
+)
+from quorumlog.table._scheduler_service import SchedulerService
 from quorumlog.table._service import TableConfig, TableService
 from quorumlog.table._store import SCAN_LIMIT_MAX, ScanItem, ScanPage, TableStore
 from quorumlog.table._timetag import (
@@ -73,17 +92,23 @@ __all__ = [
     "VALUE_BYTES_MAX",
     "BadTableRequestError",
     "BlockingTableClient",
+    "ChangeExecutor",
+    "ChangeKind",
+    "ChangeOutcome",
     "CheckAndMutateCommand",
     "CheckResult",
     "CheckType",
     "DeleteCommand",
     "Done",
+    "GroupReport",
+    "GroupState",
     "IncrCommand",
     "IncrResult",
     "KeyTooLargeError",
     "MultiDeleteCommand",
     "MultiSetCommand",
     "Mutation",
+    "NodeReport",
     "NotAnIntegerError",
     "NotEnoughTableNodesError",
     "PartitionNotHostedError",
@@ -92,6 +117,11 @@ __all__ = [
     "Refused",
     "ScanItem",
     "ScanPage",
+    "ScheduleRow",
+    "ScheduledChange",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerService",
     "SetCommand",
     "TableClient",
     "TableConfig",
@@ -101,6 +131,8 @@ __all__ = [
     "TableLayout",
     "TableNodeRecord",
     "TableRecord",
+    "TableScheduleRequest",
+    "TableScheduleResponse",
     "TableService",
     "TableStore",
     "Timetag",
@@ -112,9 +144,11 @@ __all__ = [
     "check_passes",
     "decode_entry",
     "encode_entry",
+    "fetch_schedule",
     "group_id_of",
     "is_table_group",
     "make_timetag",
     "partition_of",
     "table_node_key",
+    "table_nodes",
 ]

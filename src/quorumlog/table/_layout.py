@@ -7,7 +7,9 @@ Key layout (values are msgpack):
   registration): a node whose session expires is not a placement candidate;
 - ``/tables/<name>/config``: :class:`TableRecord` (table id, partitions P,
   replicas R, created_ms);
-- ``/tables/<name>/partitions/<p>``: :class:`PartitionRecord` (members, epoch).
+- ``/tables/<name>/partitions/<p>``: :class:`PartitionRecord` (members,
+  learners, epoch), rewritten by the scheduler (CAS) after each committed
+  configuration change (docs/table.md, "Scheduler").
 
 :func:`create_table` places every partition with ``place_replicas`` over the
 registered table nodes and writes all records in one meta transaction that
@@ -64,8 +66,21 @@ class TableRecord(msgspec.Struct, frozen=True):
 
 
 class PartitionRecord(msgspec.Struct, frozen=True):
+    """A partition's Raft group as the scheduler last recorded it.
+
+    ``members`` are the voters, ``learners`` the replicas catching up before
+    a promotion; ``epoch`` is the group's epoch when the scheduler wrote the
+    record (0: never changed since create, so the members bootstrap the group).
+    """
+
     members: tuple[int, ...]
     epoch: int = 0
+    learners: tuple[int, ...] = ()
+
+    @property
+    def replicas(self) -> tuple[int, ...]:
+        """Every node that hosts a replica: voters, then learners."""
+        return self.members + tuple(n for n in self.learners if n not in self.members)
 
 
 @dataclass(frozen=True, slots=True)

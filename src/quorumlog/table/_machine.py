@@ -54,6 +54,10 @@ class PartitionMachine:
     def restore(self, data: bytes) -> None:
         """Install a checkpoint, unless the store already holds everything in it
         (a restart: the store is at or past the snapshot's decree)."""
+        if not data:
+            # The bootstrap snapshot of a group created with its voters (nothing
+            # applied yet), sent to a replica that joins later: it starts empty.
+            return
         checkpoint = _DECODE_CHECKPOINT.decode(data)
         if self.store.applied_decree >= checkpoint.decree:
             return

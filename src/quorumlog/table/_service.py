@@ -30,6 +30,13 @@ from quorumlog.log import get_logger
 from quorumlog.meta import MetaClient
 from quorumlog.raft import HostConfig, RaftHost
 from quorumlog.table._commands import TableEntry, encode_entry
+from quorumlog.table._heartbeat import (
+    ChangeExecutor,
+    ChangeOutcome,
+    HeartbeatSender,
+    disk_free_bytes,
+    group_report,
+)
 from quorumlog.table._layout import (
     TABLE_NODES_PREFIX,
     TABLES_PREFIX,
@@ -57,6 +64,7 @@ from quorumlog.table._messages import (
     TableWriteRequest,
     TableWriteResponse,
 )
+from quorumlog.table._scheduler import NodeReport, SchedulerConfig
 from quorumlog.table._store import TableStore
 from quorumlog.table._timetag import TimetagClock
 
@@ -77,6 +85,14 @@ class TableConfig(Config, frozen=True):
     snapshot_entries: int = 10_000
     # The node's registration disappears this long after the node dies.
     registration_ttl_ms: int = 10_000
+    # Heartbeats to the meta leader's scheduler (docs/table.md, "Scheduler");
+    # the scheduler fields below are read on the meta leader.
+    heartbeat_interval_ms: int = 1_000
+    node_dead_after_ms: int = 10_000  # no heartbeat this long: the node is dead
+    replace_dead_after_ms: int = 60_000  # a dead node's replicas are replaced after this
+    changes_per_node_max: int = 2  # configuration changes in flight touching one node
+    catchup_entries_max: int = 100  # a learner this close to the leader may be promoted
+    change_timeout_ms: int = 60_000  # a change not seen done by then may be decided again
 
     def validate(self) -> None:
         require(bool(self.zone), "[table] zone must not be empty")
@@ -85,6 +101,18 @@ class TableConfig(Config, frozen=True):
         require(self.election_timeout_ticks >= 2, "[table] election_timeout_ticks must be >= 2")
         require(self.snapshot_entries >= 1, "[table] snapshot_entries must be >= 1")
         require(self.registration_ttl_ms >= 1000, "[table] registration_ttl_ms must be >= 1000")
+        require(self.heartbeat_interval_ms >= 10, "[table] heartbeat_interval_ms must be >= 10")
+        require(self.node_dead_after_ms >= 2 * self.heartbeat_interval_ms,
+                "[table] node_dead_after_ms must be >= 2 * heartbeat_interval_ms")
+        self.scheduler_config().validate()
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(
+            node_dead_after_ms=self.node_dead_after_ms,
+            replace_dead_after_ms=self.replace_dead_after_ms,
+            catchup_entries_max=self.catchup_entries_max,
+            changes_per_node_max=self.changes_per_node_max,
+            change_timeout_ms=self.change_timeout_ms)
 
 
 @dataclass(slots=True)
@@ -115,6 +143,9 @@ class TableService:
                               snapshot_entries=self.config.snapshot_entries))
         self.host.resolver = self._known_addresses.get
         self._meta = MetaClient(meta_addresses)
+        self._pool = rpc.Pool()
+        self._heartbeats = HeartbeatSender(meta_addresses, self._pool)
+        self.executor = ChangeExecutor(self.host)
         self._replicas: dict[int, _Replica] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.registered = False
@@ -140,13 +171,16 @@ class TableService:
         await self.host.start()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._register_loop(), name="table-registration"),
-                       loop.create_task(self._watch_loop(), name="table-watch")]
+                       loop.create_task(self._watch_loop(), name="table-watch"),
+                       loop.create_task(self._heartbeat_loop(), name="table-heartbeat")]
 
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.executor.close()
         await self.host.close()
+        await self._pool.close()
         for replica in self._replicas.values():
             replica.machine.store.close()
         await self._meta.close()
@@ -192,7 +226,7 @@ class TableService:
         wanted: set[int] = set()
         for layout in layouts.values():
             for partition, record in enumerate(layout.partitions):
-                if self.node_id in record.members:
+                if self.node_id in record.replicas:
                     gid = group_id_of(layout.record.table_id, partition)
                     wanted.add(gid)
                     if gid not in self._replicas:
@@ -226,8 +260,37 @@ class TableService:
         machine = PartitionMachine(store, TimetagClock(), self.data_dir / "staging")
         self._replicas[gid] = _Replica(layout.name, layout.record.table_id, partition, gid,
                                        machine)
-        self.host.add_group(gid, set(layout.partitions[partition].members), machine)
-        _log.info("table_replica_opened", table=layout.name, partition=partition, group=gid)
+        record = layout.partitions[partition]
+        # A record never changed since create (epoch 0) lists the founding voters, who
+        # bootstrap the group; a replica assigned later joins: no voters of its own,
+        # it learns the configuration and the data (a snapshot) from the leader. A
+        # replica already on disk reopens what it has either way.
+        joining = record.epoch > 0 or self.node_id not in record.members
+        self.host.add_group(gid, None if joining else set(record.members), machine)
+        _log.info("table_replica_opened", table=layout.name, partition=partition, group=gid,
+                  joining=joining)
+
+    # ----- heartbeats and scheduled changes ------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        """Report to the meta leader's scheduler; carry out the changes it answers."""
+        while True:
+            await asyncio.sleep(self.config.heartbeat_interval_ms / 1000)
+            try:
+                changes = await self._heartbeats.send(self.node_report())
+            except QuorumlogError as exc:
+                _log.warning("table_heartbeat_failed", node=self.node_id, error=exc.message)
+                continue
+            for change in changes:
+                if self.executor.submit(change) is ChangeOutcome.NOT_HOSTED:
+                    _log.info("table_change_for_unknown_group", group=change.group_id)
+
+    def node_report(self) -> NodeReport:
+        groups = tuple(
+            group_report(self.host, gid, replica.machine.store.path)
+            for gid, replica in sorted(self._replicas.items()) if not replica.dropped)
+        return NodeReport(node_id=self.node_id, address=self.address, zone=self.config.zone,
+                          disk_free_bytes=disk_free_bytes(self.data_dir), groups=groups)
 
     # ----- requests ---------------------------------------------------------------
 

@@ -1,0 +1,406 @@
+"""The table scheduler: meta as Curve's MDS for the partitions' Raft groups.
+
+Pure and deterministic: a :class:`Scheduler` holds the view built from table
+nodes' heartbeats (:meth:`Scheduler.heartbeat`) and, given the time, decides
+configuration changes (:meth:`Scheduler.plan`); no I/O, no clock of its own,
+so a simulator can drive it. The process of the meta leader runs one
+(``SchedulerService``); a new leader starts from an empty view, rebuilt from
+the next round of heartbeats, and declares no node dead before one
+``node_dead_after_ms`` has passed since it started.
+
+Every change carries the group epoch the scheduler last saw (Curve's
+copyset epoch); the group's leader applies it only while the epoch still
+matches, so a change decided on a stale view is harmless.
+
+Policies, in order of priority, one change per group at a time and at most
+``changes_per_node_max`` changes in flight touching any node:
+
+1. *replace*: a voter on a node silent for ``replace_dead_after_ms`` is
+   replaced: add a learner on a node chosen by ``place_replicas`` (zones,
+   scatter width, load), wait until its applied index is within
+   ``catchup_entries_max`` of the leader's, then promote it and remove the
+   dead voter in one joint change;
+2. *balance replicas*: while one live node holds more than
+   ``replica_imbalance_max`` replicas more than another, move a replica from
+   the most to the least loaded node (same learner, promote, remove steps);
+3. *balance leaders*: while one live node leads more than
+   ``leader_imbalance_max`` groups more than another, transfer a leadership.
+
+A voter about to be removed that leads its group first hands leadership to
+another voter.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import msgspec
+
+from quorumlog.config import Config, require
+from quorumlog.errors import invariant
+from quorumlog.table._placement import (
+    ClusterLoad,
+    NodeCandidate,
+    NotEnoughTableNodesError,
+    place_replicas,
+)
+
+RECENT_CHANGES_MAX = 64  # finished changes the scheduler remembers for `table schedule`
+
+
+class ChangeKind(StrEnum):
+    ADD_LEARNER = "add_learner"
+    PROMOTE = "promote"  # promote node_id (a learner) and remove remove_node_id, one joint change
+    REMOVE = "remove"
+    TRANSFER_LEADER = "transfer_leader"
+
+
+class ScheduledChange(msgspec.Struct, frozen=True):
+    """One configuration change for one group, stamped with the epoch it was decided at."""
+
+    group_id: int
+    epoch: int
+    kind: ChangeKind
+    node_id: int
+    remove_node_id: int = 0
+    reason: str = ""
+
+    def touches(self) -> tuple[int, ...]:
+        return (self.node_id, self.remove_node_id) if self.remove_node_id else (self.node_id,)
+
+
+class GroupReport(msgspec.Struct, frozen=True):
+    """What one node says of one group it hosts; the membership fields count
+    only from the group's leader."""
+
+    group_id: int
+    leader: bool
+    epoch: int
+    applied_index: int
+    voters: tuple[int, ...] = ()
+    learners: tuple[int, ...] = ()
+    change_in_progress: bool = False
+    size_bytes: int = 0
+
+
+class NodeReport(msgspec.Struct, frozen=True):
+    """One table node's heartbeat: capacity and its groups."""
+
+    node_id: int
+    address: str
+    zone: str
+    disk_free_bytes: int
+    groups: tuple[GroupReport, ...]
+
+
+class SchedulerConfig(Config, frozen=True):
+    """The scheduler's bounds (``[table]`` of the meta leader's node config)."""
+
+    # A node silent this long is dead: no placement on it, no leader balance.
+    node_dead_after_ms: int = 10_000
+    # A dead node's replicas are replaced after this long (a restart is cheaper).
+    replace_dead_after_ms: int = 60_000
+    # A learner this close to the leader's applied index may be promoted.
+    catchup_entries_max: int = 100
+    # Changes in flight that touch one node (add, remove, promote, transfer target).
+    changes_per_node_max: int = 2
+    # A change not reflected in a heartbeat by then is given up and may be decided again.
+    change_timeout_ms: int = 60_000
+    # Replica and leader counts may differ this much between live nodes.
+    replica_imbalance_max: int = 1
+    leader_imbalance_max: int = 1
+
+    def validate(self) -> None:
+        require(self.node_dead_after_ms >= 1, "[table] node_dead_after_ms must be >= 1")
+        require(self.replace_dead_after_ms >= self.node_dead_after_ms,
+                "[table] replace_dead_after_ms must be >= node_dead_after_ms")
+        require(self.catchup_entries_max >= 0, "[table] catchup_entries_max must be >= 0")
+        require(self.changes_per_node_max >= 1, "[table] changes_per_node_max must be >= 1")
+        require(self.change_timeout_ms >= 1, "[table] change_timeout_ms must be >= 1")
+        require(self.replica_imbalance_max >= 1, "[table] replica_imbalance_max must be >= 1")
+        require(self.leader_imbalance_max >= 1, "[table] leader_imbalance_max must be >= 1")
+
+
+@dataclass(slots=True)
+class NodeView:
+    node_id: int
+    address: str
+    zone: str
+    last_seen_ms: int
+    disk_free_bytes: int = 0
+
+
+@dataclass(slots=True)
+class GroupView:
+    """A group as its leader last reported it, plus every replica's applied index."""
+
+    group_id: int
+    leader: int = 0
+    epoch: int = 0
+    voters: tuple[int, ...] = ()
+    learners: tuple[int, ...] = ()
+    change_in_progress: bool = False
+    size_bytes: int = 0
+    applied: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class PendingChange:
+    change: ScheduledChange
+    issued_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedChange:
+    change: ScheduledChange
+    issued_ms: int
+    finished_ms: int
+    outcome: str  # "done" (the epoch moved on), "timed_out" or "abandoned" (target died)
+
+
+@dataclass(frozen=True, slots=True)
+class _Move:
+    learner: int
+    victim: int
+    reason: str
+
+
+class Scheduler:
+    """See the module docstring."""
+
+    def __init__(self, config: SchedulerConfig, *, started_ms: int, seed: int = 0) -> None:
+        config.validate()
+        self.config = config
+        self.started_ms = started_ms
+        self.nodes: dict[int, NodeView] = {}
+        self.groups: dict[int, GroupView] = {}
+        self.pending: dict[int, PendingChange] = {}
+        self.recent: list[FinishedChange] = []
+        self._moves: dict[int, _Move] = {}
+        self._seed = seed
+
+    # ----- the view -------------------------------------------------------------
+
+    def heartbeat(self, report: NodeReport, now_ms: int) -> None:
+        """Fold one node's heartbeat into the view."""
+        self.nodes[report.node_id] = NodeView(report.node_id, report.address, report.zone,
+                                              now_ms, report.disk_free_bytes)
+        for g in report.groups:
+            view = self.groups.setdefault(g.group_id, GroupView(g.group_id))
+            view.applied[report.node_id] = g.applied_index
+            if g.leader:
+                view.leader, view.epoch = report.node_id, g.epoch
+                view.voters, view.learners = tuple(sorted(g.voters)), tuple(sorted(g.learners))
+                view.change_in_progress, view.size_bytes = g.change_in_progress, g.size_bytes
+                for node in list(view.applied):
+                    if node not in view.voters and node not in view.learners:
+                        del view.applied[node]
+            elif view.leader == report.node_id:
+                view.leader = 0  # it led the group and no longer does
+        self._settle(now_ms)
+
+    def forget_group(self, group_id: int) -> None:
+        """A dropped table's group."""
+        self.groups.pop(group_id, None)
+        self.pending.pop(group_id, None)
+        self._moves.pop(group_id, None)
+
+    def last_seen_ms(self, node: int) -> int:
+        view = self.nodes.get(node)
+        return view.last_seen_ms if view is not None else self.started_ms
+
+    def is_dead(self, node: int, now_ms: int) -> bool:
+        return now_ms - self.last_seen_ms(node) >= self.config.node_dead_after_ms
+
+    def _replaceable(self, node: int, now_ms: int) -> bool:
+        return now_ms - self.last_seen_ms(node) >= self.config.replace_dead_after_ms
+
+    def live_nodes(self, now_ms: int) -> list[NodeView]:
+        return [n for _, n in sorted(self.nodes.items()) if not self.is_dead(n.node_id, now_ms)]
+
+    def changes_for(self, leader: int) -> list[ScheduledChange]:
+        """The pending changes of the groups ``leader`` leads (re-sent until done)."""
+        return [p.change for gid, p in sorted(self.pending.items())
+                if self.groups.get(gid, GroupView(gid)).leader == leader]
+
+    def _settle(self, now_ms: int) -> None:
+        """Retire pending changes whose group moved past their epoch, or that timed out."""
+        for gid, pending in list(self.pending.items()):
+            group = self.groups.get(gid)
+            if group is not None and group.epoch != pending.change.epoch:
+                self._finish(gid, now_ms, "done")
+            elif now_ms - pending.issued_ms >= self.config.change_timeout_ms:
+                self._finish(gid, now_ms, "timed_out")
+            elif (pending.change.kind is not ChangeKind.REMOVE
+                  and self.is_dead(pending.change.node_id, now_ms)):
+                # Its target died (a leader transfer to it would never finish): give
+                # the group back to the policies, which will replace the dead node.
+                self._finish(gid, now_ms, "abandoned")
+
+    def _finish(self, gid: int, now_ms: int, outcome: str) -> None:
+        pending = self.pending.pop(gid)
+        self.recent.append(FinishedChange(pending.change, pending.issued_ms, now_ms, outcome))
+        del self.recent[:-RECENT_CHANGES_MAX]
+
+    # ----- decisions -----------------------------------------------------------------
+
+    def plan(self, now_ms: int) -> list[ScheduledChange]:
+        """Decide new changes (also kept as pending); deterministic for a view and time."""
+        self._settle(now_ms)
+        issued: list[ScheduledChange] = []
+        for gid in sorted(self.groups):
+            change = self._plan_group(self.groups[gid], now_ms)
+            if change is not None and self._admit(change, now_ms):
+                issued.append(change)
+        # Balancing waits for a whole view (every live node heard from) and for
+        # every other change to finish: one move at a time, cluster-wide.
+        full_view = now_ms - self.started_ms >= self.config.node_dead_after_ms
+        if full_view and not issued and not self.pending and not self._moves:
+            change = self._balance_replicas(now_ms) or self._balance_leaders(now_ms)
+            if change is not None and self._admit(change, now_ms):
+                issued.append(change)
+        return issued
+
+    def _admit(self, change: ScheduledChange, now_ms: int) -> bool:
+        """The rate limits: one change per group, ``changes_per_node_max`` per node."""
+        if change.group_id in self.pending:
+            return False
+        busy: dict[int, int] = {}
+        for pending in self.pending.values():
+            for node in pending.change.touches():
+                busy[node] = busy.get(node, 0) + 1
+        if any(busy.get(n, 0) >= self.config.changes_per_node_max for n in change.touches()):
+            return False
+        self.pending[change.group_id] = PendingChange(change, now_ms)
+        return True
+
+    def _plan_group(self, group: GroupView, now_ms: int) -> ScheduledChange | None:
+        if (group.group_id in self.pending or group.change_in_progress or not group.leader
+                or self.is_dead(group.leader, now_ms)):
+            return None
+        move = self._moves.get(group.group_id)
+        if move is not None and move.learner not in group.learners:
+            # Promoted (done), or the add never happened (its change was given up):
+            # either way this move is over, and the policies below decide afresh.
+            del self._moves[group.group_id]
+            move = None
+        if group.learners:
+            return self._continue_move(group, move, now_ms)
+        dead = [v for v in group.voters if self._replaceable(v, now_ms)]
+        if dead:
+            return self._add_learner(group, dead[0], now_ms,
+                                     f"replace replica on dead node {dead[0]}")
+        return None
+
+    def _continue_move(self, group: GroupView, move: _Move | None,
+                       now_ms: int) -> ScheduledChange | None:
+        learner = group.learners[0] if move is None else move.learner
+        if learner not in group.learners:
+            return None
+        if self.is_dead(learner, now_ms):
+            self._moves.pop(group.group_id, None)
+            return self._change(group, ChangeKind.REMOVE, learner,
+                                reason=f"learner on node {learner} is dead")
+        if move is None:  # a new meta leader found the learner: pick the voter to go
+            victim = self._victim(group, now_ms)
+            move = _Move(learner, victim, f"replica moves from node {victim} to {learner}")
+            self._moves[group.group_id] = move
+        leader_applied = group.applied.get(group.leader, 0)
+        if group.applied.get(learner, -1) < leader_applied - self.config.catchup_entries_max:
+            return None  # still catching up
+        if move.victim == group.leader:
+            others = [v for v in group.voters
+                      if v != move.victim and not self.is_dead(v, now_ms)]
+            if not others:
+                return None
+            return self._change(group, ChangeKind.TRANSFER_LEADER, others[0],
+                                reason=f"leader node {move.victim} is leaving the group")
+        if move.victim not in group.voters:
+            return self._change(group, ChangeKind.PROMOTE, learner, reason=move.reason)
+        return self._change(group, ChangeKind.PROMOTE, learner, move.victim, move.reason)
+
+    def _victim(self, group: GroupView, now_ms: int) -> int:
+        dead = [v for v in group.voters if self.is_dead(v, now_ms)]
+        if dead:
+            return dead[0]
+        counts = self._replica_counts(now_ms)
+        return max(group.voters, key=lambda v: (counts.get(v, 0), v != group.leader, v))
+
+    def _add_learner(self, group: GroupView, victim: int, now_ms: int,
+                     reason: str, *, only: set[int] | None = None) -> ScheduledChange | None:
+        keep = [v for v in group.voters if v != victim]
+        candidates = [NodeCandidate(n.node_id, n.zone) for n in self.live_nodes(now_ms)
+                      if n.node_id != victim and (only is None or n.node_id in only
+                                                  or n.node_id in keep)]
+        for n in keep:  # members that stay count for zones even when not live
+            if n not in {c.node_id for c in candidates} and n in self.nodes:
+                candidates.append(NodeCandidate(n, self.nodes[n].zone, alive=False))
+        load = ClusterLoad.of(g.voters + g.learners for g in self.groups.values())
+        try:
+            chosen = place_replicas(candidates, len(keep) + 1, load, keep=keep,
+                                    rng=random.Random(self._seed ^ group.group_id))
+        except NotEnoughTableNodesError:
+            return None  # nowhere to go now; the next round looks again
+        target = chosen[-1]
+        invariant(target not in group.voters, f"placement chose member {target}")
+        self._moves[group.group_id] = _Move(target, victim, reason)
+        return self._change(group, ChangeKind.ADD_LEARNER, target, reason=reason)
+
+    def _change(self, group: GroupView, kind: ChangeKind, node: int, remove: int = 0,
+                reason: str = "") -> ScheduledChange:
+        return ScheduledChange(group_id=group.group_id, epoch=group.epoch, kind=kind,
+                               node_id=node, remove_node_id=remove, reason=reason)
+
+    def _replica_counts(self, now_ms: int) -> dict[int, int]:
+        counts = {n.node_id: 0 for n in self.live_nodes(now_ms)}
+        for g in self.groups.values():
+            for node in g.voters + g.learners:
+                if node in counts:
+                    counts[node] += 1
+        return counts
+
+    def _balance_replicas(self, now_ms: int) -> ScheduledChange | None:
+        counts = self._replica_counts(now_ms)
+        if len(counts) < 2 or any(self._dead_voters(now_ms)):
+            return None
+        low = min(counts, key=lambda n: (counts[n], n))
+        high = max(counts, key=lambda n: (counts[n], -n))
+        if counts[high] - counts[low] <= self.config.replica_imbalance_max:
+            return None
+        for gid in sorted(self.groups):
+            group = self.groups[gid]
+            if (high in group.voters and low not in group.voters and not group.learners
+                    and group.leader and not self.is_dead(group.leader, now_ms)
+                    and not group.change_in_progress):
+                change = self._add_learner(group, high, now_ms,
+                                           f"balance replicas: node {high} to node {low}",
+                                           only={low})
+                if change is not None and change.node_id == low:
+                    return change
+                self._moves.pop(gid, None)
+        return None
+
+    def _dead_voters(self, now_ms: int) -> list[int]:
+        return [v for g in self.groups.values() for v in g.voters if self.is_dead(v, now_ms)]
+
+    def _balance_leaders(self, now_ms: int) -> ScheduledChange | None:
+        live = {n.node_id for n in self.live_nodes(now_ms)}
+        led = {n: 0 for n in live}
+        for g in self.groups.values():
+            if g.leader in led:
+                led[g.leader] += 1
+        if len(led) < 2:
+            return None
+        high = max(led, key=lambda n: (led[n], -n))
+        for low in sorted(led, key=lambda n: (led[n], n)):
+            if led[high] - led[low] <= self.config.leader_imbalance_max:
+                return None
+            for gid in sorted(self.groups):
+                group = self.groups[gid]
+                if (group.leader == high and low in group.voters
+                        and not group.change_in_progress):
+                    return self._change(group, ChangeKind.TRANSFER_LEADER, low,
+                                        reason=f"balance leaders: node {high} to node {low}")
+        return None

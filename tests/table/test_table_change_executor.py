@@ -1,0 +1,73 @@
+"""The change executor on a real Raft host: a change applies only at its group's epoch."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from quorumlog import rpc
+from quorumlog.raft import HostConfig, RaftHost, Role
+from quorumlog.table import ChangeExecutor, ChangeKind, ChangeOutcome, ScheduledChange
+
+GROUP = (1 << 48) | (1 << 20)
+DEADLINE_S = 10.0
+
+
+class Machine:
+    def apply(self, index: int, data: bytes) -> Any:
+        return None
+
+    def snapshot(self) -> bytes:
+        return b""
+
+    def restore(self, data: bytes) -> None:
+        return None
+
+
+async def _until(condition: Any, what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DEADLINE_S
+    while not condition():
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+async def _stale_and_current(root: Path) -> None:
+    host = RaftHost(1, {1: "127.0.0.1:1"}, root,
+                    config=HostConfig(tick_interval_ms=10, election_timeout_ticks=5))
+    await host.start()
+    host.add_group(GROUP, {1}, Machine())
+    executor = ChangeExecutor(host)
+    try:
+        node = host.group(GROUP).node
+        await _until(lambda: node.role is Role.LEADER, "a leader")
+        epoch = node.epoch
+        stale = ScheduledChange(group_id=GROUP, epoch=epoch - 1, kind=ChangeKind.ADD_LEARNER,
+                                node_id=2)
+        assert executor.submit(stale) is ChangeOutcome.STALE_EPOCH
+        assert executor.ignored_stale == 1
+        unknown = ScheduledChange(group_id=GROUP + 1, epoch=epoch, kind=ChangeKind.ADD_LEARNER,
+                                  node_id=2)
+        assert executor.submit(unknown) is ChangeOutcome.NOT_HOSTED
+        current = ScheduledChange(group_id=GROUP, epoch=epoch, kind=ChangeKind.ADD_LEARNER,
+                                  node_id=3)
+        assert executor.submit(current) is ChangeOutcome.STARTED
+        assert executor.submit(current) is ChangeOutcome.BUSY  # one change per group
+        await _until(lambda: 3 in node.conf_state.learners, "learner 3")
+        assert node.conf_state.learners == frozenset({3})  # never node 2
+        assert node.epoch == epoch + 1
+        # The same change again: its epoch is now stale, and it is ignored.
+        await _until(lambda: executor.submit(current) is not ChangeOutcome.BUSY, "idle")
+        assert executor.ignored_stale == 2
+        promote = ScheduledChange(group_id=GROUP, epoch=node.epoch, kind=ChangeKind.PROMOTE,
+                                  node_id=3)
+        assert executor.submit(promote) is ChangeOutcome.STARTED
+        await _until(lambda: 3 in node.conf_state.voters, "voter 3")
+    finally:
+        await executor.close()
+        await host.close()
+
+
+def test_a_stale_epoch_change_is_ignored_and_a_current_one_applies(tmp_path: Path) -> None:
+    rpc.run(_stale_and_current(tmp_path))

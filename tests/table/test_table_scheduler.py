@@ -1,0 +1,227 @@
+"""The table scheduler's policies over synthetic views (pure: view + time -> changes)."""
+
+from __future__ import annotations
+
+from quorumlog.table import (
+    ChangeKind,
+    GroupReport,
+    NodeReport,
+    ScheduledChange,
+    Scheduler,
+    SchedulerConfig,
+)
+
+CONFIG = SchedulerConfig(node_dead_after_ms=1_000, replace_dead_after_ms=3_000,
+                         catchup_entries_max=10, changes_per_node_max=2,
+                         change_timeout_ms=20_000)
+
+
+class Cluster:
+    """Groups as the nodes would report them; ``beat`` sends every live node's heartbeat."""
+
+    def __init__(self, nodes: list[int], groups: dict[int, list[int]],
+                 zones: dict[int, str] | None = None) -> None:
+        self.nodes = list(nodes)
+        self.zones = zones or {}
+        self.down: set[int] = set()
+        # group -> (leader, epoch, voters, learners, applied per node)
+        self.voters = {g: list(m) for g, m in groups.items()}
+        self.learners: dict[int, list[int]] = {g: [] for g in groups}
+        self.leader = {g: m[0] for g, m in groups.items()}
+        self.epoch = dict.fromkeys(groups, 1)
+        self.applied = {g: dict.fromkeys(m, 100) for g, m in groups.items()}
+
+    def report(self, node: int) -> NodeReport:
+        groups = []
+        for g in sorted(self.voters):
+            if node not in self.voters[g] and node not in self.learners[g]:
+                continue
+            lead = self.leader[g] == node
+            groups.append(GroupReport(
+                group_id=g, leader=lead, epoch=self.epoch[g],
+                applied_index=self.applied[g].get(node, 0),
+                voters=tuple(self.voters[g]) if lead else (),
+                learners=tuple(self.learners[g]) if lead else ()))
+        return NodeReport(node_id=node, address=f"n{node}", zone=self.zones.get(node, "z"),
+                          disk_free_bytes=1 << 30, groups=tuple(groups))
+
+    def beat(self, scheduler: Scheduler, now_ms: int) -> list[ScheduledChange]:
+        for node in self.nodes:
+            if node not in self.down:
+                scheduler.heartbeat(self.report(node), now_ms)
+        return scheduler.plan(now_ms)
+
+    def apply(self, change: ScheduledChange) -> None:
+        """What the group's leader does with a change whose epoch matches."""
+        g = change.group_id
+        assert change.epoch == self.epoch[g]
+        if change.kind is ChangeKind.ADD_LEARNER:
+            self.learners[g].append(change.node_id)
+            self.applied[g][change.node_id] = 0
+        elif change.kind is ChangeKind.PROMOTE:
+            self.learners[g].remove(change.node_id)
+            self.voters[g].append(change.node_id)
+            if change.remove_node_id:
+                self.voters[g].remove(change.remove_node_id)
+        elif change.kind is ChangeKind.REMOVE:
+            for members in (self.voters[g], self.learners[g]):
+                if change.node_id in members:
+                    members.remove(change.node_id)
+        elif change.kind is ChangeKind.TRANSFER_LEADER:
+            self.leader[g] = change.node_id
+        self.epoch[g] += 1
+
+    def catch_up(self) -> None:
+        for applied in self.applied.values():
+            for node in applied:
+                applied[node] = 100
+
+
+def run(cluster: Cluster, scheduler: Scheduler, start_ms: int, rounds: int,
+        step_ms: int = 200) -> list[ScheduledChange]:
+    """Heartbeat rounds; every change is applied at once and learners catch up."""
+    done = []
+    for i in range(rounds):
+        for change in cluster.beat(scheduler, start_ms + i * step_ms):
+            cluster.apply(change)
+            done.append(change)
+        cluster.catch_up()
+    return done
+
+
+def test_a_dead_nodes_replica_is_replaced_by_learner_then_promote_and_remove() -> None:
+    cluster = Cluster([1, 2, 3, 4], {10: [1, 2, 3], 11: [2, 3, 4]})
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    assert cluster.beat(scheduler, 0) == []
+    cluster.down.add(3)
+    # Dead after 1 s, but replaced only after 3 s of silence.
+    assert cluster.beat(scheduler, 2_000) == []
+    first = cluster.beat(scheduler, 3_100)
+    assert sorted((c.group_id, c.kind, c.node_id) for c in first) == [
+        (10, ChangeKind.ADD_LEARNER, 4), (11, ChangeKind.ADD_LEARNER, 1)]
+    for change in first:
+        cluster.apply(change)
+    # Not caught up yet: nothing until the learners are close to the leader.
+    assert cluster.beat(scheduler, 3_300) == []
+    cluster.catch_up()
+    second = cluster.beat(scheduler, 3_500)
+    assert sorted((c.group_id, c.kind, c.node_id, c.remove_node_id) for c in second) == [
+        (10, ChangeKind.PROMOTE, 4, 3), (11, ChangeKind.PROMOTE, 1, 3)]
+    assert all(c.epoch == cluster.epoch[c.group_id] for c in second)
+    for change in second:
+        cluster.apply(change)
+    assert run(cluster, scheduler, 3_700, 5) == []
+    assert sorted(cluster.voters[10]) == [1, 2, 4] and sorted(cluster.voters[11]) == [1, 2, 4]
+
+
+def test_a_dead_leader_victim_hands_leadership_over_first() -> None:
+    # Node 1 leads group 10 and is silent: the group elects someone else in
+    # reality; here the view still says 1 leads and 1 is dead: no change is
+    # sent to a dead leader.
+    cluster = Cluster([1, 2, 3, 4], {10: [1, 2, 3]})
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    cluster.beat(scheduler, 0)
+    cluster.down.add(1)
+    assert cluster.beat(scheduler, 3_500) == []
+    cluster.leader[10] = 2  # the survivors elect node 2
+    cluster.epoch[10] += 1
+    changes = run(cluster, scheduler, 3_600, 6)
+    assert [c.kind for c in changes] == [ChangeKind.ADD_LEARNER, ChangeKind.PROMOTE]
+    assert sorted(cluster.voters[10]) == [2, 3, 4]
+
+
+def test_a_stale_view_never_sends_a_change_twice_and_a_pending_change_blocks_its_group() -> None:
+    cluster = Cluster([1, 2, 3, 4], {10: [1, 2, 3]})
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    cluster.beat(scheduler, 0)
+    cluster.down.add(3)
+    (change,) = cluster.beat(scheduler, 3_100)
+    assert scheduler.changes_for(1) == [change]  # re-sent until done
+    assert cluster.beat(scheduler, 3_300) == []  # not applied yet: nothing new for the group
+    cluster.apply(change)
+    cluster.beat(scheduler, 3_500)
+    assert [f.outcome for f in scheduler.recent] == ["done"]
+
+
+def test_changes_per_node_are_rate_limited() -> None:
+    groups = {g: [1, 2, 3] for g in range(10, 16)}
+    cluster = Cluster([1, 2, 3, 4], groups)
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    cluster.beat(scheduler, 0)
+    cluster.down.add(3)
+    first = cluster.beat(scheduler, 3_100)
+    # Every replacement adds a learner on node 4: at most 2 at once.
+    assert len(first) == CONFIG.changes_per_node_max
+    assert {c.node_id for c in first} == {4}
+    for change in first:
+        cluster.apply(change)
+    changes = run(cluster, scheduler, 3_300, 40)
+    assert all(sorted(cluster.voters[g]) == [1, 2, 4] for g in groups)
+    moves = [c for c in changes if c.kind is not ChangeKind.TRANSFER_LEADER]
+    assert len(moves) == 2 * len(groups) - len(first)
+    # Then leaders spread: node 1 led all six groups.
+    leaders = [cluster.leader[g] for g in groups]
+    assert max(leaders.count(n) for n in (1, 2, 4)) - min(leaders.count(n) for n in (1, 2, 4)) <= 1
+
+
+def test_replacement_keeps_replicas_in_distinct_zones() -> None:
+    zones = {1: "a", 2: "b", 3: "c", 4: "a", 5: "c"}
+    cluster = Cluster([1, 2, 3, 4, 5], {10: [1, 2, 3]}, zones)
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    cluster.beat(scheduler, 0)
+    cluster.down.add(3)
+    (change,) = cluster.beat(scheduler, 3_100)
+    assert change.kind is ChangeKind.ADD_LEARNER and change.node_id == 5  # zone c again
+
+
+def test_a_new_node_gets_replicas_then_leaders() -> None:
+    groups = {10 + g: [1 + g % 3, 1 + (g + 1) % 3, 1 + (g + 2) % 3] for g in range(8)}
+    cluster = Cluster([1, 2, 3], groups)
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    run(cluster, scheduler, 0, 3)
+    assert all(sorted(v) == [1, 2, 3] for v in cluster.voters.values())
+    cluster.nodes.append(4)
+    run(cluster, scheduler, 1_000, 120)
+    counts = {n: sum(n in v for v in cluster.voters.values()) for n in (1, 2, 3, 4)}
+    assert max(counts.values()) - min(counts.values()) <= 1
+    assert counts[4] >= 5
+    leaders = {n: sum(1 for g in cluster.leader.values() if g == n) for n in (1, 2, 3, 4)}
+    assert max(leaders.values()) - min(leaders.values()) <= 1
+    assert leaders[4] >= 1
+    assert all(len(v) == 3 and not cluster.learners[g] for g, v in cluster.voters.items())
+
+
+def test_a_new_scheduler_declares_nobody_dead_before_one_dead_interval() -> None:
+    cluster = Cluster([1, 2, 3, 4], {10: [1, 2, 3]})
+    cluster.down.add(3)
+    scheduler = Scheduler(CONFIG, started_ms=50_000)  # a new meta leader, node 3 never heard
+    assert cluster.beat(scheduler, 50_500) == []
+    assert not scheduler.is_dead(3, 50_500) and scheduler.is_dead(3, 51_000)
+    assert cluster.beat(scheduler, 52_000) == []  # dead, not yet replaceable
+    (change,) = cluster.beat(scheduler, 53_000)
+    assert change.kind is ChangeKind.ADD_LEARNER and change.node_id == 4
+
+
+def test_the_plan_is_deterministic() -> None:
+    def changes() -> list[ScheduledChange]:
+        cluster = Cluster([1, 2, 3, 4, 5], {g: [1, 2, 3] for g in range(10, 14)})
+        scheduler = Scheduler(CONFIG, started_ms=0, seed=7)
+        cluster.beat(scheduler, 0)
+        cluster.down.add(2)
+        return run(cluster, scheduler, 3_100, 20)
+
+    assert changes() == changes()
+
+
+def test_a_change_whose_target_dies_is_abandoned_and_the_node_replaced() -> None:
+    groups = {10: [1, 2, 3], 11: [1, 2, 4], 12: [1, 3, 4]}
+    cluster = Cluster([1, 2, 3, 4], groups)
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    (transfer,) = cluster.beat(scheduler, 1_000)  # node 1 leads all three: hand one over
+    assert transfer.kind is ChangeKind.TRANSFER_LEADER and transfer.node_id == 2
+    cluster.down.add(transfer.node_id)  # the target dies before the transfer happens
+    assert cluster.beat(scheduler, 1_500) == []
+    cluster.beat(scheduler, 2_100)
+    assert [f.outcome for f in scheduler.recent] == ["abandoned"]
+    run(cluster, scheduler, 4_100, 30)
+    assert all(transfer.node_id not in v and len(v) == 3 for v in cluster.voters.values())
