@@ -49,9 +49,9 @@ class Harness:
             index=META.index, parts=parts or [SnapshotPartInfo(STATE_PART, len(DATA))]))
 
     async def chunk(self, offset: int, data: bytes, *, transfer_id: int = 1,
-                    crc: int | None = None) -> None:
+                    crc: int | None = None, part: int = 0) -> None:
         await self.connection.call(SnapshotChunkRequest(
-            from_node=LEADER, group_id=GROUP, transfer_id=transfer_id, part=0, offset=offset,
+            from_node=LEADER, group_id=GROUP, transfer_id=transfer_id, part=part, offset=offset,
             crc32c=crc32c(data) if crc is None else crc), payload=data)
 
     async def all_chunks(self, transfer_id: int = 1) -> None:
@@ -59,12 +59,13 @@ class Harness:
             await self.chunk(offset, DATA[offset : offset + CHUNK], transfer_id=transfer_id)
 
     async def commit(self, *, transfer_id: int = 1, crc: int | None = None,
-                     message: Message | None = None) -> None:
+                     message: Message | None = None, more_crcs: list[int] | None = None,
+                     ) -> None:
         snap = Message(type=MessageType.SNAP, to=2, from_=LEADER, term=3,
                        snapshot=Snapshot(meta=META))
         await self.connection.call(SnapshotCommitRequest(
             from_node=LEADER, group_id=GROUP, transfer_id=transfer_id,
-            part_crc32c=[crc32c(DATA) if crc is None else crc],
+            part_crc32c=[crc32c(DATA) if crc is None else crc, *(more_crcs or [])],
             message=encode(message or snap)))
 
     def staged(self) -> list[Path]:
@@ -73,16 +74,21 @@ class Harness:
 
 def with_receiver(
     tmp_path: Path, body: Callable[[Harness, list[tuple[int, Message]]], Awaitable[None]],
-    **config: Any,
+    *, on_files: Callable[[Path], None] | None = None, **config: Any,
 ) -> None:
     delivered: list[tuple[int, Message]] = []
+
+    def deliver(group_id: int, message: Message, files: Path | None) -> None:
+        if on_files is not None and files is not None:
+            on_files(files)
+        delivered.append((group_id, message))
 
     async def main() -> None:
         executor = ThreadPoolExecutor(max_workers=1)
         receiver = SnapshotReceiver(
             tmp_path / "incoming", SnapshotTransferConfig(**config), executor,
             hosts_group=lambda group_id: group_id in (GROUP, OTHER_GROUP),
-            deliver=lambda group_id, message: delivered.append((group_id, message)))
+            deliver=deliver)
         server = rpc.Server(receiver.handlers())
         await server.start("127.0.0.1", 0)
         connection = await rpc.connect("127.0.0.1", server.port)
@@ -155,11 +161,11 @@ def test_early_or_wrong_commits_deliver_nothing(tmp_path: Path) -> None:
 def test_bad_offers_are_refused(tmp_path: Path) -> None:
     async def body(h: Harness, delivered: list[tuple[int, Message]]) -> None:
         cases: list[tuple[dict[str, Any], type[QuorumlogError], str]] = [
-            ({"parts": [SnapshotPartInfo("../etc", 1), SnapshotPartInfo(STATE_PART, 1)]},
+            ({"parts": [SnapshotPartInfo(STATE_PART, 1), SnapshotPartInfo("../etc", 1)]},
              ProtocolError, "plain file names"),
-            ({"parts": [SnapshotPartInfo("other", 1)]}, ProtocolError, "must name"),
+            ({"parts": [SnapshotPartInfo("other", 1)]}, ProtocolError, "must start with"),
             ({"parts": [SnapshotPartInfo(STATE_PART, 1), SnapshotPartInfo(STATE_PART, 1)]},
-             ProtocolError, "must name"),
+             ProtocolError, "must start with"),
             ({"parts": [SnapshotPartInfo(STATE_PART, 2000)]}, ProtocolError,
              "snapshot_bytes_max"),
             ({"group_id": OTHER_GROUP + 1}, SnapshotTransferError, "not hosted"),
@@ -194,3 +200,37 @@ def test_a_new_offer_supersedes_the_unfinished_one_and_receives_are_bounded(
         assert len(delivered) == 1 and h.staged() == []
 
     with_receiver(tmp_path, body, receives_max=1)
+
+
+FILES = {"000009.sst": bytes(range(256)) * 900, "CURRENT": b"MANIFEST-000005\n"}
+
+
+def test_file_parts_are_staged_verified_and_handed_over_as_a_directory(
+        tmp_path: Path) -> None:
+    received: dict[str, bytes] = {}
+
+    def on_files(directory: Path) -> None:
+        received.update({p.name: p.read_bytes() for p in directory.iterdir()})
+
+    async def body(h: Harness, delivered: list[tuple[int, Message]]) -> None:
+        parts = [SnapshotPartInfo(STATE_PART, len(DATA)),
+                 *(SnapshotPartInfo(name, len(data)) for name, data in FILES.items())]
+        await h.offer(parts=parts)
+        await h.all_chunks()
+        for number, data in enumerate(FILES.values(), start=1):
+            for offset in range(0, len(data), CHUNK):
+                await h.chunk(offset, data[offset : offset + CHUNK], part=number)
+        crcs = [crc32c(data) for data in FILES.values()]
+        # A file whose CRC read back is not the sender's: nothing is handed over.
+        with pytest.raises(SnapshotTransferError, match="CURRENT"):
+            await h.commit(more_crcs=[crcs[0], crcs[1] ^ 1])
+        assert delivered == [] and received == {} and h.staged() == []
+        await h.offer(transfer_id=2, parts=parts)
+        await h.all_chunks(transfer_id=2)
+        for number, data in enumerate(FILES.values(), start=1):
+            await h.chunk(0, data, part=number, transfer_id=2)
+        await h.commit(transfer_id=2, more_crcs=crcs)
+        assert len(delivered) == 1 and received == FILES
+        assert h.staged() == [] and h.receiver.receiving == 0
+
+    with_receiver(tmp_path, body, on_files=on_files)

@@ -18,6 +18,7 @@ from quorumlog.raft._errors import (
     SnapshotTemporarilyUnavailableError,
     UnavailableError,
 )
+from quorumlog.raft._file_snapshot import FileSnapshotMachine, StateMachine
 from quorumlog.raft._node import RaftNode, fold_epoch
 from quorumlog.raft._ready_pass import (
     MemoryReadyStorage,
@@ -73,6 +74,7 @@ __all__ = [
     "ConfState",
     "Entry",
     "EntryType",
+    "FileSnapshotMachine",
     "HardState",
     "HostConfig",
     "MemoryReadyStorage",
@@ -98,6 +100,7 @@ __all__ = [
     "SnapshotOutOfDateError",
     "SnapshotTemporarilyUnavailableError",
     "SoftState",
+    "StateMachine",
     "UnavailableError",
     "WalRaftStorage",
     "decode_message",

@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import msgspec
 
@@ -50,6 +50,7 @@ from quorumlog.config import Config, require
 from quorumlog.errors import (
     DeadlineExceededError,
     NotLeaderError,
+    ProtocolError,
     QuorumlogError,
     UsageError,
     invariant,
@@ -57,9 +58,17 @@ from quorumlog.errors import (
 from quorumlog.log import get_logger
 from quorumlog.raft._config import MIB, RaftConfig
 from quorumlog.raft._errors import ProposalDroppedError
+from quorumlog.raft._file_snapshot import (
+    AnyStateMachine,
+    Checkpoints,
+    FileSnapshotMachine,
+    decode_manifest,
+    restore_machine,
+)
 from quorumlog.raft._node import RaftNode
 from quorumlog.raft._ready_pass import AfterAdvance, ReadyPass
 from quorumlog.raft._snapshot_transfer import (
+    FileSource,
     ReceiveStats,
     SnapshotReceiver,
     SnapshotSender,
@@ -85,16 +94,6 @@ T = TypeVar("T")
 
 INCOMING_SNAPSHOTS_DIR_NAME = "incoming-snapshots"
 """Staging directory of snapshot transfers under the host's data directory."""
-
-
-class StateMachine(Protocol):
-    """What a group applies its committed entries to (deterministically)."""
-
-    def apply(self, index: int, data: bytes) -> Any: ...
-
-    def snapshot(self) -> bytes: ...
-
-    def restore(self, data: bytes) -> None: ...
 
 
 class HostConfig(Config, frozen=True):
@@ -262,7 +261,7 @@ class _Group:
     group_id: int
     node: RaftNode
     storage: WalRaftStorage
-    machine: StateMachine
+    machine: AnyStateMachine
     applied_index: int
     snapshot_index: int
     proposals: ProposalWaiters
@@ -349,7 +348,7 @@ class RaftHost:
         return self._snapshot_receiver.stats
 
     def add_group(
-        self, group_id: int, voters: set[int] | None, machine: StateMachine
+        self, group_id: int, voters: set[int] | None, machine: AnyStateMachine
     ) -> None:
         """Open (or create) group ``group_id``; ``voters`` bootstraps a new group.
 
@@ -360,8 +359,13 @@ class RaftHost:
         cs = ConfState(voters=frozenset(voters)) if voters else None
         storage = WalRaftStorage.open(self.data_dir / f"group-{group_id:016x}", conf_state=cs)
         snap = storage.snapshot()
-        if snap.data:
-            machine.restore(snap.data)
+        try:
+            restore_machine(machine, storage.directory, snap)
+        except BaseException:
+            storage.close()
+            raise
+        # Checkpoints no snapshot record names: cut short by a crash, or replaced.
+        Checkpoints(storage.directory).purge(keep_index=snap.meta.index, newer_too=True)
         applied = snap.meta.index
         raft_config = RaftConfig(
             node_id=self.node_id,
@@ -688,7 +692,8 @@ class RaftHost:
             if address is None:
                 raise UsageError(f"no address known for node {peer}")
             started = loop.time()
-            sent_bytes = await self._snapshot_sender.send(address, group_id, message)
+            sent_bytes = await self._snapshot_sender.send(
+                address, group_id, message, self._snapshot_files(group_id, message))
             self.snapshot_send_stats.transfers_completed += 1
             self.snapshot_send_stats.bytes_sent += sent_bytes
             ok = True
@@ -710,9 +715,33 @@ class RaftHost:
                 group.node.report_snapshot(peer, ok)
                 self._kick()
 
-    def _deliver_snapshot(self, group_id: int, message: Message) -> None:
-        """Step a complete incoming SNAP message (the receiver verified it)."""
+    def _snapshot_files(self, group_id: int, message: Message) -> FileSource | None:
+        """The checkpoint files a SNAP message's snapshot names (file machines)."""
         group = self.group(group_id)
+        snapshot = message.snapshot
+        if (snapshot is None or not snapshot.data
+                or not isinstance(group.machine, FileSnapshotMachine)):
+            return None  # bytes, or the bootstrap snapshot (no state, no files)
+        path, manifest = Checkpoints(group.storage.directory).check(snapshot)
+        return FileSource(path, [(f.name, f.size_bytes) for f in manifest.files],
+                          self._snapshot_io)
+
+    def _deliver_snapshot(self, group_id: int, message: Message, files: Path | None) -> None:
+        """Step a complete incoming SNAP message (the receiver verified it); a file
+        snapshot's files first become the group's checkpoint at its index."""
+        group = self.group(group_id)
+        snapshot = message.snapshot
+        invariant(snapshot is not None, "the receiver delivers SNAP messages")
+        if (isinstance(group.machine, FileSnapshotMachine) and snapshot is not None
+                and snapshot.data):  # the bootstrap snapshot has no state, no files
+            manifest = decode_manifest(snapshot.data)
+            if files is None and manifest.files:
+                raise ProtocolError(f"file snapshot for group {group_id} came without its files")
+            if files is not None:
+                Checkpoints(group.storage.directory).adopt(files, snapshot.meta.index, manifest)
+        elif files is not None:
+            raise ProtocolError(
+                f"group {group_id} keeps bytes snapshots; the sender sent files")
         group.node.step(message)
         self._kick()
 
@@ -771,7 +800,8 @@ class RaftHost:
             _log.info("raft_snapshot_installed", node=self.node_id, group=group.group_id,
                       index=index, term=ready.snapshot.meta.term,
                       voters=sorted(ready.snapshot.meta.conf_state.voters))
-            group.machine.restore(ready.snapshot.data)
+            restore_machine(group.machine, group.storage.directory, ready.snapshot)
+            Checkpoints(group.storage.directory).purge(keep_index=index)
             group.applied_index = group.snapshot_index = index
             group.proposals.fail_up_to(index, self._outcome_unknown(
                 group, "a snapshot from the leader replaced the log"))
@@ -839,15 +869,27 @@ class RaftHost:
 
     async def _maybe_snapshot(self, group: _Group) -> None:
         """Snapshot the state machine on the loop (a consistent cut), write it on
-        the I/O thread, then compact on the loop (the core reads the storage)."""
+        the I/O thread, then compact on the loop (the core reads the storage).
+
+        A file machine checkpoints into a directory that is synced and renamed
+        into place before the snapshot record naming it is written; the record
+        holds the manifest, index, term, conf state and epoch."""
         if group.applied_index - group.snapshot_index < self.config.snapshot_entries:
             return
-        index, data = group.applied_index, group.machine.snapshot()
-        snapshot = group.storage.create_snapshot(
-            index, group.node.conf_state, data, group.node.epoch
-        )
         loop = asyncio.get_running_loop()
+        index, conf_state, epoch = group.applied_index, group.node.conf_state, group.node.epoch
+        machine = group.machine
+        if isinstance(machine, FileSnapshotMachine):
+            checkpoints = Checkpoints(group.storage.directory)
+            temp, data = checkpoints.take(machine, index)
+            await loop.run_in_executor(self._io, checkpoints.seal, temp, index)
+        else:
+            data = machine.snapshot()
+        snapshot = group.storage.create_snapshot(index, conf_state, data, epoch)
         await loop.run_in_executor(self._io, group.storage.persist_snapshot, snapshot)
+        if isinstance(machine, FileSnapshotMachine):
+            await loop.run_in_executor(
+                self._io, functools.partial(checkpoints.purge, keep_index=index))
         group.snapshot_index = index
         compact_to = index - self.config.compaction_margin_entries
         if compact_to >= group.storage.first_index():

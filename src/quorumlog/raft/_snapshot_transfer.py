@@ -15,15 +15,20 @@ follower's driver outside the normal message path, as etcd does (Raft paper
                                                  the core, and answer
     report_snapshot(follower, ok) to the leader's core
 
-A snapshot is a list of named **parts**. Today it has one, ``state``: the
-bytes of ``Snapshot.data`` (the state machine's ``snapshot()``). The receiver
-already stages every part as its own file and checks each one, so a snapshot
-made of files (a RocksDB checkpoint) can travel as more parts later.
+A snapshot is a list of named **parts**. The first is ``state``: the bytes
+of ``Snapshot.data`` (a state machine's ``snapshot()``, or the small manifest
+of a file snapshot, ``_file_snapshot``). A file snapshot (a RocksDB
+checkpoint) adds one part per file, named as the file; the sender reads each
+from the checkpoint directory chunk by chunk, and the receiver writes them into
+``<transfer>/files/``, which it hands to ``deliver`` with the message (the host
+renames it into the group's checkpoints, no copy).
 
-Memory: the sender sends slices of the snapshot's bytes (no copy); the
-receiver writes chunks to files as they come, holds at most
-``chunks_in_flight_max`` chunks in flight, and reads the part back into memory
-once, after the last chunk (the core needs the snapshot as bytes).
+Memory: the sender sends slices of the snapshot's bytes (no copy) and reads
+file parts one chunk at a time; the receiver writes chunks to files as they
+come, holds at most ``chunks_in_flight_max`` chunks in flight, reads the
+``state`` part back into memory once, after the last chunk (the core needs the
+snapshot as bytes), and verifies file parts by streaming them (CRC, then
+fsync), never holding a whole file.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import asyncio
 import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +79,12 @@ PART_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 FRAME_OVERHEAD_BYTES = 4 * KIB
 """Room a chunk request's header and body need in a frame beside its payload."""
+
+FILES_DIR_NAME = "files"
+"""Where a transfer stages file parts, under its directory: renamed as a whole."""
+
+VERIFY_READ_BYTES = 1 * MIB
+"""Read size when a received file part is read back to check its CRC."""
 
 
 class SnapshotTransferConfig(Config, frozen=True):
@@ -180,6 +191,54 @@ rpc.register_error(100, SnapshotTransferError)
 # ----- sending -----------------------------------------------------------------------
 
 
+ChunkReader = Callable[[int, int], Awaitable["bytes | memoryview"]]
+"""``read(offset, size)``: the bytes [offset, offset + size) of a part."""
+
+
+@dataclass(frozen=True, slots=True)
+class FileSource:
+    """The files of a file snapshot to send: (name, size) in ``directory``,
+    read on ``executor`` (never on the event loop)."""
+
+    directory: Path
+    files: list[tuple[str, int]]
+    executor: Executor
+
+
+def _view_reader(view: memoryview) -> ChunkReader:
+    async def read(offset: int, size: int) -> memoryview:
+        return view[offset : offset + size]
+    return read
+
+
+class _FileReader:
+    """Reads one file part chunk by chunk (pread on the executor); its size must
+    be the one the manifest promised."""
+
+    def __init__(self, path: Path, size_bytes: int, executor: Executor) -> None:
+        self._path, self._executor = path, executor
+        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        actual = os.fstat(self._fd).st_size
+        if actual != size_bytes:
+            os.close(self._fd)
+            raise SnapshotTransferError(
+                f"snapshot file {path} has {actual} bytes, its manifest says {size_bytes}")
+
+    async def read(self, offset: int, size: int) -> bytes:
+        data = await asyncio.get_running_loop().run_in_executor(
+            self._executor, os.pread, self._fd, size, offset)
+        if len(data) != size:
+            raise SnapshotTransferError(
+                f"snapshot file {self._path} ended at {offset + len(data)} while sending it")
+        return data
+
+    def __enter__(self) -> _FileReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self._fd)
+
+
 @dataclass(slots=True)
 class _Backoff:
     failures: int = 0
@@ -227,9 +286,13 @@ class SnapshotSender:
         )
         backoff.not_before = now + delay_ms / 1000
 
-    async def send(self, address: str, group_id: int, message: Message) -> int:
-        """Transfer ``message``'s snapshot to ``address`` and have it stepped
-        there; return the bytes sent. Raises QuorumlogError on any failure."""
+    async def send(
+        self, address: str, group_id: int, message: Message,
+        files: FileSource | None = None,
+    ) -> int:
+        """Transfer ``message``'s snapshot (and ``files``, for a file snapshot) to
+        ``address`` and have it stepped there; return the bytes sent. Raises
+        QuorumlogError (or OSError reading a file) on any failure."""
         snapshot = message.snapshot
         if message.type is not MessageType.SNAP or snapshot is None:
             raise InvariantViolation("SnapshotSender.send needs a SNAP message")
@@ -238,37 +301,44 @@ class SnapshotSender:
             connection = await asyncio.wait_for(self._pool.get(address), timeout_s)
         except TimeoutError:
             raise SnapshotTransferError(f"no connection to {address} within {timeout_s}s") from None
-        parts = [(STATE_PART, memoryview(snapshot.data))]
+        state = memoryview(snapshot.data)
+        infos = [SnapshotPartInfo(name=STATE_PART, size_bytes=state.nbytes)]
+        if files is not None:
+            infos += [SnapshotPartInfo(name=name, size_bytes=size) for name, size in files.files]
         transfer_id = self._new_transfer_id()
         await connection.call(SnapshotOfferRequest(
             from_node=self._node_id, group_id=group_id, transfer_id=transfer_id,
-            term=snapshot.meta.term, index=snapshot.meta.index,
-            parts=[SnapshotPartInfo(name=name, size_bytes=view.nbytes) for name, view in parts],
+            term=snapshot.meta.term, index=snapshot.meta.index, parts=infos,
         ), timeout_s=timeout_s)
-        crcs = [
-            await self._send_part(connection, group_id, transfer_id, number, view)
-            for number, (_, view) in enumerate(parts)
-        ]
+        crcs = [await self._send_part(connection, group_id, transfer_id, 0,
+                                      size_bytes=state.nbytes, read=_view_reader(state))]
+        if files is not None:
+            for number, (name, size) in enumerate(files.files, start=1):
+                with _FileReader(files.directory / name, size, files.executor) as reader:
+                    crcs.append(await self._send_part(
+                        connection, group_id, transfer_id, number,
+                        size_bytes=size, read=reader.read))
         header = encode_message(msgspec.structs.replace(
             message, snapshot=Snapshot(meta=snapshot.meta)))
         await connection.call(SnapshotCommitRequest(
             from_node=self._node_id, group_id=group_id, transfer_id=transfer_id,
             part_crc32c=crcs, message=header,
         ), timeout_s=timeout_s)
-        return sum(view.nbytes for _, view in parts)
+        return sum(info.size_bytes for info in infos)
 
     async def _send_part(
-        self, connection: rpc.Connection, group_id: int, transfer_id: int, part: int,
-        view: memoryview,
+        self, connection: rpc.Connection, group_id: int, transfer_id: int, part: int, *,
+        size_bytes: int, read: ChunkReader,
     ) -> int:
-        """Send one part in chunks, at most chunks_in_flight_max unanswered; return its CRC."""
+        """Send one part in chunks, at most chunks_in_flight_max unanswered (so at
+        most that many chunks are in memory); return its CRC."""
         config = self._config
         timeout_s = config.request_timeout_ms / 1000
         crc = 0
         in_flight: set[asyncio.Future[Any]] = set()
         try:
-            for offset in range(0, view.nbytes, config.chunk_bytes):
-                chunk = view[offset : offset + config.chunk_bytes]
+            for offset in range(0, size_bytes, config.chunk_bytes):
+                chunk = await read(offset, min(config.chunk_bytes, size_bytes - offset))
                 crc = crc32c(chunk, crc)
                 while len(in_flight) >= config.chunks_in_flight_max:
                     done, in_flight = await asyncio.wait(
@@ -326,9 +396,12 @@ class ReceiveStats:
 class SnapshotReceiver:
     """Assembles incoming snapshots in staging files and steps them when complete.
 
-    ``deliver(group_id, message)`` steps the complete SNAP message into the
-    group's core (it raises QuorumlogError if the group is not hosted or the
-    core refuses the message); ``hosts_group`` says whether a group is hosted.
+    ``deliver(group_id, message, files)`` steps the complete SNAP message into
+    the group's core (it raises QuorumlogError if the group is not hosted or
+    the core refuses the message); ``files`` is the directory of a file
+    snapshot's verified, fsynced files (None for a bytes snapshot), which
+    ``deliver`` moves away or leaves to be removed. ``hosts_group`` says
+    whether a group is hosted.
     """
 
     def __init__(
@@ -338,7 +411,7 @@ class SnapshotReceiver:
         executor: Executor,
         *,
         hosts_group: Callable[[int], bool],
-        deliver: Callable[[int, Message], None],
+        deliver: Callable[[int, Message, Path | None], None],
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._clock = clock  # idle transfers expire by it
@@ -391,7 +464,8 @@ class SnapshotReceiver:
             f"g{request.group_id:016x}-n{request.from_node}-t{request.transfer_id:016x}")
         parts = [
             _IncomingPart(name=p.name, size_bytes=p.size_bytes,
-                          path=directory / f"{number:04d}-{p.name}")
+                          path=(directory / f"{number:04d}-{p.name}" if number == 0
+                                else directory / FILES_DIR_NAME / p.name))
             for number, p in enumerate(request.parts)
         ]
         incoming = _Incoming(
@@ -415,16 +489,14 @@ class SnapshotReceiver:
         if request.transfer_id < 0 or request.index < 1 or request.term < 1:
             raise ProtocolError("snapshot offer with an impossible id or position")
         names = [part.name for part in request.parts]
-        if STATE_PART not in names or len(set(names)) != len(names):
-            raise ProtocolError(f"snapshot parts {names[:8]} must name {STATE_PART!r} once")
+        if names[:1] != [STATE_PART] or len(set(names)) != len(names):
+            raise ProtocolError(
+                f"snapshot parts {names[:8]} must start with {STATE_PART!r} and not repeat")
         if len(names) > SNAPSHOT_PARTS_MAX:
             raise ProtocolError(f"snapshot of {len(names)} parts > {SNAPSHOT_PARTS_MAX}")
         bad = [name for name in names if not PART_NAME_PATTERN.match(name)]
         if bad:
             raise ProtocolError(f"snapshot part names {bad[:4]} are not plain file names")
-        if names != [STATE_PART]:
-            raise ProtocolError(
-                f"snapshot parts {names[:8]}: this version installs only {STATE_PART!r}")
         sizes = [part.size_bytes for part in request.parts]
         total = sum(sizes)
         if min(sizes) < 0 or total > self._config.snapshot_bytes_max:
@@ -472,13 +544,20 @@ class SnapshotReceiver:
         incoming = self._current(request.from_node, request.group_id, request.transfer_id)
         message, meta = self._check_commit(incoming, request)
         incoming.committing = True
+        loop = asyncio.get_running_loop()
         try:
-            data = await asyncio.get_running_loop().run_in_executor(
+            data = await loop.run_in_executor(
                 self._executor, _read_verified, incoming.parts[0], request.part_crc32c[0])
+            files = None
+            if len(incoming.parts) > 1:
+                files = incoming.directory / FILES_DIR_NAME
+                await loop.run_in_executor(
+                    self._executor, _verify_files, incoming.parts[1:],
+                    request.part_crc32c[1:], files)
+            complete = msgspec.structs.replace(message, snapshot=Snapshot(meta=meta, data=data))
+            self._deliver(incoming.group_id, complete, files)
         finally:
             self._drop(incoming)
-        complete = msgspec.structs.replace(message, snapshot=Snapshot(meta=meta, data=data))
-        self._deliver(incoming.group_id, complete)
         self.stats.transfers_completed += 1
         return SnapshotCommitResponse()
 
@@ -532,6 +611,8 @@ class SnapshotReceiver:
 
 def _create_files(incoming: _Incoming) -> None:
     incoming.directory.mkdir(parents=True, exist_ok=True)
+    if len(incoming.parts) > 1:
+        (incoming.directory / FILES_DIR_NAME).mkdir()
     for part in incoming.parts:
         fd = os.open(part.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         os.close(fd)
@@ -565,3 +646,28 @@ def _read_verified(part: _IncomingPart, expected_crc: int) -> bytes:
             f"snapshot part {part.name!r}: CRC 0x{actual:08x} read back, the sender's is "
             f"0x{expected_crc:08x}")
     return data
+
+
+def _verify_files(parts: list[_IncomingPart], expected_crcs: list[int], directory: Path) -> None:
+    """Read each received file part back in bounded reads, check its length and
+    CRC, fsync it; then fsync the directory (the host renames it into place and
+    a snapshot record will name it)."""
+    for part, expected_crc in zip(parts, expected_crcs, strict=True):
+        try:
+            with open(part.path, "rb", buffering=0) as f:
+                crc, size = 0, 0
+                while chunk := f.read(VERIFY_READ_BYTES):
+                    crc, size = crc32c(chunk, crc), size + len(chunk)
+                os.fsync(f.fileno())
+        except OSError as exc:
+            raise SnapshotTransferError(
+                f"cannot read snapshot file {part.name!r}: {exc}") from None
+        if size != part.size_bytes or crc != expected_crc:
+            raise SnapshotTransferError(
+                f"snapshot file {part.name!r} reads back {size} bytes with CRC 0x{crc:08x}; "
+                f"the sender sent {part.size_bytes} bytes with CRC 0x{expected_crc:08x}")
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,36 +1,46 @@
 """The Raft state machine of one partition replica: a TableStore.
 
-Snapshots are RocksDB checkpoints (hard links) packed into the bytes of a Raft
-snapshot, so they travel through the chunked snapshot transfer; the current
-limitation is that the whole checkpoint is held in memory and in the snapshot
-file (docs/table.md).
+Snapshots are RocksDB checkpoints, kept as files (``raft.FileSnapshotMachine``):
+``snapshot_files`` makes a checkpoint in the directory the Raft host gives it
+(RocksDB hard-links the SST files: no copy) and returns the applied decree as
+the snapshot's metadata. The host keeps that directory as the group's snapshot
+and streams its files, chunk by chunk, to a replica that lags behind the
+compacted log. ``restore_files`` installs such a directory: it hard-links the
+immutable SST files (and copies the few small files RocksDB rewrites on open)
+into a fresh directory that the store renames into place, so the checkpoint
+itself stays intact for the next transfer.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import msgspec
 
-from quorumlog.errors import invariant
+from quorumlog.errors import StorageError, invariant
 from quorumlog.table._commands import WriteResult, decode_entry
 from quorumlog.table._store import TableStore
 from quorumlog.table._timetag import TimetagClock
 
+IMMUTABLE_FILE_SUFFIXES = (".sst", ".blob")
+"""RocksDB files never written after creation: shared by hard links. Every other
+file of a checkpoint (CURRENT, MANIFEST, OPTIONS, WAL) is small and copied,
+since RocksDB may rewrite or append to it once the store opens it."""
 
-class _Checkpoint(msgspec.Struct, frozen=True):
+
+class _CheckpointMetadata(msgspec.Struct, frozen=True):
     decree: int
-    files: list[tuple[str, bytes]]
 
 
 _ENCODE = msgspec.msgpack.Encoder()
-_DECODE_CHECKPOINT = msgspec.msgpack.Decoder(_Checkpoint)
+_DECODE_METADATA = msgspec.msgpack.Decoder(_CheckpointMetadata)
 
 
 class PartitionMachine:
-    """The Raft state machine of one partition replica (``raft.StateMachine``)."""
+    """The Raft state machine of one partition replica (``raft.FileSnapshotMachine``)."""
 
     def __init__(self, store: TableStore, clock: TimetagClock, staging: Path) -> None:
         self.store = store
@@ -42,32 +52,50 @@ class PartitionMachine:
         self.clock.observe(entry.timestamp_us)
         return self.store.apply(index, entry)
 
-    def snapshot(self) -> bytes:
-        """A RocksDB checkpoint of the store, packed (file name, contents)."""
-        self._staging.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=self._staging) as temp:
-            target = Path(temp) / "checkpoint"
-            decree = self.store.checkpoint(target)
-            files = [(path.name, path.read_bytes()) for path in sorted(target.iterdir())]
-        return _ENCODE.encode(_Checkpoint(decree=decree, files=files))
+    def snapshot_files(self, directory: Path) -> bytes:
+        """A RocksDB checkpoint of the store in ``directory`` (hard links)."""
+        decree = self.store.checkpoint(directory)
+        return _ENCODE.encode(_CheckpointMetadata(decree=decree))
 
-    def restore(self, data: bytes) -> None:
-        """Install a checkpoint, unless the store already holds everything in it
-        (a restart: the store is at or past the snapshot's decree)."""
-        if not data:
-            # The bootstrap snapshot of a group created with its voters (nothing
-            # applied yet), sent to a replica that joins later: it starts empty.
-            return
-        checkpoint = _DECODE_CHECKPOINT.decode(data)
-        if self.store.applied_decree >= checkpoint.decree:
+    def restore_files(self, directory: Path, metadata: bytes) -> None:
+        """Install the checkpoint in ``directory`` (left as it is), unless the
+        store already holds everything in it (a restart: the store is at or past
+        the snapshot's decree)."""
+        try:
+            decree = _DECODE_METADATA.decode(metadata).decree
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise StorageError(f"snapshot metadata of checkpoint {directory} is malformed: "
+                               f"{exc}") from None
+        if self.store.applied_decree >= decree:
             return
         self._staging.mkdir(parents=True, exist_ok=True)
-        target = Path(tempfile.mkdtemp(dir=self._staging)) / "checkpoint"
-        target.mkdir()
-        for name, content in checkpoint.files:
-            invariant("/" not in name and name not in ("", ".", ".."), f"bad file {name!r}")
-            (target / name).write_bytes(content)
-        self.store.restore(target)
-        shutil.rmtree(target.parent, ignore_errors=True)
-        invariant(self.store.applied_decree == checkpoint.decree,
-                  "a restored checkpoint holds its decree")
+        temp = Path(tempfile.mkdtemp(dir=self._staging, prefix="restore-"))
+        try:
+            target = temp / "checkpoint"
+            target.mkdir()
+            for source in sorted(directory.iterdir()):
+                _link_or_copy(source, target / source.name)
+            _fsync(target)  # the new names survive a crash once the store points at them
+            self.store.restore(target)
+        finally:
+            shutil.rmtree(temp, ignore_errors=True)
+        invariant(self.store.applied_decree == decree, "a restored checkpoint holds its decree")
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    if source.name.endswith(IMMUTABLE_FILE_SUFFIXES):
+        try:
+            os.link(source, target)
+            return
+        except OSError:
+            pass  # another file system (staging elsewhere): copy instead
+    shutil.copyfile(source, target)
+    _fsync(target)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

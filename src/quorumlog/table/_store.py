@@ -17,6 +17,7 @@ that applies, so a checkpoint holds exactly the entries up to
 
 from __future__ import annotations
 
+import os
 import shutil
 import struct
 from collections.abc import Iterator
@@ -67,6 +68,9 @@ from quorumlog.table._errors import BadTableRequestError, TableError
 from quorumlog.table._timetag import check_cluster_id, make_timetag
 
 KEY_APPLIED_DECREE = STORE_KEY_PREFIX + b"applied_decree"
+
+REPLACED_SUFFIX = ".replaced"
+"""The store's old directory while a restore swaps a checkpoint in."""
 KEY_FORMAT_VERSION = STORE_KEY_PREFIX + b"format_version"
 STORE_FORMAT_VERSION = 1
 SCAN_LIMIT_MAX = 10_000  # records one scan call returns at most; page for more
@@ -325,10 +329,17 @@ class TableStore:
 
     def restore(self, checkpoint: Path) -> None:
         """Replace this replica's data by a checkpoint (installing a snapshot):
-        the checkpoint directory is moved into place, no copy."""
+        the checkpoint directory is renamed into place, no copy. The old data is
+        renamed aside first, so a crash leaves either it or the checkpoint at
+        ``path`` (or nothing: an empty store, which the Raft host restores from
+        its snapshot again on restart), never a mix."""
         self._db.close()
-        shutil.rmtree(self.path)
-        shutil.move(str(checkpoint), str(self.path))
+        replaced = self.path.with_name(self.path.name + REPLACED_SUFFIX)
+        shutil.rmtree(replaced, ignore_errors=True)
+        os.rename(self.path, replaced)
+        os.rename(checkpoint, self.path)
+        _fsync_directory(self.path.parent)
+        shutil.rmtree(replaced)
         self._db = self._open(self.path)
         raw = self._db.get(KEY_APPLIED_DECREE)
         self._applied = 0 if raw is None else _U64.unpack(_raw(raw))[0]
@@ -338,6 +349,14 @@ class TableStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _raw_key(item: ScanItem) -> bytes:
