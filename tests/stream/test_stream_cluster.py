@@ -519,8 +519,14 @@ def test_delete_stream_removes_ledgers(meta: list[str]) -> None:
             for i in range(5):
                 await producer.send(b"%d" % i)
             await producer.close()
-            deleted = await client.delete_stream("gone")
+            seen: list[tuple[int, int]] = []
+            deleted = await client.delete_stream(
+                "gone", progress=lambda done, total: seen.append((done, total)))
             assert len(deleted) >= 3
+            # The progress callback counts every listed ledger up to its total.
+            total = seen[0][1]
+            assert seen[0] == (0, total) and seen[-1] == (total, total) and total >= 3
+            assert [done for done, _ in seen] == list(range(total + 1))
             for ledger_id in deleted:
                 assert await client.ledger_client.meta.get(ledger_key(ledger_id)) is None
             assert "gone" not in await client.list_streams()

@@ -16,6 +16,7 @@ from quorumlog.cli._meta import DirOption, MembersOption, _members
 
 app = typer.Typer(help="Streams made of ledgers (Pulsar-style topics).", no_args_is_help=True)
 console = Console()
+err_console = Console(stderr=True)  # progress bars: stdout stays the result
 
 T = TypeVar("T")
 
@@ -271,9 +272,20 @@ def delete(
     directory: Path | None = DirOption,
 ) -> None:
     """Delete a stream and every ledger of it (refused while it is in use, unless --force)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
     if not yes:
         typer.confirm(f"delete stream {name!r} and all its data?", abort=True)
-    deleted = _run(members, directory, lambda c: c.delete_stream(name, force=force))
+    with Progress("[progress.description]{task.description}", BarColumn(),
+                  MofNCompleteColumn(), TimeRemainingColumn(), console=err_console,
+                  transient=True) as bar:
+        task = bar.add_task(f"deleting ledgers of {name}", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        deleted = _run(members, directory,
+                       lambda c: c.delete_stream(name, force=force, progress=progress))
     console.print(f"deleted stream {name!r} ({len(deleted)} ledgers)")
 
 

@@ -14,7 +14,9 @@ on. Ledgers a Spark write created but never linked (a crashed driver) have
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +71,8 @@ TRIM_RUNS_PER_TXN = 64
 TRIM_STEPS_MAX = 64  # trim transactions per partition per call; the next call goes on
 INFO_LEDGERS_MAX = 1000  # ledgers per partition `stream info` lists (the last ones)
 TRASH_RECORDS_PER_READ = 16
+# Ledger deletes of `stream delete` in flight at once (each is one meta round trip).
+DELETE_LEDGERS_IN_FLIGHT_MAX = 32
 TTL_WINDOW_LEDGERS = 64  # ledgers before the TTL boundary looked at for the last whole one
 PENDING_TTL_MS = 24 * 3600 * 1000  # a Spark write job's unlinked ledgers are orphans after this
 ENTRY_END = 2**31 - 1  # batch_index meaning "every message of the entry"
@@ -320,12 +324,15 @@ async def stream_users(client: LedgerClient, name: str) -> tuple[list[int], list
     return sorted(partitions), sorted(subscriptions)
 
 
-async def delete_stream(client: LedgerClient, name: str, *, force: bool = False) -> list[int]:
+async def delete_stream(client: LedgerClient, name: str, *, force: bool = False,
+                        progress: Callable[[int, int], None] | None = None) -> list[int]:
     """Delete the stream: mark it, delete every ledger, then its keys.
 
     Refuses (:class:`StreamInUseError`) while a producer or consumer is live on
     it, unless ``force`` (Pulsar's ``topics delete`` without ``-f``); a delete
-    already under way is resumed without asking again.
+    already under way is resumed without asking again. The listed ledgers go
+    ``DELETE_LEDGERS_IN_FLIGHT_MAX`` at a time; ``progress(done, total)`` is
+    called as they do (the CLI's progress bar).
     """
     check_name("stream", name)
     kv = await client.meta.get(config_key(name))
@@ -350,11 +357,28 @@ async def delete_stream(client: LedgerClient, name: str, *, force: bool = False)
             raise StreamNotFoundError(f"stream {name!r} changed while deleting; try again")
     if force:
         await _fence_open_ledgers(client, record)
-    deleted = []
-    for partition in range(record.config.partitions):
-        for ledger_id in await _partition_ledger_ids(client, name, partition):
+    listed = [ledger_id for partition in range(record.config.partitions)
+              for ledger_id in await _partition_ledger_ids(client, name, partition)]
+    done = 0
+    if progress is not None:
+        progress(0, len(listed))
+    slots = asyncio.Semaphore(DELETE_LEDGERS_IN_FLIGHT_MAX)
+
+    async def delete_one(ledger_id: int) -> None:
+        nonlocal done
+        async with slots:
             await _delete_ledger(client, ledger_id)
-            deleted.append(ledger_id)
+        done += 1
+        if progress is not None:
+            progress(done, len(listed))
+
+    # Every task is awaited; the first error (a retriable meta failure) is
+    # raised after the others finished, and a rerun resumes the delete.
+    results = await asyncio.gather(*(delete_one(i) for i in listed), return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    deleted = list(listed)
     deleted += await _empty_trash(client, name)
     deleted += await _delete_orphans(client, name, client.clock.wall_ms(), 0)
     await client.meta.txn(success=[DeleteOp(key=stream_prefix(name), prefix=True),

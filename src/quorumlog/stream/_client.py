@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 from quorumlog import rpc
@@ -93,10 +93,13 @@ class StreamClient:
         return await _subscriptions.reset_cursor(self.ledger_client, name, subscription, to,
                                                  force=force)
 
-    async def delete_stream(self, name: str, *, force: bool = False) -> list[int]:
+    async def delete_stream(self, name: str, *, force: bool = False,
+                            progress: Callable[[int, int], None] | None = None) -> list[int]:
         """Delete the stream and its ledgers; refuses while producers or consumers
-        are live on it (:class:`StreamInUseError`) unless ``force``."""
-        return await _admin.delete_stream(self.ledger_client, name, force=force)
+        are live on it (:class:`StreamInUseError`) unless ``force``.
+        ``progress(done, total)`` follows the ledger deletes."""
+        return await _admin.delete_stream(self.ledger_client, name, force=force,
+                                          progress=progress)
 
     # ----- data -----------------------------------------------------------------------------
 
