@@ -8,14 +8,17 @@ until the operation's deadline. Keys and values are checked before anything
 is sent.
 
 A write whose outcome is unknown (the leader lost leadership or the
-connection dropped after sending) is retried; ``set``, ``delete`` and their
-multi forms are idempotent, but an ``incr`` or ``check_and_mutate`` retried
-that way may apply twice, as in Pegasus.
+connection dropped after sending) is retried with the same proposal id
+``(client_id, seq, first_outstanding_seq)``: the partition answers a write it
+already applied with its first result (table/_sessions.py), so a retried
+``incr`` or ``check_and_mutate`` applies once. ``exactly_once=False`` sends
+no proposal id (a retry may apply twice, as in Pegasus).
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -39,7 +42,11 @@ from quorumlog.table._commands import (
     WriteCommand,
     WriteResult,
 )
-from quorumlog.table._errors import BadTableRequestError, NotAnIntegerError
+from quorumlog.table._errors import (
+    BadTableRequestError,
+    NotAnIntegerError,
+    WriteOutcomeUnknownError,
+)
 from quorumlog.table._layout import (
     TableLayout,
     create_table,
@@ -59,6 +66,7 @@ from quorumlog.table._messages import (
     TableWriteRequest,
     TableWriteResponse,
 )
+from quorumlog.table._sessions import SESSION_EXPIRED, STALE_SEQUENCE
 from quorumlog.table._store import SCAN_LIMIT_MAX
 
 T = TypeVar("T")
@@ -67,6 +75,29 @@ OPERATION_DEADLINE_S = 20.0  # all attempts of one operation (covers a re-electi
 REQUEST_TIMEOUT_S = 5.0  # one attempt
 RETRY_BACKOFF_S = 0.05  # after a round of members without a leader
 SCAN_PAGE_RECORDS = 1000
+SESSION_RESTARTS_MAX = 1  # a write refused as session_expired is sent again in a new session
+
+
+class _WriterSession:
+    """The client's proposal ids for one partition: a random client id and a
+    sequence counted from 1, with the seqs still waiting for an answer."""
+
+    def __init__(self) -> None:
+        self.client_id = secrets.randbits(63) or 1
+        self._next_seq = 1
+        self._outstanding: set[int] = set()
+
+    def begin(self) -> int:
+        seq = self._next_seq
+        self._next_seq += 1
+        self._outstanding.add(seq)
+        return seq
+
+    def end(self, seq: int) -> None:
+        self._outstanding.discard(seq)
+
+    def first_outstanding(self) -> int:
+        return min(self._outstanding, default=self._next_seq)
 
 
 class TableClient:
@@ -74,8 +105,11 @@ class TableClient:
 
     def __init__(self, meta_addresses: Sequence[str], *,
                  deadline_s: float = OPERATION_DEADLINE_S,
-                 request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+                 request_timeout_s: float = REQUEST_TIMEOUT_S,
+                 exactly_once: bool = True) -> None:
         self.meta = MetaClient(meta_addresses)
+        self._exactly_once = exactly_once
+        self._sessions: dict[tuple[int, int], _WriterSession] = {}
         self._pool = rpc.Pool()
         self._deadline_s = deadline_s
         self._request_timeout_s = request_timeout_s
@@ -167,13 +201,47 @@ class TableClient:
             return_check_value=return_check_value)
 
     async def _write_one(self, table: str, hash_key: bytes, command: WriteCommand) -> WriteResult:
+        for _ in range(SESSION_RESTARTS_MAX + 1):
+            result = await self._write_once(table, hash_key, command)
+            if not (isinstance(result, Refused) and result.code == SESSION_EXPIRED):
+                break
+        return self._result(command, result)
+
+    async def _write_once(self, table: str, hash_key: bytes,
+                          command: WriteCommand) -> WriteResult:
+        """One write, retried with one proposal id until a leader answers."""
+        proposals: dict[tuple[int, int], tuple[_WriterSession, int]] = {}
+
         async def send(address: str, layout: TableLayout, partition: int) -> TableWriteResponse:
+            key = (layout.record.table_id, partition)
+            if self._exactly_once and key not in proposals:
+                session = self._sessions.setdefault(key, _WriterSession())
+                proposals[key] = (session, session.begin())
+            client_id = seq = first = 0
+            if key in proposals:
+                session, seq = proposals[key]
+                client_id, first = session.client_id, session.first_outstanding()
             return await self._pool.call(address, TableWriteRequest(
-                table_id=layout.record.table_id, partition=partition, commands=[command]),
+                table_id=key[0], partition=partition, commands=[command],
+                client_id=client_id, seq=seq, first_outstanding_seq=first),
                 timeout_s=self._request_timeout_s)
 
-        response = await self._route(table, hash_key, send)
+        try:
+            response = await self._route(table, hash_key, send)
+        finally:
+            for session, seq in proposals.values():
+                session.end(seq)
         result = response.results[0]
+        if isinstance(result, Refused) and result.code == SESSION_EXPIRED:
+            for key, (session, _) in proposals.items():
+                if self._sessions.get(key) is session:
+                    del self._sessions[key]  # the next write starts a new session
+        return result
+
+    @staticmethod
+    def _result(command: WriteCommand, result: WriteResult) -> WriteResult:
+        if isinstance(result, Refused) and result.code == STALE_SEQUENCE:
+            raise WriteOutcomeUnknownError(result.message)
         if isinstance(result, Refused):
             if isinstance(command, IncrCommand) or "integer" in result.message:
                 raise NotAnIntegerError(result.message)

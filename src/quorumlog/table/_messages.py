@@ -37,12 +37,19 @@ class TableWriteResponse(rpc.Message, frozen=True):
 
 
 class TableWriteRequest(rpc.Request[TableWriteResponse], frozen=True):
-    """Commands of one partition, applied in order in one Raft entry."""
+    """Commands of one partition, applied in order in one Raft entry.
+
+    ``client_id``/``seq``/``first_outstanding_seq``: the write's proposal id
+    (``TableEntry``); a retry carries the same one and gets the first answer.
+    """
 
     type_id: ClassVar[int] = 3000
     table_id: int
     partition: int
     commands: list[WriteCommand]
+    client_id: int = 0
+    seq: int = 0
+    first_outstanding_seq: int = 0
 
 
 class TableGetResponse(rpc.Message, frozen=True):

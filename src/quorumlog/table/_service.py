@@ -250,7 +250,9 @@ class TableService:
         replica = self._replica(request.table_id, request.partition)
         self.host.require_leader(self.host.group(replica.group_id))
         entry = TableEntry(timestamp_us=replica.machine.clock.next(time.time_ns() // 1000),
-                           commands=tuple(request.commands))
+                           commands=tuple(request.commands), client_id=request.client_id,
+                           seq=request.seq,
+                           first_outstanding_seq=request.first_outstanding_seq)
         results = await self.host.propose(replica.group_id, encode_entry(entry))
         return TableWriteResponse(results=list(results))
 
