@@ -34,10 +34,13 @@ def __getattr__(name: str) -> Any:
 
 
 def register(spark: Any) -> None:
-    """Make ``format("quorumlog")`` available in this Spark session."""
+    """Make ``format("quorumlog")`` and ``format("quorumlog.table")`` available in
+    this Spark session."""
     from quorumlog.spark._source import QuorumlogDataSource
+    from quorumlog.spark._table_source import QuorumlogTableDataSource
 
     spark.dataSource.register(QuorumlogDataSource)
+    spark.dataSource.register(QuorumlogTableDataSource)
 
 
 def local_session(master: str = "local[2]", app_name: str = "quorumlog", **conf: str) -> Any:

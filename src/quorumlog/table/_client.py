@@ -23,6 +23,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
+import msgspec
+
 from quorumlog import rpc
 from quorumlog.errors import DeadlineExceededError, NotLeaderError, TransientError, UsageError
 from quorumlog.meta import MetaClient
@@ -62,12 +64,13 @@ from quorumlog.table._messages import (
     TableGetRequest,
     TableMultiGetRequest,
     TableScanRequest,
+    TableScanResponse,
     TableTtlRequest,
     TableWriteRequest,
     TableWriteResponse,
 )
 from quorumlog.table._sessions import SESSION_EXPIRED, STALE_SEQUENCE
-from quorumlog.table._store import SCAN_LIMIT_MAX
+from quorumlog.table._store import SCAN_LIMIT_MAX, ScanItem
 
 T = TypeVar("T")
 
@@ -333,13 +336,46 @@ class TableClient:
                 if after is None:
                     break
 
+    async def scan_records(self, table: str, partition: int, *, hash_key: bytes | None = None,
+                           start: bytes = b"", stop: bytes | None = None,
+                           start_inclusive: bool = True, stop_inclusive: bool = False,
+                           page_records: int = SCAN_PAGE_RECORDS) -> AsyncIterator[ScanItem]:
+        """Live records of one partition with their expire_ts_s and timetag: the
+        whole partition, or (``hash_key``) a sort-key range of one hash_key, which
+        must belong to ``partition``. For bulk readers such as Spark."""
+        _check_page(page_records)
+        if hash_key is not None:
+            check_key(hash_key, start)
+            if stop is not None:
+                check_key(hash_key, stop)
+        after: bytes | None = None
+        while True:
+            template = TableScanRequest(
+                table_id=0, partition=partition, hash_key=hash_key or b"",
+                full=hash_key is None, start=start, stop=stop, start_inclusive=start_inclusive,
+                stop_inclusive=stop_inclusive, limit=page_records, after=after, details=True)
+            response = await self._scan_response(table, partition, template)
+            for (h, s, v), (expire_ts_s, timetag) in zip(response.items, response.details,
+                                                         strict=True):
+                yield ScanItem(h, s, v, expire_ts_s, timetag)
+            after = response.next_after
+            if after is None:
+                return
+
+    async def _scan_response(self, table: str, partition: int,
+                             template: TableScanRequest) -> TableScanResponse:
+        async def send(address: str, layout: TableLayout, target: int) -> TableScanResponse:
+            request = msgspec.structs.replace(
+                template, table_id=layout.record.table_id, partition=target)
+            return await self._pool.call(address, request, timeout_s=self._request_timeout_s)
+
+        return await self._route(table, b"", send, partition=partition)
+
     async def _scan_page(self, table: str, hash_key: bytes, partition: int | None,
                          template: TableScanRequest
                          ) -> tuple[list[tuple[bytes, bytes, bytes]], bytes | None]:
         async def send(address: str, layout: TableLayout, target: int
                        ) -> tuple[list[tuple[bytes, bytes, bytes]], bytes | None]:
-            import msgspec
-
             request = msgspec.structs.replace(
                 template, table_id=layout.record.table_id, partition=target)
             response = await self._pool.call(address, request,
@@ -426,7 +462,7 @@ class BlockingTableClient:
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         method = getattr(self._client, name)
-        if name in ("scan", "full_scan"):
+        if name in ("scan", "full_scan", "scan_records"):
             return lambda *a, **k: self._thread.call(_collect(method(*a, **k)))
         if name.startswith("_") or not asyncio.iscoroutinefunction(method):
             raise AttributeError(name)

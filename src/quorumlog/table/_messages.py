@@ -82,6 +82,8 @@ class TableScanResponse(rpc.Message, frozen=True):
     type_id: ClassVar[int] = 3007
     items: list[tuple[bytes, bytes, bytes]]  # (hash_key, sort_key, value)
     next_after: bytes | None
+    # With ``details``: (expire_ts_s, timetag) of each item, in the same order.
+    details: list[tuple[int, int]] = []
 
 
 class TableScanRequest(rpc.Request[TableScanResponse], frozen=True):
@@ -99,6 +101,7 @@ class TableScanRequest(rpc.Request[TableScanResponse], frozen=True):
     limit: int = 100
     reverse: bool = False
     after: bytes | None = None
+    details: bool = False  # also answer each record's expire_ts_s and timetag
 
 
 class TableCountResponse(rpc.Message, frozen=True):

@@ -279,7 +279,9 @@ class TableService:
                               reverse=request.reverse, after=request.after)
         return TableScanResponse(
             items=[(item.hash_key, item.sort_key, item.value) for item in page.items],
-            next_after=page.next_after)
+            next_after=page.next_after,
+            details=[(item.expire_ts_s, item.timetag) for item in page.items]
+            if request.details else [])
 
     async def _on_count(self, request: TableCountRequest,
                         ctx: rpc.RequestContext) -> TableCountResponse:
