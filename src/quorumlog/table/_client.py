@@ -18,6 +18,7 @@ no proposal id (a retry may apply twice, as in Pegasus).
 from __future__ import annotations
 
 import asyncio
+import random
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -253,57 +254,64 @@ class TableClient:
 
     # ----- reads ----------------------------------------------------------------------
 
-    async def get(self, table: str, hash_key: bytes, sort_key: bytes) -> bytes | None:
+    async def get(self, table: str, hash_key: bytes, sort_key: bytes, *,
+                  stale_ok: bool = False) -> bytes | None:
+        """The value, or None. Linearizable; ``stale_ok``: any replica answers
+        from its own store, possibly missing recent writes (a follower read)."""
         check_key(hash_key, sort_key)
 
         async def send(address: str, layout: TableLayout, partition: int) -> bytes | None:
             response = await self._pool.call(address, TableGetRequest(
                 table_id=layout.record.table_id, partition=partition, hash_key=hash_key,
-                sort_key=sort_key), timeout_s=self._request_timeout_s)
+                sort_key=sort_key, stale_ok=stale_ok), timeout_s=self._request_timeout_s)
             return response.value
 
-        return await self._route(table, hash_key, send)
+        return await self._route(table, hash_key, send, stale_ok=stale_ok)
 
     async def multi_get(self, table: str, hash_key: bytes,
-                        sort_keys: Sequence[bytes]) -> dict[bytes, bytes]:
+                        sort_keys: Sequence[bytes], *,
+                        stale_ok: bool = False) -> dict[bytes, bytes]:
         for sort_key in sort_keys:
             check_key(hash_key, sort_key)
 
         async def send(address: str, layout: TableLayout, partition: int) -> dict[bytes, bytes]:
             response = await self._pool.call(address, TableMultiGetRequest(
                 table_id=layout.record.table_id, partition=partition, hash_key=hash_key,
-                sort_keys=list(sort_keys)), timeout_s=self._request_timeout_s)
+                sort_keys=list(sort_keys), stale_ok=stale_ok), timeout_s=self._request_timeout_s)
             return response.values
 
-        return await self._route(table, hash_key, send)
+        return await self._route(table, hash_key, send, stale_ok=stale_ok)
 
-    async def ttl(self, table: str, hash_key: bytes, sort_key: bytes) -> int | None:
+    async def ttl(self, table: str, hash_key: bytes, sort_key: bytes, *,
+                  stale_ok: bool = False) -> int | None:
         """Seconds left; -1 for no TTL; None when the key is absent."""
         check_key(hash_key, sort_key)
 
         async def send(address: str, layout: TableLayout, partition: int) -> int | None:
             response = await self._pool.call(address, TableTtlRequest(
                 table_id=layout.record.table_id, partition=partition, hash_key=hash_key,
-                sort_key=sort_key), timeout_s=self._request_timeout_s)
+                sort_key=sort_key, stale_ok=stale_ok), timeout_s=self._request_timeout_s)
             return response.ttl_s if response.exists else None
 
-        return await self._route(table, hash_key, send)
+        return await self._route(table, hash_key, send, stale_ok=stale_ok)
 
-    async def sort_key_count(self, table: str, hash_key: bytes) -> int:
+    async def sort_key_count(self, table: str, hash_key: bytes, *,
+                             stale_ok: bool = False) -> int:
         check_key(hash_key)
 
         async def send(address: str, layout: TableLayout, partition: int) -> int:
             response = await self._pool.call(address, TableCountRequest(
-                table_id=layout.record.table_id, partition=partition, hash_key=hash_key),
-                timeout_s=self._request_timeout_s)
+                table_id=layout.record.table_id, partition=partition, hash_key=hash_key,
+                stale_ok=stale_ok), timeout_s=self._request_timeout_s)
             return response.count
 
-        return await self._route(table, hash_key, send)
+        return await self._route(table, hash_key, send, stale_ok=stale_ok)
 
     async def scan(self, table: str, hash_key: bytes, *, start: bytes = b"",
                    stop: bytes | None = None, start_inclusive: bool = True,
                    stop_inclusive: bool = False, reverse: bool = False,
-                   page_records: int = SCAN_PAGE_RECORDS) -> AsyncIterator[tuple[bytes, bytes]]:
+                   page_records: int = SCAN_PAGE_RECORDS,
+                   stale_ok: bool = False) -> AsyncIterator[tuple[bytes, bytes]]:
         """(sort_key, value) of ``hash_key`` in the range, fetched a page at a time."""
         check_key(hash_key, start)
         if stop is not None:
@@ -314,7 +322,7 @@ class TableClient:
             items, after = await self._scan_page(table, hash_key, None, TableScanRequest(
                 table_id=0, partition=0, hash_key=hash_key, start=start, stop=stop,
                 start_inclusive=start_inclusive, stop_inclusive=stop_inclusive,
-                limit=page_records, reverse=reverse, after=after))
+                limit=page_records, reverse=reverse, after=after, stale_ok=stale_ok))
             for _, sort_key, value in items:
                 yield sort_key, value
             if after is None:
@@ -382,7 +390,8 @@ class TableClient:
                                              timeout_s=self._request_timeout_s)
             return response.items, response.next_after
 
-        return await self._route(table, hash_key, send, partition=partition)
+        return await self._route(table, hash_key, send, partition=partition,
+                                 stale_ok=template.stale_ok)
 
     # ----- routing ----------------------------------------------------------------------
 
@@ -397,7 +406,9 @@ class TableClient:
 
     async def _route(self, table: str, hash_key: bytes,
                      send: Callable[[str, TableLayout, int], Awaitable[T]], *,
-                     partition: int | None = None) -> T:
+                     partition: int | None = None, stale_ok: bool = False) -> T:
+        """Send to the partition's leader, or with ``stale_ok`` to its replicas in a
+        random order (follower reads spread over the copyset)."""
         deadline = time.monotonic() + self._deadline_s
         layout = await self._layout(table)
         last: Exception | None = None
@@ -406,8 +417,10 @@ class TableClient:
                 hash_key, layout.record.partitions)
             key = (layout.record.table_id, target)
             members = layout.partitions[target].members
-            candidates = [self._leaders[key]] if key in self._leaders else []
+            candidates = [self._leaders[key]] if key in self._leaders and not stale_ok else []
             candidates += [self._addresses[m] for m in members if m in self._addresses]
+            if stale_ok:
+                candidates = random.sample(candidates, len(candidates))
             for address in dict.fromkeys(candidates):
                 try:
                     result = await send(address, layout, target)
@@ -425,11 +438,23 @@ class TableClient:
                     last = exc
                     self._leaders.pop(key, None)
                     continue
-                self._leaders[key] = address
+                if not stale_ok:
+                    self._leaders[key] = address
                 return result
             else:
                 await asyncio.sleep(RETRY_BACKOFF_S)
-                layout = await self._layout(table, refresh=True)
+                # The refresh asks meta, which may itself be unreachable: it
+                # gets what is left of the operation's deadline, no more.
+                remaining_s = deadline - time.monotonic()
+                if remaining_s <= 0:
+                    break
+                try:
+                    layout = await asyncio.wait_for(self._layout(table, refresh=True),
+                                                    remaining_s)
+                except TimeoutError:
+                    break
+                except TransientError as exc:
+                    last = exc
         raise DeadlineExceededError(
             f"table {table!r}: no leader of the partition answered within "
             f"{self._deadline_s:.0f} s (last error: {last}); check `quorumlog status`")

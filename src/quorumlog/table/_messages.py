@@ -5,7 +5,9 @@ table id and the partition; a node that does not host that partition's
 replica answers ``PartitionNotHostedError`` (retriable: the client's layout is
 stale), a follower answers ``NotLeaderError`` with the leader's address.
 Reads are linearizable: the leader confirms its leadership (ReadIndex) and
-waits until it has applied up to the read index before reading.
+waits until it has applied up to the read index before reading. A read with
+``stale_ok`` is answered by any replica from its own store, without asking
+the leader: it may miss writes the replica has not applied yet.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class TableGetRequest(rpc.Request[TableGetResponse], frozen=True):
     partition: int
     hash_key: bytes
     sort_key: bytes
+    stale_ok: bool = False  # any replica answers from its own store (no ReadIndex)
 
 
 class TableMultiGetResponse(rpc.Message, frozen=True):
@@ -76,6 +79,7 @@ class TableMultiGetRequest(rpc.Request[TableMultiGetResponse], frozen=True):
     partition: int
     hash_key: bytes
     sort_keys: list[bytes]
+    stale_ok: bool = False  # any replica answers from its own store (no ReadIndex)
 
 
 class TableScanResponse(rpc.Message, frozen=True):
@@ -102,6 +106,7 @@ class TableScanRequest(rpc.Request[TableScanResponse], frozen=True):
     reverse: bool = False
     after: bytes | None = None
     details: bool = False  # also answer each record's expire_ts_s and timetag
+    stale_ok: bool = False  # any replica answers from its own store (no ReadIndex)
 
 
 class TableCountResponse(rpc.Message, frozen=True):
@@ -114,6 +119,7 @@ class TableCountRequest(rpc.Request[TableCountResponse], frozen=True):
     table_id: int
     partition: int
     hash_key: bytes
+    stale_ok: bool = False  # any replica answers from its own store (no ReadIndex)
 
 
 class TableTtlResponse(rpc.Message, frozen=True):
@@ -128,6 +134,7 @@ class TableTtlRequest(rpc.Request[TableTtlResponse], frozen=True):
     partition: int
     hash_key: bytes
     sort_key: bytes
+    stale_ok: bool = False  # any replica answers from its own store (no ReadIndex)
 
 
 TableReadRequest = (TableGetRequest | TableMultiGetRequest | TableScanRequest
