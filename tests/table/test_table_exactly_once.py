@@ -20,7 +20,9 @@ from quorumlog.table._machine import PartitionMachine
 from quorumlog.table._sessions import (
     CLIENT_RESULTS_WINDOW_WRITES,
     CLIENT_SESSION_IDLE_EXPIRY_S,
+    EXPIRY_BUCKET_S,
     SESSION_EXPIRED,
+    SESSIONS_EXPIRED_PER_ENTRY_MAX,
     STALE_SEQUENCE,
     US_PER_S,
     count_sessions,
@@ -88,7 +90,7 @@ def test_idle_sessions_expire_by_entry_time_and_a_known_client_is_told(
         store.apply(1, _incr(1, client=1))
         store.apply(2, _incr(1, client=2))
         assert count_sessions(store._db) == 2
-        later_us = T0_US + (CLIENT_SESSION_IDLE_EXPIRY_S + 1) * US_PER_S
+        later_us = T0_US + (CLIENT_SESSION_IDLE_EXPIRY_S + EXPIRY_BUCKET_S) * US_PER_S
         store.apply(3, TableEntry(timestamp_us=later_us,
                                   commands=(SetCommand(b"h", b"x", b"v"),)))
         assert count_sessions(store._db) == 0
@@ -99,3 +101,25 @@ def test_idle_sessions_expire_by_entry_time_and_a_known_client_is_told(
         # A new client (first write) starts a session.
         assert store.apply(5, _incr(1, client=3, timestamp_us=later_us)) == [IncrResult(3)]
         assert count_sessions(store._db) == 1
+
+
+def test_expiry_is_bounded_per_entry_and_keeps_active_sessions(tmp_path: Path) -> None:
+    idle = 3 * SESSIONS_EXPIRED_PER_ENTRY_MAX
+    with TableStore(tmp_path, cluster_id=1) as store:
+        for client in range(1, idle + 1):
+            store.apply(client, _incr(1, client=client))
+        later_us = T0_US + (CLIENT_SESSION_IDLE_EXPIRY_S + EXPIRY_BUCKET_S) * US_PER_S
+        active = idle + 1
+        decree = idle
+        for round_ in range(3):
+            decree += 1
+            store.apply(decree, _incr(round_ + 1, first=1, client=active, timestamp_us=later_us))
+            assert count_sessions(store._db) == idle + 1 - (round_ + 1) * (
+                SESSIONS_EXPIRED_PER_ENTRY_MAX)
+        decree += 1
+        assert store.apply(decree, _incr(4, first=1, client=active, timestamp_us=later_us)) == [
+            IncrResult(idle + 4)]
+        assert count_sessions(store._db) == 1
+        # The active client's retry of its first write still gets its first answer.
+        assert store.apply(decree + 1, _incr(1, client=active, timestamp_us=later_us)) == [
+            IncrResult(idle + 1)]

@@ -15,7 +15,15 @@ carry it, a restart finds it, and every replica holds the same rows:
 
 * ``ff ff 'cs' client_id`` -> (floor, last_timestamp_us): the session;
 * ``ff ff 'cr' client_id seq`` -> the encoded results of that write;
-* ``ff ff 'ce' last_timestamp_us client_id`` -> b"": sessions by age.
+* ``ff ff 'ce' minute client_id`` -> b"": sessions by the minute of their
+  last write (moved only when that minute changes, so a busy client leaves
+  no trail of deleted index keys);
+* ``ff ff 'cx'`` -> the minute below which every session was expired: the
+  expiry scan runs when that minute advances, and seeks past what it did.
+
+Every delete is a point delete of a key known to exist (no range
+tombstones, which would slow every later read): a client's kept results lie
+in ``[floor, floor + CLIENT_RESULTS_WINDOW_WRITES)``.
 
 Bounds, all decided by the entries' timestamps (the leader's stamp that
 every replica applies), never by a replica's own clock:
@@ -24,7 +32,8 @@ every replica applies), never by a replica's own clock:
   it were delivered) and to ``seq - CLIENT_RESULTS_WINDOW_WRITES + 1``: a
   client keeps at most that many results per partition;
 * a session idle (no write) for ``CLIENT_SESSION_IDLE_EXPIRY_S`` of entry
-  time is removed, ``SESSIONS_EXPIRED_PER_ENTRY_MAX`` per applied entry.
+  time (counted in whole minutes: up to a minute more) is removed,
+  ``SESSIONS_EXPIRED_PER_ENTRY_MAX`` per applied entry.
 
 Invariant: a seq at or above the floor with no kept result was never
 applied. A request below the floor is refused (``stale_sequence``: its outcome
@@ -49,7 +58,8 @@ CLIENT_RESULTS_WINDOW_WRITES = 1024  # results kept per client and partition (se
 # A client idle this long (entry time) is forgotten; far above the client's
 # operation deadline (20 s), so no retry of a live write outlives its session.
 CLIENT_SESSION_IDLE_EXPIRY_S = 600
-SESSIONS_EXPIRED_PER_ENTRY_MAX = 16  # bounds the work one applied entry does for expiry
+SESSIONS_EXPIRED_PER_ENTRY_MAX = 4  # bounds the work one applied entry does for expiry
+EXPIRY_BUCKET_S = 60  # sessions are indexed by the minute of their last write
 US_PER_S = 1_000_000
 CLIENT_ID_MAX = (1 << 63) - 1  # client ids are random 63-bit numbers
 
@@ -60,6 +70,7 @@ BAD_SEQUENCE = "bad_sequence"
 _SESSION = STORE_KEY_PREFIX + b"cs"
 _RESULT = STORE_KEY_PREFIX + b"cr"
 _BY_AGE = STORE_KEY_PREFIX + b"ce"
+_EXPIRED_BELOW = STORE_KEY_PREFIX + b"cx"
 _U64 = struct.Struct(">Q")
 _U64_PAIR = struct.Struct(">QQ")
 _RESULTS_ENCODER = msgspec.msgpack.Encoder()
@@ -76,8 +87,12 @@ def _result_key(client_id: int, seq: int) -> bytes:
     return _RESULT + _U64_PAIR.pack(client_id, seq)
 
 
-def _age_key(timestamp_us: int, client_id: int) -> bytes:
-    return _BY_AGE + _U64_PAIR.pack(timestamp_us, client_id)
+def _bucket(timestamp_us: int) -> int:
+    return max(0, timestamp_us) // (EXPIRY_BUCKET_S * US_PER_S)
+
+
+def _age_key(bucket: int, client_id: int) -> bytes:
+    return _BY_AGE + _U64_PAIR.pack(bucket, client_id)
 
 
 class ClientSessions:
@@ -91,22 +106,43 @@ class ClientSessions:
         self._expired: set[int] = set()
 
     def expire(self) -> None:
-        """Remove sessions idle past the expiry (a bounded number per entry)."""
-        horizon_us = self._timestamp_us - CLIENT_SESSION_IDLE_EXPIRY_S * US_PER_S
+        """Remove sessions idle past the expiry (a bounded number per entry).
+
+        Sessions whose last write's minute lies below ``limit`` are idle for at
+        least the expiry; nothing is read but one key until ``limit`` passes
+        the minute the previous scan finished."""
+        limit = _bucket(self._timestamp_us - CLIENT_SESSION_IDLE_EXPIRY_S * US_PER_S)
+        raw = self._db.get(_EXPIRED_BELOW)
+        done_below = 0 if raw is None else _U64.unpack(_raw(raw))[0]
+        if limit <= done_below:
+            return
         it = self._db.iter()
-        it.seek(_BY_AGE)
-        while it.valid() and len(self._expired) < SESSIONS_EXPIRED_PER_ENTRY_MAX:
+        it.seek(_age_key(done_below, 0))  # every index key below it is gone
+        while it.valid():
             key = _raw(it.key())
             if not key.startswith(_BY_AGE):
-                return
-            last_us, client_id = _U64_PAIR.unpack(key[len(_BY_AGE):])
-            if last_us >= horizon_us:
-                return
-            self._batch.delete(key)
-            self._batch.delete(_SESSION + _U64.pack(client_id))
-            self._batch.delete_range(_result_key(client_id, 0), _result_key(client_id + 1, 0))
-            self._expired.add(client_id)
+                break
+            bucket, client_id = _U64_PAIR.unpack(key[len(_BY_AGE):])
+            if bucket >= limit:
+                break
+            if len(self._expired) == SESSIONS_EXPIRED_PER_ENTRY_MAX:
+                limit = bucket  # the next entry goes on from this minute
+                break
+            self._forget(client_id, key)
             it.next()
+        self._batch.put(_EXPIRED_BELOW, _U64.pack(limit))
+
+    def _forget(self, client_id: int, age_key: bytes) -> None:
+        session = self._session(client_id)
+        if session is None:
+            raise InvariantViolation(
+                f"invariant violated: client session {client_id} is indexed but absent")
+        floor = session[0]
+        self._batch.delete(age_key)
+        self._batch.delete(_SESSION + _U64.pack(client_id))
+        for seq in range(floor, floor + CLIENT_RESULTS_WINDOW_WRITES):
+            self._batch.delete(_result_key(client_id, seq))
+        self._expired.add(client_id)
 
     def answered(self, client_id: int, seq: int,
                  first_outstanding_seq: int) -> list[WriteResult] | Refused | None:
@@ -135,17 +171,19 @@ class ClientSessions:
         """Keep the results of an applied write and move the session's floor and age."""
         session = self._session(client_id)
         old_floor = 1 if session is None else session[0]
-        if session is not None:
-            self._batch.delete(_age_key(session[1], client_id))
+        bucket = _bucket(self._timestamp_us)
+        if session is None or _bucket(session[1]) != bucket:
+            if session is not None:
+                self._batch.delete(_age_key(_bucket(session[1]), client_id))
+            self._batch.put(_age_key(bucket, client_id), b"")
         floor = max(old_floor, first_outstanding_seq, seq - CLIENT_RESULTS_WINDOW_WRITES + 1)
         invariant(floor <= seq, "the floor never passes the write being kept")
-        if floor > old_floor:
-            self._batch.delete_range(_result_key(client_id, old_floor),
-                                     _result_key(client_id, floor))
+        # Kept results lie in [old_floor, old_floor + window): delete those below floor.
+        for dropped in range(old_floor, min(floor, old_floor + CLIENT_RESULTS_WINDOW_WRITES)):
+            self._batch.delete(_result_key(client_id, dropped))
         self._batch.put(_result_key(client_id, seq), _RESULTS_ENCODER.encode(results))
         self._batch.put(_SESSION + _U64.pack(client_id),
-                        _U64_PAIR.pack(floor, self._timestamp_us))
-        self._batch.put(_age_key(self._timestamp_us, client_id), b"")
+                        _U64_PAIR.pack(floor, max(self._timestamp_us, 0)))
 
     def _session(self, client_id: int) -> tuple[int, int] | None:
         if client_id in self._expired:
