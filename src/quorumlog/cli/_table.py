@@ -174,12 +174,17 @@ def set_(table: str, hash_key: str, sort_key: str, value: str,
         client.set(table, _b(hash_key), _b(sort_key), _b(value), ttl_s=ttl_s)
 
 
+StaleOption = typer.Option(
+    False, "--stale", help="Read from any replica's own store (a follower read): it "
+    "answers while the leader is unreachable but may miss recent writes.")
+
+
 @app.command()
 def get(table: str, hash_key: str, sort_key: str, members: str | None = MembersOption,
-        directory: Path | None = DirOption) -> None:
+        directory: Path | None = DirOption, stale: bool = StaleOption) -> None:
     """Print one record's value (exit code 1 when absent)."""
     with _client(members, directory) as client:
-        value = client.get(table, _b(hash_key), _b(sort_key))
+        value = client.get(table, _b(hash_key), _b(sort_key), stale_ok=stale)
     if value is None:
         console.print("(absent)")
         raise typer.Exit(1)
@@ -198,11 +203,12 @@ def delete(table: str, hash_key: str, sort_key: str, members: str | None = Membe
 def scan(table: str, hash_key: str,
          start: str = typer.Option("", help="First sort key (inclusive)."),
          stop: str | None = typer.Option(None, help="Sort key to stop before."),
-         members: str | None = MembersOption, directory: Path | None = DirOption) -> None:
+         members: str | None = MembersOption, directory: Path | None = DirOption,
+         stale: bool = StaleOption) -> None:
     """Print the records of one hash_key (sort_key<TAB>value), in sort-key order."""
     with _client(members, directory) as client:
         rows = client.scan(table, _b(hash_key), start=_b(start),
-                           stop=None if stop is None else _b(stop))
+                           stop=None if stop is None else _b(stop), stale_ok=stale)
     for sort_key, value in rows:
         typer.echo(f"{_show(sort_key)}\t{_show(value)}")
 

@@ -38,18 +38,26 @@ PUSHDOWN_SETTING = "spark.sql.python.filterPushdown.enabled"
 
 
 def register(spark: Any) -> None:
-    """Make ``format("quorumlog")`` available in this Spark session.
+    """Make ``format("quorumlog")`` and ``format("quorumlog.table")`` available in
+    this Spark session.
 
     Works with Spark's default settings: when the session has Python filter
     pushdown on (``spark.sql.python.filterPushdown.enabled=true``, as
-    :func:`local_session` sets), batch reads skip ledgers and entries by the
-    query's filters; when it is off, they scan (Spark filters every row
-    either way). Call ``register`` again after changing the setting.
+    :func:`local_session` sets), batch reads skip ledgers, entries and table
+    partitions by the query's filters; when it is off, they scan (Spark
+    filters every row either way). Call ``register`` again after changing the
+    setting.
     """
     from quorumlog.spark._source import QuorumlogDataSource, QuorumlogScanDataSource
+    from quorumlog.spark._table_source import (
+        QuorumlogTableDataSource,
+        QuorumlogTableScanDataSource,
+    )
 
     pushdown = str(spark.conf.get(PUSHDOWN_SETTING, "false")).strip().lower() == "true"
     spark.dataSource.register(QuorumlogDataSource if pushdown else QuorumlogScanDataSource)
+    spark.dataSource.register(QuorumlogTableDataSource if pushdown
+                              else QuorumlogTableScanDataSource)
 
 
 def local_session(master: str = "local[2]", app_name: str = "quorumlog", **conf: str) -> Any:

@@ -39,6 +39,7 @@ from quorumlog.table._errors import (
     NotAnIntegerError,
     TableError,
     ValueTooLargeError,
+    WriteOutcomeUnknownError,
 )
 from quorumlog.table._heartbeat import (
     ChangeExecutor,
@@ -140,6 +141,7 @@ __all__ = [
     "UnknownTableError",
     "ValueTooLargeError",
     "WriteCommand",
+    "WriteOutcomeUnknownError",
     "WriteResult",
     "check_passes",
     "decode_entry",

@@ -8,17 +8,23 @@ until the operation's deadline. Keys and values are checked before anything
 is sent.
 
 A write whose outcome is unknown (the leader lost leadership or the
-connection dropped after sending) is retried; ``set``, ``delete`` and their
-multi forms are idempotent, but an ``incr`` or ``check_and_mutate`` retried
-that way may apply twice, as in Pegasus.
+connection dropped after sending) is retried with the same proposal id
+``(client_id, seq, first_outstanding_seq)``: the partition answers a write it
+already applied with its first result (table/_sessions.py), so a retried
+``incr`` or ``check_and_mutate`` applies once. ``exactly_once=False`` sends
+no proposal id (a retry may apply twice, as in Pegasus).
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
+
+import msgspec
 
 from quorumlog import rpc
 from quorumlog.errors import DeadlineExceededError, NotLeaderError, TransientError, UsageError
@@ -39,7 +45,11 @@ from quorumlog.table._commands import (
     WriteCommand,
     WriteResult,
 )
-from quorumlog.table._errors import BadTableRequestError, NotAnIntegerError
+from quorumlog.table._errors import (
+    BadTableRequestError,
+    NotAnIntegerError,
+    WriteOutcomeUnknownError,
+)
 from quorumlog.table._layout import (
     TableLayout,
     create_table,
@@ -55,11 +65,13 @@ from quorumlog.table._messages import (
     TableGetRequest,
     TableMultiGetRequest,
     TableScanRequest,
+    TableScanResponse,
     TableTtlRequest,
     TableWriteRequest,
     TableWriteResponse,
 )
-from quorumlog.table._store import SCAN_LIMIT_MAX
+from quorumlog.table._sessions import SESSION_EXPIRED, STALE_SEQUENCE
+from quorumlog.table._store import SCAN_LIMIT_MAX, ScanItem
 
 T = TypeVar("T")
 
@@ -67,6 +79,29 @@ OPERATION_DEADLINE_S = 20.0  # all attempts of one operation (covers a re-electi
 REQUEST_TIMEOUT_S = 5.0  # one attempt
 RETRY_BACKOFF_S = 0.05  # after a round of members without a leader
 SCAN_PAGE_RECORDS = 1000
+SESSION_RESTARTS_MAX = 1  # a write refused as session_expired is sent again in a new session
+
+
+class _WriterSession:
+    """The client's proposal ids for one partition: a random client id and a
+    sequence counted from 1, with the seqs still waiting for an answer."""
+
+    def __init__(self) -> None:
+        self.client_id = secrets.randbits(63) or 1
+        self._next_seq = 1
+        self._outstanding: set[int] = set()
+
+    def begin(self) -> int:
+        seq = self._next_seq
+        self._next_seq += 1
+        self._outstanding.add(seq)
+        return seq
+
+    def end(self, seq: int) -> None:
+        self._outstanding.discard(seq)
+
+    def first_outstanding(self) -> int:
+        return min(self._outstanding, default=self._next_seq)
 
 
 class TableClient:
@@ -74,8 +109,11 @@ class TableClient:
 
     def __init__(self, meta_addresses: Sequence[str], *,
                  deadline_s: float = OPERATION_DEADLINE_S,
-                 request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+                 request_timeout_s: float = REQUEST_TIMEOUT_S,
+                 exactly_once: bool = True) -> None:
         self.meta = MetaClient(meta_addresses)
+        self._exactly_once = exactly_once
+        self._sessions: dict[tuple[int, int], _WriterSession] = {}
         self._pool = rpc.Pool()
         self._deadline_s = deadline_s
         self._request_timeout_s = request_timeout_s
@@ -167,13 +205,47 @@ class TableClient:
             return_check_value=return_check_value)
 
     async def _write_one(self, table: str, hash_key: bytes, command: WriteCommand) -> WriteResult:
+        for _ in range(SESSION_RESTARTS_MAX + 1):
+            result = await self._write_once(table, hash_key, command)
+            if not (isinstance(result, Refused) and result.code == SESSION_EXPIRED):
+                break
+        return self._result(command, result)
+
+    async def _write_once(self, table: str, hash_key: bytes,
+                          command: WriteCommand) -> WriteResult:
+        """One write, retried with one proposal id until a leader answers."""
+        proposals: dict[tuple[int, int], tuple[_WriterSession, int]] = {}
+
         async def send(address: str, layout: TableLayout, partition: int) -> TableWriteResponse:
+            key = (layout.record.table_id, partition)
+            if self._exactly_once and key not in proposals:
+                session = self._sessions.setdefault(key, _WriterSession())
+                proposals[key] = (session, session.begin())
+            client_id = seq = first = 0
+            if key in proposals:
+                session, seq = proposals[key]
+                client_id, first = session.client_id, session.first_outstanding()
             return await self._pool.call(address, TableWriteRequest(
-                table_id=layout.record.table_id, partition=partition, commands=[command]),
+                table_id=key[0], partition=partition, commands=[command],
+                client_id=client_id, seq=seq, first_outstanding_seq=first),
                 timeout_s=self._request_timeout_s)
 
-        response = await self._route(table, hash_key, send)
+        try:
+            response = await self._route(table, hash_key, send)
+        finally:
+            for session, seq in proposals.values():
+                session.end(seq)
         result = response.results[0]
+        if isinstance(result, Refused) and result.code == SESSION_EXPIRED:
+            for key, (session, _) in proposals.items():
+                if self._sessions.get(key) is session:
+                    del self._sessions[key]  # the next write starts a new session
+        return result
+
+    @staticmethod
+    def _result(command: WriteCommand, result: WriteResult) -> WriteResult:
+        if isinstance(result, Refused) and result.code == STALE_SEQUENCE:
+            raise WriteOutcomeUnknownError(result.message)
         if isinstance(result, Refused):
             if isinstance(command, IncrCommand) or "integer" in result.message:
                 raise NotAnIntegerError(result.message)
@@ -182,57 +254,64 @@ class TableClient:
 
     # ----- reads ----------------------------------------------------------------------
 
-    async def get(self, table: str, hash_key: bytes, sort_key: bytes) -> bytes | None:
+    async def get(self, table: str, hash_key: bytes, sort_key: bytes, *,
+                  stale_ok: bool = False) -> bytes | None:
+        """The value, or None. Linearizable; ``stale_ok``: any replica answers
+        from its own store, possibly missing recent writes (a follower read)."""
         check_key(hash_key, sort_key)
 
         async def send(address: str, layout: TableLayout, partition: int) -> bytes | None:
             response = await self._pool.call(address, TableGetRequest(
                 table_id=layout.record.table_id, partition=partition, hash_key=hash_key,
-                sort_key=sort_key), timeout_s=self._request_timeout_s)
+                sort_key=sort_key, stale_ok=stale_ok), timeout_s=self._request_timeout_s)
             return response.value
 
-        return await self._route(table, hash_key, send)
+        return await self._route(table, hash_key, send, stale_ok=stale_ok)
 
     async def multi_get(self, table: str, hash_key: bytes,
-                        sort_keys: Sequence[bytes]) -> dict[bytes, bytes]:
+                        sort_keys: Sequence[bytes], *,
+                        stale_ok: bool = False) -> dict[bytes, bytes]:
         for sort_key in sort_keys:
             check_key(hash_key, sort_key)
 
         async def send(address: str, layout: TableLayout, partition: int) -> dict[bytes, bytes]:
             response = await self._pool.call(address, TableMultiGetRequest(
                 table_id=layout.record.table_id, partition=partition, hash_key=hash_key,
-                sort_keys=list(sort_keys)), timeout_s=self._request_timeout_s)
+                sort_keys=list(sort_keys), stale_ok=stale_ok), timeout_s=self._request_timeout_s)
             return response.values
 
-        return await self._route(table, hash_key, send)
+        return await self._route(table, hash_key, send, stale_ok=stale_ok)
 
-    async def ttl(self, table: str, hash_key: bytes, sort_key: bytes) -> int | None:
+    async def ttl(self, table: str, hash_key: bytes, sort_key: bytes, *,
+                  stale_ok: bool = False) -> int | None:
         """Seconds left; -1 for no TTL; None when the key is absent."""
         check_key(hash_key, sort_key)
 
         async def send(address: str, layout: TableLayout, partition: int) -> int | None:
             response = await self._pool.call(address, TableTtlRequest(
                 table_id=layout.record.table_id, partition=partition, hash_key=hash_key,
-                sort_key=sort_key), timeout_s=self._request_timeout_s)
+                sort_key=sort_key, stale_ok=stale_ok), timeout_s=self._request_timeout_s)
             return response.ttl_s if response.exists else None
 
-        return await self._route(table, hash_key, send)
+        return await self._route(table, hash_key, send, stale_ok=stale_ok)
 
-    async def sort_key_count(self, table: str, hash_key: bytes) -> int:
+    async def sort_key_count(self, table: str, hash_key: bytes, *,
+                             stale_ok: bool = False) -> int:
         check_key(hash_key)
 
         async def send(address: str, layout: TableLayout, partition: int) -> int:
             response = await self._pool.call(address, TableCountRequest(
-                table_id=layout.record.table_id, partition=partition, hash_key=hash_key),
-                timeout_s=self._request_timeout_s)
+                table_id=layout.record.table_id, partition=partition, hash_key=hash_key,
+                stale_ok=stale_ok), timeout_s=self._request_timeout_s)
             return response.count
 
-        return await self._route(table, hash_key, send)
+        return await self._route(table, hash_key, send, stale_ok=stale_ok)
 
     async def scan(self, table: str, hash_key: bytes, *, start: bytes = b"",
                    stop: bytes | None = None, start_inclusive: bool = True,
                    stop_inclusive: bool = False, reverse: bool = False,
-                   page_records: int = SCAN_PAGE_RECORDS) -> AsyncIterator[tuple[bytes, bytes]]:
+                   page_records: int = SCAN_PAGE_RECORDS,
+                   stale_ok: bool = False) -> AsyncIterator[tuple[bytes, bytes]]:
         """(sort_key, value) of ``hash_key`` in the range, fetched a page at a time."""
         check_key(hash_key, start)
         if stop is not None:
@@ -243,7 +322,7 @@ class TableClient:
             items, after = await self._scan_page(table, hash_key, None, TableScanRequest(
                 table_id=0, partition=0, hash_key=hash_key, start=start, stop=stop,
                 start_inclusive=start_inclusive, stop_inclusive=stop_inclusive,
-                limit=page_records, reverse=reverse, after=after))
+                limit=page_records, reverse=reverse, after=after, stale_ok=stale_ok))
             for _, sort_key, value in items:
                 yield sort_key, value
             if after is None:
@@ -265,20 +344,54 @@ class TableClient:
                 if after is None:
                     break
 
+    async def scan_records(self, table: str, partition: int, *, hash_key: bytes | None = None,
+                           start: bytes = b"", stop: bytes | None = None,
+                           start_inclusive: bool = True, stop_inclusive: bool = False,
+                           page_records: int = SCAN_PAGE_RECORDS) -> AsyncIterator[ScanItem]:
+        """Live records of one partition with their expire_ts_s and timetag: the
+        whole partition, or (``hash_key``) a sort-key range of one hash_key, which
+        must belong to ``partition``. For bulk readers such as Spark."""
+        _check_page(page_records)
+        if hash_key is not None:
+            check_key(hash_key, start)
+            if stop is not None:
+                check_key(hash_key, stop)
+        after: bytes | None = None
+        while True:
+            template = TableScanRequest(
+                table_id=0, partition=partition, hash_key=hash_key or b"",
+                full=hash_key is None, start=start, stop=stop, start_inclusive=start_inclusive,
+                stop_inclusive=stop_inclusive, limit=page_records, after=after, details=True)
+            response = await self._scan_response(table, partition, template)
+            for (h, s, v), (expire_ts_s, timetag) in zip(response.items, response.details,
+                                                         strict=True):
+                yield ScanItem(h, s, v, expire_ts_s, timetag)
+            after = response.next_after
+            if after is None:
+                return
+
+    async def _scan_response(self, table: str, partition: int,
+                             template: TableScanRequest) -> TableScanResponse:
+        async def send(address: str, layout: TableLayout, target: int) -> TableScanResponse:
+            request = msgspec.structs.replace(
+                template, table_id=layout.record.table_id, partition=target)
+            return await self._pool.call(address, request, timeout_s=self._request_timeout_s)
+
+        return await self._route(table, b"", send, partition=partition)
+
     async def _scan_page(self, table: str, hash_key: bytes, partition: int | None,
                          template: TableScanRequest
                          ) -> tuple[list[tuple[bytes, bytes, bytes]], bytes | None]:
         async def send(address: str, layout: TableLayout, target: int
                        ) -> tuple[list[tuple[bytes, bytes, bytes]], bytes | None]:
-            import msgspec
-
             request = msgspec.structs.replace(
                 template, table_id=layout.record.table_id, partition=target)
             response = await self._pool.call(address, request,
                                              timeout_s=self._request_timeout_s)
             return response.items, response.next_after
 
-        return await self._route(table, hash_key, send, partition=partition)
+        return await self._route(table, hash_key, send, partition=partition,
+                                 stale_ok=template.stale_ok)
 
     # ----- routing ----------------------------------------------------------------------
 
@@ -293,7 +406,9 @@ class TableClient:
 
     async def _route(self, table: str, hash_key: bytes,
                      send: Callable[[str, TableLayout, int], Awaitable[T]], *,
-                     partition: int | None = None) -> T:
+                     partition: int | None = None, stale_ok: bool = False) -> T:
+        """Send to the partition's leader, or with ``stale_ok`` to its replicas in a
+        random order (follower reads spread over the copyset)."""
         deadline = time.monotonic() + self._deadline_s
         layout = await self._layout(table)
         last: Exception | None = None
@@ -302,8 +417,10 @@ class TableClient:
                 hash_key, layout.record.partitions)
             key = (layout.record.table_id, target)
             members = layout.partitions[target].members
-            candidates = [self._leaders[key]] if key in self._leaders else []
+            candidates = [self._leaders[key]] if key in self._leaders and not stale_ok else []
             candidates += [self._addresses[m] for m in members if m in self._addresses]
+            if stale_ok:
+                candidates = random.sample(candidates, len(candidates))
             for address in dict.fromkeys(candidates):
                 try:
                     result = await send(address, layout, target)
@@ -321,11 +438,23 @@ class TableClient:
                     last = exc
                     self._leaders.pop(key, None)
                     continue
-                self._leaders[key] = address
+                if not stale_ok:
+                    self._leaders[key] = address
                 return result
             else:
                 await asyncio.sleep(RETRY_BACKOFF_S)
-                layout = await self._layout(table, refresh=True)
+                # The refresh asks meta, which may itself be unreachable: it
+                # gets what is left of the operation's deadline, no more.
+                remaining_s = deadline - time.monotonic()
+                if remaining_s <= 0:
+                    break
+                try:
+                    layout = await asyncio.wait_for(self._layout(table, refresh=True),
+                                                    remaining_s)
+                except TimeoutError:
+                    break
+                except TransientError as exc:
+                    last = exc
         raise DeadlineExceededError(
             f"table {table!r}: no leader of the partition answered within "
             f"{self._deadline_s:.0f} s (last error: {last}); check `quorumlog status`")
@@ -358,7 +487,7 @@ class BlockingTableClient:
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         method = getattr(self._client, name)
-        if name in ("scan", "full_scan"):
+        if name in ("scan", "full_scan", "scan_records"):
             return lambda *a, **k: self._thread.call(_collect(method(*a, **k)))
         if name.startswith("_") or not asyncio.iscoroutinefunction(method):
             raise AttributeError(name)

@@ -162,10 +162,19 @@ WriteCommand = (SetCommand | MultiSetCommand | DeleteCommand | MultiDeleteComman
 
 
 class TableEntry(msgspec.Struct, frozen=True):
-    """One Raft log entry of a partition: writes applied in order, one timestamp."""
+    """One Raft log entry of a partition: writes applied in order, one timestamp.
+
+    ``client_id`` > 0 makes the entry exactly-once: ``seq`` is the write's
+    number among the client's writes to this partition and
+    ``first_outstanding_seq`` the lowest one the client still waits for
+    (table/_sessions.py). 0: no deduplication (a retry may apply twice).
+    """
 
     timestamp_us: int
     commands: tuple[WriteCommand, ...]
+    client_id: int = 0
+    seq: int = 0
+    first_outstanding_seq: int = 0
 
 
 # ----- results ---------------------------------------------------------------------------------
@@ -186,9 +195,15 @@ class CheckResult(msgspec.Struct, frozen=True, tag="check"):
 
 
 class Refused(msgspec.Struct, frozen=True, tag="refused"):
-    """The command was not applied; every replica refuses it the same way."""
+    """The command was not applied; every replica refuses it the same way.
+
+    ``code`` is empty for a bad command, else a session refusal of the whole
+    write (table/_sessions.py: ``session_expired``, ``stale_sequence``,
+    ``bad_sequence``).
+    """
 
     message: str
+    code: str = ""
 
 
 WriteResult = Done | IncrResult | CheckResult | Refused

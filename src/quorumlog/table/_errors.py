@@ -25,3 +25,10 @@ class BadTableRequestError(TableError, UsageError):
 class NotAnIntegerError(BadTableRequestError):
     """A value or operand that must be a decimal 64-bit integer is not (``increment``,
     integer compares of ``check_and_set``)."""
+
+
+class WriteOutcomeUnknownError(TableError):
+    """A retried write whose first attempt may or may not have applied, and whose
+    result the partition no longer keeps (the client had more than
+    ``CLIENT_RESULTS_WINDOW_WRITES`` later writes to that partition meanwhile):
+    read the data to learn the outcome."""

@@ -5,7 +5,9 @@ table id and the partition; a node that does not host that partition's
 replica answers ``PartitionNotHostedError`` (retriable: the client's layout is
 stale), a follower answers ``NotLeaderError`` with the leader's address.
 Reads are linearizable: the leader confirms its leadership (ReadIndex) and
-waits until it has applied up to the read index before reading.
+waits until it has applied up to the read index before reading. A read with
+``stale_ok`` is answered by any replica from its own store, without asking
+the leader: it may miss writes the replica has not applied yet.
 """
 
 from __future__ import annotations
@@ -37,12 +39,19 @@ class TableWriteResponse(rpc.Message, frozen=True):
 
 
 class TableWriteRequest(rpc.Request[TableWriteResponse], frozen=True):
-    """Commands of one partition, applied in order in one Raft entry."""
+    """Commands of one partition, applied in order in one Raft entry.
+
+    ``client_id``/``seq``/``first_outstanding_seq``: the write's proposal id
+    (``TableEntry``); a retry carries the same one and gets the first answer.
+    """
 
     type_id: ClassVar[int] = 3000
     table_id: int
     partition: int
     commands: list[WriteCommand]
+    client_id: int = 0
+    seq: int = 0
+    first_outstanding_seq: int = 0
 
 
 class TableGetResponse(rpc.Message, frozen=True):
@@ -56,6 +65,7 @@ class TableGetRequest(rpc.Request[TableGetResponse], frozen=True):
     partition: int
     hash_key: bytes
     sort_key: bytes
+    stale_ok: bool = False  # any replica answers from its own store (no ReadIndex)
 
 
 class TableMultiGetResponse(rpc.Message, frozen=True):
@@ -69,12 +79,15 @@ class TableMultiGetRequest(rpc.Request[TableMultiGetResponse], frozen=True):
     partition: int
     hash_key: bytes
     sort_keys: list[bytes]
+    stale_ok: bool = False  # any replica answers from its own store (no ReadIndex)
 
 
 class TableScanResponse(rpc.Message, frozen=True):
     type_id: ClassVar[int] = 3007
     items: list[tuple[bytes, bytes, bytes]]  # (hash_key, sort_key, value)
     next_after: bytes | None
+    # With ``details``: (expire_ts_s, timetag) of each item, in the same order.
+    details: list[tuple[int, int]] = []
 
 
 class TableScanRequest(rpc.Request[TableScanResponse], frozen=True):
@@ -92,6 +105,8 @@ class TableScanRequest(rpc.Request[TableScanResponse], frozen=True):
     limit: int = 100
     reverse: bool = False
     after: bytes | None = None
+    details: bool = False  # also answer each record's expire_ts_s and timetag
+    stale_ok: bool = False  # any replica answers from its own store (no ReadIndex)
 
 
 class TableCountResponse(rpc.Message, frozen=True):
@@ -104,6 +119,7 @@ class TableCountRequest(rpc.Request[TableCountResponse], frozen=True):
     table_id: int
     partition: int
     hash_key: bytes
+    stale_ok: bool = False  # any replica answers from its own store (no ReadIndex)
 
 
 class TableTtlResponse(rpc.Message, frozen=True):
@@ -118,6 +134,7 @@ class TableTtlRequest(rpc.Request[TableTtlResponse], frozen=True):
     partition: int
     hash_key: bytes
     sort_key: bytes
+    stale_ok: bool = False  # any replica answers from its own store (no ReadIndex)
 
 
 TableReadRequest = (TableGetRequest | TableMultiGetRequest | TableScanRequest

@@ -10,7 +10,8 @@ assigned to this node. Each group's state machine is a
 
 Writes are ``TableEntry`` proposals stamped by the leader's ``TimetagClock``;
 reads wait on ``read_barrier`` (ReadIndex) and read the leader's store. A
-follower answers ``NotLeaderError`` with the leader's address.
+follower answers ``NotLeaderError`` with the leader's address, except to a
+read with ``stale_ok``, which any replica answers from its own store.
 """
 
 from __future__ import annotations
@@ -303,9 +304,12 @@ class TableService:
                 f"{partition}; refresh the table layout and retry")
         return replica
 
-    async def _read(self, table_id: int, partition: int) -> TableStore:
+    async def _read(self, table_id: int, partition: int, stale_ok: bool) -> TableStore:
+        """The store to read, after a ReadIndex round on the leader; with
+        ``stale_ok`` any replica's store as it is (follower read)."""
         replica = self._replica(table_id, partition)
-        await self.host.read_barrier(replica.group_id)
+        if not stale_ok:
+            await self.host.read_barrier(replica.group_id)
         return replica.machine.store
 
     async def _on_write(self, request: TableWriteRequest,
@@ -313,24 +317,26 @@ class TableService:
         replica = self._replica(request.table_id, request.partition)
         self.host.require_leader(self.host.group(replica.group_id))
         entry = TableEntry(timestamp_us=replica.machine.clock.next(time.time_ns() // 1000),
-                           commands=tuple(request.commands))
+                           commands=tuple(request.commands), client_id=request.client_id,
+                           seq=request.seq,
+                           first_outstanding_seq=request.first_outstanding_seq)
         results = await self.host.propose(replica.group_id, encode_entry(entry))
         return TableWriteResponse(results=list(results))
 
     async def _on_get(self, request: TableGetRequest,
                       ctx: rpc.RequestContext) -> TableGetResponse:
-        store = await self._read(request.table_id, request.partition)
+        store = await self._read(request.table_id, request.partition, request.stale_ok)
         return TableGetResponse(value=store.get(request.hash_key, request.sort_key, _now_s()))
 
     async def _on_multi_get(self, request: TableMultiGetRequest,
                             ctx: rpc.RequestContext) -> TableMultiGetResponse:
-        store = await self._read(request.table_id, request.partition)
+        store = await self._read(request.table_id, request.partition, request.stale_ok)
         return TableMultiGetResponse(
             values=store.multi_get(request.hash_key, request.sort_keys, _now_s()))
 
     async def _on_scan(self, request: TableScanRequest,
                        ctx: rpc.RequestContext) -> TableScanResponse:
-        store = await self._read(request.table_id, request.partition)
+        store = await self._read(request.table_id, request.partition, request.stale_ok)
         if request.full:
             page = store.full_scan(_now_s(), limit=request.limit, after=request.after)
         else:
@@ -340,16 +346,18 @@ class TableService:
                               reverse=request.reverse, after=request.after)
         return TableScanResponse(
             items=[(item.hash_key, item.sort_key, item.value) for item in page.items],
-            next_after=page.next_after)
+            next_after=page.next_after,
+            details=[(item.expire_ts_s, item.timetag) for item in page.items]
+            if request.details else [])
 
     async def _on_count(self, request: TableCountRequest,
                         ctx: rpc.RequestContext) -> TableCountResponse:
-        store = await self._read(request.table_id, request.partition)
+        store = await self._read(request.table_id, request.partition, request.stale_ok)
         return TableCountResponse(count=store.sort_key_count(request.hash_key, _now_s()))
 
     async def _on_ttl(self, request: TableTtlRequest,
                       ctx: rpc.RequestContext) -> TableTtlResponse:
-        store = await self._read(request.table_id, request.partition)
+        store = await self._read(request.table_id, request.partition, request.stale_ok)
         ttl = store.ttl_s(request.hash_key, request.sort_key, _now_s())
         return TableTtlResponse(exists=ttl is not None, ttl_s=-1 if ttl is None else ttl)
 

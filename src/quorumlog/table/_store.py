@@ -65,6 +65,7 @@ from quorumlog.table._commands import (
     parse_int64,
 )
 from quorumlog.table._errors import BadTableRequestError, TableError
+from quorumlog.table._sessions import ClientSessions
 from quorumlog.table._timetag import check_cluster_id, make_timetag
 
 KEY_APPLIED_DECREE = STORE_KEY_PREFIX + b"applied_decree"
@@ -154,10 +155,25 @@ class TableStore:
         if decree <= self._applied:
             return []
         batch = _Batch(self._db, entry.timestamp_us, self.cluster_id)
-        results = [batch.run(command) for command in entry.commands]
+        sessions = ClientSessions(self._db, batch.write_batch, entry.timestamp_us)
+        sessions.expire()
+        results = self._run(batch, sessions, entry)
         batch.write_batch.put(KEY_APPLIED_DECREE, _U64.pack(decree))
         self._db.write(batch.write_batch)
         self._applied = decree
+        return results
+
+    def _run(self, batch: _Batch, sessions: ClientSessions,
+             entry: TableEntry) -> list[WriteResult]:
+        if entry.client_id == 0:
+            return [batch.run(command) for command in entry.commands]
+        answer = sessions.answered(entry.client_id, entry.seq, entry.first_outstanding_seq)
+        if isinstance(answer, Refused):
+            return [answer] * len(entry.commands)
+        if answer is not None:
+            return answer  # a duplicate: the first results, nothing applied again
+        results = [batch.run(command) for command in entry.commands]
+        sessions.remember(entry.client_id, entry.seq, entry.first_outstanding_seq, results)
         return results
 
     def skip(self, decree: int) -> None:

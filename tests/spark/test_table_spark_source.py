@@ -1,0 +1,101 @@
+"""The ``quorumlog.table`` PySpark data source against a real local cluster and
+real Spark in local mode: upsert write, full read (one Spark partition per
+table partition), hash_key / sort_key pushdown, clear errors.
+
+Behind ``slow``: the Spark session and the cluster take over a minute on two
+cores. The pushdown and option rules run in the default test run
+(test_table_spark_plan.py).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark", reason="pyspark is not installed (the spark extra)")
+pytest.importorskip("pyarrow", reason="pyarrow is not installed (the spark extra)")
+if shutil.which("java") is None:
+    pytest.skip("no java on PATH: Spark needs Java 17+", allow_module_level=True)
+
+from quorumlog import node as cluster
+from quorumlog.table import BlockingTableClient
+
+pytestmark = pytest.mark.slow
+
+PARTITIONS = 4
+HASH_KEYS = 12
+SORT_KEYS = 5
+
+
+@pytest.fixture(scope="module")
+def meta(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    with cluster.running(tmp_path_factory.mktemp("spark-table") / "cluster", 3) as addresses:
+        yield addresses
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    from quorumlog.spark import local_session
+
+    session = local_session("local[2,2]", "quorumlog-table-tests")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def _rows() -> list[tuple[bytes, bytes, bytes, int]]:
+    return [(b"h%02d" % h, b"s%d" % s, b"v%d-%d" % (h, s), 3600 if h % 3 == 0 else 0)
+            for h in range(HASH_KEYS) for s in range(SORT_KEYS)]
+
+
+def _reader(spark: Any, meta: list[str], table: str) -> Any:
+    return (spark.read.format("quorumlog.table").option("meta", ",".join(meta))
+            .option("table", table).option("pageRecords", "7").load())
+
+
+def test_write_then_read_back_with_pushdown(spark: Any, meta: list[str]) -> None:
+    with BlockingTableClient(meta) as tables:
+        tables.create_table("sparkt", partitions=PARTITIONS, replicas=3)
+    frame = spark.createDataFrame(_rows(), "hash_key binary, sort_key binary, value binary, "
+                                           "ttl_s int")
+    for _ in range(2):  # an upsert by key: writing the same rows again changes nothing
+        (frame.repartition(3).write.format("quorumlog.table").option("meta", ",".join(meta))
+         .option("table", "sparkt").mode("append").save())
+    with BlockingTableClient(meta) as tables:
+        assert tables.get("sparkt", b"h03", b"s2") == b"v3-2"
+        assert 3500 < tables.ttl("sparkt", b"h03", b"s2") <= 3600
+        assert tables.ttl("sparkt", b"h04", b"s2") == -1
+
+    df = _reader(spark, meta, "sparkt")
+    assert df.rdd.getNumPartitions() == PARTITIONS
+    rows = df.collect()
+    assert sorted((r.hash_key, r.sort_key, r.value) for r in rows) == sorted(
+        (h, s, v) for h, s, v, _ in _rows())
+    assert all(r.timetag > 0 for r in rows)
+    assert {r.hash_key for r in rows if r.expire_ts > 0} == {
+        b"h%02d" % h for h in range(HASH_KEYS) if h % 3 == 0}
+
+    one = df.filter((df.hash_key == b"h05") & (df.sort_key >= b"s1") & (df.sort_key < b"s4"))
+    assert one.rdd.getNumPartitions() == 1  # one table partition, a hash_key scan
+    assert sorted(r.sort_key for r in one.collect()) == [b"s1", b"s2", b"s3"]
+    two = df.filter(df.hash_key.isin(b"h01", b"h07"))
+    assert two.count() == 2 * SORT_KEYS
+
+
+def test_bad_options_and_columns_are_clear_errors(spark: Any, meta: list[str]) -> None:
+    with pytest.raises(Exception, match="option table is required"):
+        spark.read.format("quorumlog.table").option("meta", ",".join(meta)).load().collect()
+    with pytest.raises(Exception, match="no table"):
+        _reader(spark, meta, "no_such_table").collect()
+    frame = spark.createDataFrame([(b"h", b"s", b"v", 1)],
+                                  "hash_key binary, sort_key binary, value binary, extra int")
+    with pytest.raises(Exception, match="cannot write columns"):
+        (frame.write.format("quorumlog.table").option("meta", ",".join(meta))
+         .option("table", "sparkt").mode("append").save())
+    with pytest.raises(Exception, match="overwrite is not supported"):
+        (frame.drop("extra").write.format("quorumlog.table").option("meta", ",".join(meta))
+         .option("table", "sparkt").mode("overwrite").save())

@@ -1,0 +1,125 @@
+"""Exactly-once table writes: the partition's store answers a duplicate with its
+first result, keeps the sessions in RocksDB (snapshots and restarts carry
+them) and bounds them by the entries' timestamps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from quorumlog.table import (
+    IncrCommand,
+    IncrResult,
+    Refused,
+    SetCommand,
+    TableEntry,
+    TableStore,
+    TimetagClock,
+    encode_entry,
+)
+from quorumlog.table._machine import PartitionMachine
+from quorumlog.table._sessions import (
+    CLIENT_RESULTS_WINDOW_WRITES,
+    CLIENT_SESSION_IDLE_EXPIRY_S,
+    EXPIRY_BUCKET_S,
+    SESSION_EXPIRED,
+    SESSIONS_EXPIRED_PER_ENTRY_MAX,
+    STALE_SEQUENCE,
+    US_PER_S,
+    count_sessions,
+)
+
+CLIENT = 77
+T0_US = 1_700_000_000 * US_PER_S
+
+
+def _incr(seq: int, *, first: int | None = None, client: int = CLIENT,
+          timestamp_us: int = T0_US) -> TableEntry:
+    return TableEntry(timestamp_us=timestamp_us + seq,
+                      commands=(IncrCommand(b"h", b"n", 1),), client_id=client, seq=seq,
+                      first_outstanding_seq=seq if first is None else first)
+
+
+def _machine(path: Path) -> PartitionMachine:
+    return PartitionMachine(TableStore(path / "db", cluster_id=1), TimetagClock(),
+                            path / "staging")
+
+
+def test_a_duplicate_incr_applies_once_and_gets_the_first_result(tmp_path: Path) -> None:
+    with TableStore(tmp_path, cluster_id=1) as store:
+        assert store.apply(1, _incr(1)) == [IncrResult(1)]
+        assert store.apply(2, _incr(1)) == [IncrResult(1)]  # the retry of seq 1
+        assert store.get(b"h", b"n", 0) == b"1"
+        assert store.apply(3, _incr(2)) == [IncrResult(2)]
+        # Without a proposal id every delivery applies (the old behaviour).
+        plain = TableEntry(timestamp_us=T0_US + 10, commands=(IncrCommand(b"h", b"n", 1),))
+        store.apply(4, plain)
+        store.apply(5, plain)
+        assert store.get(b"h", b"n", 0) == b"4"
+
+
+def test_sessions_survive_a_restart_and_a_snapshot_restore(tmp_path: Path) -> None:
+    source = _machine(tmp_path / "a")
+    source.apply(1, encode_entry(_incr(1)))
+    source.store.close()
+    source = _machine(tmp_path / "a")  # restart: the session is in RocksDB
+    assert source.apply(2, encode_entry(_incr(1))) == [IncrResult(1)]
+    assert source.store.get(b"h", b"n", 0) == b"1"
+    target = _machine(tmp_path / "b")
+    target.restore(source.snapshot())
+    assert target.apply(3, encode_entry(_incr(1))) == [IncrResult(1)]
+    assert target.apply(4, encode_entry(_incr(2))) == [IncrResult(2)]
+    assert target.store.get(b"h", b"n", 0) == b"2"
+
+
+def test_acknowledged_and_out_of_window_writes_are_refused_not_applied(tmp_path: Path) -> None:
+    with TableStore(tmp_path, cluster_id=1) as store:
+        store.apply(1, _incr(1))
+        store.apply(2, _incr(2, first=2))  # the client acknowledged seq 1
+        [refused] = store.apply(3, _incr(1))
+        assert isinstance(refused, Refused) and refused.code == STALE_SEQUENCE
+        last = CLIENT_RESULTS_WINDOW_WRITES + 5
+        store.apply(4, _incr(last, first=3))  # seqs 3.. outstanding, but out of the window
+        [refused] = store.apply(5, _incr(3, first=3))
+        assert isinstance(refused, Refused) and refused.code == STALE_SEQUENCE
+        assert store.get(b"h", b"n", 0) == b"3"
+
+
+def test_idle_sessions_expire_by_entry_time_and_a_known_client_is_told(
+        tmp_path: Path) -> None:
+    with TableStore(tmp_path, cluster_id=1) as store:
+        store.apply(1, _incr(1, client=1))
+        store.apply(2, _incr(1, client=2))
+        assert count_sessions(store._db) == 2
+        later_us = T0_US + (CLIENT_SESSION_IDLE_EXPIRY_S + EXPIRY_BUCKET_S) * US_PER_S
+        store.apply(3, TableEntry(timestamp_us=later_us,
+                                  commands=(SetCommand(b"h", b"x", b"v"),)))
+        assert count_sessions(store._db) == 0
+        # Client 1 comes back after an acknowledged write: its retry cannot be
+        # told apart from a new write, so the partition refuses it.
+        [refused] = store.apply(4, _incr(2, first=2, client=1, timestamp_us=later_us))
+        assert isinstance(refused, Refused) and refused.code == SESSION_EXPIRED
+        # A new client (first write) starts a session.
+        assert store.apply(5, _incr(1, client=3, timestamp_us=later_us)) == [IncrResult(3)]
+        assert count_sessions(store._db) == 1
+
+
+def test_expiry_is_bounded_per_entry_and_keeps_active_sessions(tmp_path: Path) -> None:
+    idle = 3 * SESSIONS_EXPIRED_PER_ENTRY_MAX
+    with TableStore(tmp_path, cluster_id=1) as store:
+        for client in range(1, idle + 1):
+            store.apply(client, _incr(1, client=client))
+        later_us = T0_US + (CLIENT_SESSION_IDLE_EXPIRY_S + EXPIRY_BUCKET_S) * US_PER_S
+        active = idle + 1
+        decree = idle
+        for round_ in range(3):
+            decree += 1
+            store.apply(decree, _incr(round_ + 1, first=1, client=active, timestamp_us=later_us))
+            assert count_sessions(store._db) == idle + 1 - (round_ + 1) * (
+                SESSIONS_EXPIRED_PER_ENTRY_MAX)
+        decree += 1
+        assert store.apply(decree, _incr(4, first=1, client=active, timestamp_us=later_us)) == [
+            IncrResult(idle + 4)]
+        assert count_sessions(store._db) == 1
+        # The active client's retry of its first write still gets its first answer.
+        assert store.apply(decree + 1, _incr(1, client=active, timestamp_us=later_us)) == [
+            IncrResult(idle + 1)]
