@@ -65,7 +65,8 @@ def test_sessions_survive_a_restart_and_a_snapshot_restore(tmp_path: Path) -> No
     assert source.apply(2, encode_entry(_incr(1))) == [IncrResult(1)]
     assert source.store.get(b"h", b"n", 0) == b"1"
     target = _machine(tmp_path / "b")
-    target.restore(source.snapshot())
+    checkpoint = tmp_path / "checkpoint"
+    target.restore_files(checkpoint, source.snapshot_files(checkpoint))
     assert target.apply(3, encode_entry(_incr(1))) == [IncrResult(1)]
     assert target.apply(4, encode_entry(_incr(2))) == [IncrResult(2)]
     assert target.store.get(b"h", b"n", 0) == b"2"
