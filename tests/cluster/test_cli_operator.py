@@ -139,3 +139,29 @@ def test_ledger_info_and_list_show_an_open_ledgers_progress(meta: str) -> None:
     assert cli("ledger", "recover", ledger_id, "--members", meta).stdout.strip() == "3"
     closed = cli("ledger", "info", ledger_id, "--members", meta).stdout
     assert "unknown (closed by recovery)" in closed and "-1" not in closed
+
+
+def test_meta_txn_reads_etcdctl_syntax_from_stdin(meta: str) -> None:
+    def txn(text: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "quorumlog", "meta", "txn", "--members",
+                               meta, *extra], input=text, capture_output=True, text=True,
+                              timeout=CLI_TIMEOUT_S, check=False)
+
+    lock = 'version("/ops/txn/lock") = "0"\n\nput /ops/txn/lock me\nget /ops/txn/lock\n\n' \
+           'get /ops/txn/lock\n'
+    first = txn(lock)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.splitlines() == ["SUCCESS", "OK", "/ops/txn/lock", "me"]
+    second = txn(lock, "--json")  # the lock is taken: the failure branch runs
+    assert second.returncode == 1
+    out = json.loads(second.stdout)
+    assert out["succeeded"] is False and out["results"][0]["get"][0]["value"] == "me"
+    swapped = txn('value("/ops/txn/lock") = "me"\nmod("/ops/txn/lock") > "0"\n\n'
+                  'put /ops/txn/lock "you and me"\ndel /ops/txn/nothing\n')
+    assert swapped.returncode == 0 and swapped.stdout.splitlines() == ["SUCCESS", "OK", "0"]
+    got = json.loads(cli("meta", "get", "/ops/txn/lock", "--members", meta).stdout)
+    assert got["value"] == "you and me"
+    bad = txn('value(/ops/txn/lock) = me\n\nput /k v\n')
+    assert bad.returncode != 0 and "line 1" in bad.stderr and "Traceback" not in bad.stderr
+    worse = txn('\n\nfrobnicate /k\n')
+    assert worse.returncode != 0 and "not a request" in worse.stderr

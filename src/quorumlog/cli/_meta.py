@@ -6,6 +6,7 @@ import asyncio
 import base64
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -273,3 +274,133 @@ def member_remove(
 ) -> None:
     """Remove NODE_ID from the meta group."""
     _change("remove", node_id, "", members, directory)
+
+
+TXN_HELP = """Read a transaction from standard input, etcdctl's way, and run it atomically.
+
+Three sections separated by an empty line: compares, then the requests run
+when every compare holds (success), then those run otherwise (failure).
+
+\b
+  compare:  value("KEY") = "V"   version("KEY") > "3"   mod("KEY") < "10"
+            create("KEY") = "0"  (operators = != < >; version 0 = absent)
+  request:  put KEY VALUE    del KEY [--prefix]    get KEY [--prefix]
+
+\b
+Example:
+  printf 'version("/lock") = "0"\\n\\nput /lock me\\n\\nget /lock\\n' \\
+    | quorumlog meta txn
+
+Prints SUCCESS or FAILURE and each request's result (JSON with --json);
+exits 0 on SUCCESS, 1 on FAILURE.
+"""
+
+_TXN_TARGETS = {"value": "value", "version": "version", "mod": "mod_revision",
+                "create": "create_revision"}
+_TXN_OPS = {"=": "==", "==": "==", "!=": "!=", "<": "<", ">": ">"}
+
+
+def parse_txn(text: str) -> tuple[list[Any], list[Any], list[Any]]:
+    """Compares, success and failure requests of an etcdctl-style transaction;
+    UsageError naming the line for anything it cannot read."""
+    import re
+    import shlex
+
+    from quorumlog.errors import UsageError
+    from quorumlog.meta import Compare, CompareOp, CompareTarget, DeleteOp, PutOp, RangeOp
+
+    sections: list[list[tuple[int, str]]] = [[]]
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            sections[-1].append((number, line.strip()))
+        else:  # an empty line ends a section (a leading one: no compares)
+            sections.append([])
+    while len(sections) > 1 and not sections[-1]:
+        sections.pop()
+    if len(sections) > 3:
+        raise UsageError(f"a transaction has at most 3 sections (compares, success, "
+                         f"failure); line {sections[3][0][0]} starts a 4th")
+    sections += [[] for _ in range(3 - len(sections))]
+    pattern = re.compile(r'^(\w+)\("((?:[^"\\]|\\.)*)"\)\s*(==|!=|=|<|>)\s*"((?:[^"\\]|\\.)*)"$')
+    compares = []
+    for number, line in sections[0]:
+        match = pattern.match(line)
+        if match is None or match.group(1) not in _TXN_TARGETS:
+            raise UsageError(f"line {number}: {line!r} is not a compare; write e.g. "
+                             'value("/k") = "v", version("/k") > "3", mod("/k") < "9" or '
+                             'create("/k") = "0"')
+        target, key, op, operand = match.groups()
+        kind = CompareTarget(_TXN_TARGETS[target])
+        if kind is CompareTarget.VALUE:
+            compares.append(Compare(key=key, target=kind, op=CompareOp(_TXN_OPS[op]),
+                                    value=operand.encode()))
+            continue
+        if not operand.isdigit():
+            raise UsageError(f"line {number}: {target}(...) compares with a number, got "
+                             f"{operand!r}")
+        number_op = CompareOp(_TXN_OPS[op])
+        if kind is CompareTarget.VERSION:
+            compares.append(Compare(key=key, target=kind, op=number_op, version=int(operand)))
+        else:
+            compares.append(Compare(key=key, target=kind, op=number_op, revision=int(operand)))
+    requests: list[list[Any]] = [[], []]
+    for which, section in enumerate(sections[1:]):
+        for number, line in section:
+            try:
+                words = shlex.split(line)
+            except ValueError as exc:
+                raise UsageError(f"line {number}: {exc}") from None
+            verb, args = words[0].lower(), words[1:]
+            prefix = "--prefix" in args
+            args = [a for a in args if a != "--prefix"]
+            if verb == "put" and len(args) == 2 and not prefix:
+                requests[which].append(PutOp(key=args[0], value=args[1].encode()))
+            elif verb in ("del", "delete") and len(args) == 1:
+                requests[which].append(DeleteOp(key=args[0], prefix=prefix))
+            elif verb == "get" and len(args) == 1:
+                requests[which].append(RangeOp(key=args[0], prefix=prefix))
+            else:
+                raise UsageError(f"line {number}: {line!r} is not a request; write put KEY "
+                                 "VALUE, del KEY [--prefix] or get KEY [--prefix]")
+    return compares, requests[0], requests[1]
+
+
+@app.command(help=TXN_HELP)
+def txn(
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    encoding: str = EncodingOption,
+) -> None:
+    import sys
+
+    from quorumlog.meta import BlockingMetaClient, DeleteResult, PutResult, RangeResult
+
+    compares, success, failure = parse_txn(sys.stdin.read())
+    with BlockingMetaClient(_members(members, directory)) as meta:
+        result = meta.txn(compares, success, failure)
+    outputs: list[dict[str, Any]] = []
+    for item in result.results:
+        if isinstance(item, RangeResult):
+            outputs.append({"get": [{"key": kv.key, **_value_fields(kv.value, encoding),
+                                     "version": kv.version} for kv in item.kvs]})
+        elif isinstance(item, PutResult):
+            outputs.append({"put": "ok"})
+        elif isinstance(item, DeleteResult):
+            outputs.append({"deleted": item.deleted})
+    if as_json:
+        typer.echo(json.dumps({"succeeded": result.succeeded, "revision": result.revision,
+                               "results": outputs}))
+    else:
+        typer.echo("SUCCESS" if result.succeeded else "FAILURE")
+        for out in outputs:
+            if "get" in out:
+                for kv in out["get"]:
+                    (text,) = (v for k, v in kv.items() if k.startswith("value"))
+                    typer.echo(f"{kv['key']}\n{text}")
+            elif "put" in out:
+                typer.echo("OK")
+            else:
+                typer.echo(out["deleted"])
+    if not result.succeeded:
+        raise typer.Exit(1)
