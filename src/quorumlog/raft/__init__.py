@@ -18,7 +18,8 @@ from quorumlog.raft._errors import (
     SnapshotTemporarilyUnavailableError,
     UnavailableError,
 )
-from quorumlog.raft._node import RaftNode, fold_epoch
+from quorumlog.raft._liveness import PeerLiveness
+from quorumlog.raft._node import QUIESCE_CONTEXT, RaftNode, fold_epoch
 from quorumlog.raft._ready_pass import (
     MemoryReadyStorage,
     PendingPass,
@@ -62,6 +63,7 @@ __all__ = [
     "BOOTSTRAP_INDEX",
     "BOOTSTRAP_TERM",
     "NO_NODE",
+    "QUIESCE_CONTEXT",
     "SNAPSHOT_FILES_KEPT",
     "CompactedError",
     "ConfChange",
@@ -79,6 +81,7 @@ __all__ = [
     "MemoryStorage",
     "Message",
     "MessageType",
+    "PeerLiveness",
     "PendingPass",
     "ProposalDroppedError",
     "RaftConfig",
