@@ -91,6 +91,15 @@ MUTANTS = [
         ("calm",), 5,
         frozenset({"acknowledged-entries-durable", "vote-durable", "term-durable"}),
     ),
+    Mutant(
+        "a quiesced follower never wakes (only a new term ends its quiescence)",
+        "raft/_node.py",
+        "            return\n        self._quiesced = False\n",
+        "            return\n        if self._role != Role.LEADER:\n            return  # mutant\n"
+        "        self._quiesced = False\n",
+        ("idle",), 30,
+        frozenset({"liveness-election", "liveness-commit", "liveness-clients"}),
+    ),
 ]
 
 _RUNNER = """

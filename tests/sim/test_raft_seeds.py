@@ -1,4 +1,4 @@
-"""The default simulator budget: 2,380 seeded Raft runs across every fault mix.
+"""The default simulator budget: 2,288 seeded Raft runs across every fault mix.
 
 Seeds are split into chunks so ``pytest -n 2`` spreads them over both
 workers. A failing chunk names every failing seed, the invariant it violated
@@ -14,9 +14,9 @@ from quorumlog.sim import MIXES, SimConfig, run_seed
 pytestmark = pytest.mark.sim
 
 SEEDS_PER_MIX = {3: 202, 5: 84}
-"""Seeds per fault mix for each cluster size: 7 mixes x (202 + 84) = 2,002 runs (fewer than
-the 2,380 of before issue 14: each run now drives the production ready pass and the real
-MetaStateMachine, about 19% more CPU per run; the default run keeps its time)."""
+"""Seeds per fault mix for each cluster size: 8 mixes x (202 + 84) = 2,288 runs (7 mixes and
+2,002 runs before the ``idle`` mix of issue 15; 2,380 before issue 14, when each run started
+driving the production ready pass and the real MetaStateMachine, about 19% more CPU per run)."""
 
 SEEDS_PER_CHUNK = 60
 

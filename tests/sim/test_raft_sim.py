@@ -97,9 +97,10 @@ def test_cli_replays_one_seed_with_a_transcript() -> None:
 
 
 def test_cli_runs_many_seeds_and_summarizes() -> None:
-    out = _cli("--seeds", "7", "--start", "20", "--jobs", "1")
+    seeds = len(MIXES)  # one seed of each mix
+    out = _cli("--seeds", str(seeds), "--start", "20", "--jobs", "1")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "7 seeds: all passed" in out.stdout
+    assert f"{seeds} seeds: all passed" in out.stdout
     for mix in MIXES:
         assert mix[:5] in out.stdout
 

@@ -38,7 +38,7 @@ def raft(
     nodes: int = typer.Option(3, "--nodes", min=1, max=9, help="Raft nodes at the start."),
     mix: str = typer.Option(
         "all", "--mix",
-        help="Fault mix: calm, lossy, partitions, crashes, figure8, churn, everything; "
+        help="Fault mix: calm, lossy, partitions, crashes, figure8, churn, idle, everything; "
         "'all' rotates through them by seed.",
     ),
     jobs: int = typer.Option(2, "--jobs", min=1, max=64, help="Worker processes for --seeds."),

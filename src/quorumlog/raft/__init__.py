@@ -19,7 +19,8 @@ from quorumlog.raft._errors import (
     UnavailableError,
 )
 from quorumlog.raft._file_snapshot import FileSnapshotMachine, StateMachine
-from quorumlog.raft._node import RaftNode, fold_epoch
+from quorumlog.raft._liveness import PeerLiveness
+from quorumlog.raft._node import QUIESCE_CONTEXT, RaftNode, fold_epoch
 from quorumlog.raft._ready_pass import (
     MemoryReadyStorage,
     PendingPass,
@@ -63,6 +64,7 @@ __all__ = [
     "BOOTSTRAP_INDEX",
     "BOOTSTRAP_TERM",
     "NO_NODE",
+    "QUIESCE_CONTEXT",
     "SNAPSHOT_FILES_KEPT",
     "CompactedError",
     "ConfChange",
@@ -81,6 +83,7 @@ __all__ = [
     "MemoryStorage",
     "Message",
     "MessageType",
+    "PeerLiveness",
     "PendingPass",
     "ProposalDroppedError",
     "RaftConfig",

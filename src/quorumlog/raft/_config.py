@@ -57,6 +57,16 @@ class RaftConfig(Config, frozen=True):
     # lost with a crashed transfer), the leader probes the follower again.
     max_snapshot_wait_ticks: int = 100
     read_only_mode: ReadOnlyMode = "safe"
+    # Quiescence (CockroachDB): a leader whose every member has acknowledged
+    # its last entry, with everything committed and applied and nothing
+    # pending, sends one last heartbeat marked "quiesce" and stops ticking; a
+    # follower that has the leader's whole log then stops its election timer.
+    # Any proposal, read or message (other than those heartbeats and their
+    # answers) wakes the group, and so does the driver when the leader's (or a
+    # member's) process stops or starts answering: ``peer_liveness_changed``.
+    # Off by default: only a driver that reports process liveness may turn it on
+    # (a quiesced follower never campaigns by itself).
+    quiesce_idle: bool = False
 
     def validate(self) -> None:
         require(self.node_id >= 1, f"node_id must be >= 1, got {self.node_id}")

@@ -65,7 +65,8 @@ from quorumlog.raft._file_snapshot import (
     decode_manifest,
     restore_machine,
 )
-from quorumlog.raft._node import RaftNode
+from quorumlog.raft._liveness import PeerLiveness
+from quorumlog.raft._node import QUIESCE_CONTEXT, RaftNode
 from quorumlog.raft._ready_pass import AfterAdvance, ReadyPass
 from quorumlog.raft._snapshot_transfer import (
     FileSource,
@@ -87,10 +88,14 @@ from quorumlog.raft._types import (
     encode_message,
 )
 from quorumlog.raft._wal_storage import WalRaftStorage
+from quorumlog.wal import WalConfig
 
 _log = get_logger(__name__)
 
 T = TypeVar("T")
+
+PEERS_REFRESH_TICKS = 10
+"""How often (in ticks) the host recomputes the peer processes of its groups."""
 
 INCOMING_SNAPSHOTS_DIR_NAME = "incoming-snapshots"
 """Staging directory of snapshot transfers under the host's data directory."""
@@ -128,9 +133,28 @@ class HostConfig(Config, frozen=True):
     rejected_message_log_interval_ms: int = 10_000
     snapshot_transfer: SnapshotTransferConfig = msgspec.field(
         default_factory=SnapshotTransferConfig)
+    # Many groups per process (docs/raft.md, "Many groups per process").
+    # Coalesced heartbeats: every heartbeat and heartbeat answer without a read
+    # context travels to a peer process as a compact (group, term, commit,
+    # index) row of one request per pass, not as an encoded message each.
+    coalesce_heartbeats: bool = True
+    # Quiescence of idle groups (RaftConfig.quiesce_idle): a quiesced group is
+    # not ticked and sends nothing; the host then sends each peer process an
+    # empty request per tick as its sign of life.
+    quiesce_idle_groups: bool = True
+    # A peer process not heard from for this many ticks counts as dead, which
+    # wakes the quiesced groups it leads (their followers then elect a new
+    # leader within an election timeout or two) or is a member of; 0 means
+    # election_timeout_ticks (what a follower would wait for a heartbeat).
+    peer_dead_after_ticks: int = 0
+    # The WAL of each group: a process hosting 1,000 groups preallocates one
+    # segment per group, so the segment size bounds its disk use at rest.
+    wal: WalConfig = msgspec.field(default_factory=WalConfig)
 
     def validate(self) -> None:
         require(self.tick_interval_ms >= 1, "tick_interval_ms must be >= 1")
+        require(self.peer_dead_after_ticks >= 0, "peer_dead_after_ticks must be >= 0")
+        self.wal.validate()
         require(self.snapshot_entries >= 1, "snapshot_entries must be >= 1")
         require(self.rejected_message_log_interval_ms >= 0,
                 "rejected_message_log_interval_ms must be >= 0")
@@ -151,12 +175,24 @@ class RaftMessagesResponse(rpc.Message, frozen=True):
     accepted: int
 
 
+HeartbeatRow = tuple[int, int, int, int, bool]
+"""A coalesced HEARTBEAT: (group id, term, commit, index, quiesce)."""
+
+HeartbeatResponseRow = tuple[int, int, int]
+"""A coalesced HEARTBEAT_RESP: (group id, term, index)."""
+
+
 class RaftMessagesRequest(rpc.Request[RaftMessagesResponse], frozen=True):
-    """Raft messages from one process to another: (group id, encoded message)."""
+    """Raft messages from one process to another: (group id, encoded message),
+    and the coalesced heartbeats and answers (from ``from_node`` to ``to_node``)
+    as rows. An empty request is the sender's sign of life (PeerLiveness)."""
 
     type_id: ClassVar[int] = 1000
     from_node: int
     messages: list[tuple[int, bytes]]
+    to_node: int = 0
+    heartbeats: list[HeartbeatRow] = msgspec.field(default_factory=list)
+    heartbeat_responses: list[HeartbeatResponseRow] = msgspec.field(default_factory=list)
 
 
 @dataclass(slots=True, eq=False)
@@ -323,6 +359,11 @@ class RaftHost:
         self._pass: ReadyPass[_Group] = ReadyPass(
             _RpcTransport(self._send_all), self._apply_ready)
         self._rejections = LogRateLimiter(self.config.rejected_message_log_interval_ms / 1000)
+        self._liveness = PeerLiveness(
+            self.config.peer_dead_after_ticks or self.config.election_timeout_ticks)
+        # Peer processes of this host's groups (recomputed every few ticks).
+        self._peers: set[int] = set()
+        self._ticks = 0
         self.snapshot_send_stats = SnapshotSendStats()
         self._work = asyncio.Event()  # hosts are created inside the running loop
         self._pass_lock = asyncio.Lock()  # a group leaves only between ready passes
@@ -357,7 +398,8 @@ class RaftHost:
         """
         invariant(group_id not in self._groups, f"group {group_id} is already hosted")
         cs = ConfState(voters=frozenset(voters)) if voters else None
-        storage = WalRaftStorage.open(self.data_dir / f"group-{group_id:016x}", conf_state=cs)
+        storage = WalRaftStorage.open(self.data_dir / f"group-{group_id:016x}", conf_state=cs,
+                                      config=self.config.wal)
         snap = storage.snapshot()
         try:
             restore_machine(machine, storage.directory, snap)
@@ -372,6 +414,7 @@ class RaftHost:
             election_timeout_ticks=self.config.election_timeout_ticks,
             heartbeat_interval_ticks=self.config.heartbeat_interval_ticks,
             max_snapshot_wait_ticks=self.config.snapshot_wait_ticks_max,
+            quiesce_idle=self.config.quiesce_idle_groups,
         )
         node = RaftNode(raft_config, storage, random.Random(self._rng.random()), applied=applied)
         self._groups[group_id] = _Group(
@@ -552,9 +595,29 @@ class RaftHost:
         interval = self.config.tick_interval_ms / 1000
         while not self._closed:
             await asyncio.sleep(interval)
-            for group in self._groups.values():
-                group.node.tick()
-            self._kick()
+            self._tick()
+
+    def _tick(self) -> None:
+        """One tick: liveness changes first (they wake quiesced groups), then
+        every awake group's clock, then a sign of life to quiet peers."""
+        changed = self._liveness.tick()
+        groups = self._groups.values()
+        if changed:
+            for group in groups:
+                group.node.peer_liveness_changed(changed)
+        for group in groups:
+            node = group.node
+            if not node.quiesced:
+                node.tick()
+        if self._ticks % PEERS_REFRESH_TICKS == 0:
+            self._peers = {peer for group in groups
+                           for peer in group.node.conf_state.members()} - {self.node_id}
+        self._ticks += 1
+        for peer in self._liveness.beat_targets(self._peers):
+            if self.address_of(peer) is not None:  # a member still joining has none yet
+                self._send(peer, RaftMessagesRequest(
+                    from_node=self.node_id, messages=[], to_node=peer), ())
+        self._kick()
 
     async def _ready_loop(self) -> None:
         while not self._closed:
@@ -616,23 +679,48 @@ class RaftHost:
         """The ready pass's transport: one request per peer (bounded), SNAP
         messages as snapshot transfers."""
         per_peer: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
+        heartbeats: dict[int, list[HeartbeatRow]] = defaultdict(list)
+        responses: dict[int, list[HeartbeatResponseRow]] = defaultdict(list)
+        coalesce = self.config.coalesce_heartbeats
         for group_id, message in messages:
-            if message.type is MessageType.SNAP:
+            kind = message.type
+            if kind is MessageType.SNAP:
                 self._start_snapshot_send(group_id, message)
+            elif coalesce and kind is MessageType.HEARTBEAT and (
+                    not message.context or message.context == QUIESCE_CONTEXT):
+                heartbeats[message.to].append(
+                    (group_id, message.term, message.commit, message.index,
+                     bool(message.context)))
+            elif (coalesce and kind is MessageType.HEARTBEAT_RESP and not message.context
+                  and not message.reject):
+                responses[message.to].append((group_id, message.term, message.index))
             else:
                 per_peer[message.to].append((group_id, encode_message(message)))
         count_max = self.config.messages_per_send_max
         bytes_max = self.config.message_bytes_per_send_max
+        me = self.node_id
         for peer, encoded in per_peer.items():
-            for request in split_messages(encoded, count_max, bytes_max):
-                self._send(peer, request)
+            for chunk in split_messages(encoded, count_max, bytes_max):
+                self._send(peer, RaftMessagesRequest(from_node=me, messages=chunk),
+                           [gid for gid, _ in chunk])
+        # Rows are a few dozen bytes: count_max of them stay far below bytes_max.
+        for peer in heartbeats.keys() | responses.keys():
+            beats, answers = heartbeats.get(peer, []), responses.get(peer, [])
+            for start in range(0, max(len(beats), len(answers)), count_max):
+                rows = beats[start:start + count_max]
+                answer_rows = answers[start:start + count_max]
+                self._send(peer, RaftMessagesRequest(
+                    from_node=me, messages=[], to_node=peer, heartbeats=rows,
+                    heartbeat_responses=answer_rows),
+                    [row[0] for row in rows] + [row[0] for row in answer_rows])
 
-    def _send(self, peer: int, messages: list[tuple[int, bytes]]) -> None:
+    def _send(self, peer: int, request: RaftMessagesRequest,
+              group_ids: Sequence[int]) -> None:
+        self._liveness.sent(peer)
         address = self.address_of(peer)
         if address is None:
             _log.warning("raft_unknown_peer", node=self.node_id, peer=peer)
             return
-        request = RaftMessagesRequest(from_node=self.node_id, messages=messages)
         # One-way: a Raft message's answer comes back as a message of its own,
         # so an rpc response would only cost both sides a frame and a send.
         connection = self._pool.get_nowait(address)
@@ -640,23 +728,23 @@ class RaftHost:
             try:
                 connection.send_oneway(request)
             except QuorumlogError:  # closed, or the peer is not reading
-                self._unreachable(peer, messages)
+                self._unreachable(peer, group_ids)
             return
         task = asyncio.get_running_loop().create_task(self._connect_and_send(address, request))
-        task.add_done_callback(lambda t: self._sent(t, peer, messages))
+        task.add_done_callback(lambda t: self._sent(t, peer, group_ids))
 
     async def _connect_and_send(self, address: str, request: RaftMessagesRequest) -> None:
         connection = await asyncio.wait_for(self._pool.get(address),
                                             self.config.send_timeout_ms / 1000)
         connection.send_oneway(request)
 
-    def _sent(self, task: asyncio.Task[Any], peer: int, messages: list[tuple[int, bytes]]) -> None:
+    def _sent(self, task: asyncio.Task[Any], peer: int, group_ids: Sequence[int]) -> None:
         if task.cancelled() or task.exception() is None:
             return
-        self._unreachable(peer, messages)
+        self._unreachable(peer, group_ids)
 
-    def _unreachable(self, peer: int, messages: list[tuple[int, bytes]]) -> None:
-        for group_id in {gid for gid, _ in messages}:
+    def _unreachable(self, peer: int, group_ids: Sequence[int]) -> None:
+        for group_id in set(group_ids):
             group = self._groups.get(group_id)
             if group is not None:
                 group.node.report_unreachable(peer)
@@ -748,27 +836,46 @@ class RaftHost:
     async def _on_messages(
         self, request: RaftMessagesRequest, ctx: rpc.RequestContext
     ) -> RaftMessagesResponse:
+        sender = request.from_node
+        if request.to_node not in (0, self.node_id):
+            _log.warning("raft_misaddressed_request", node=self.node_id,
+                         to_node=request.to_node, sender=sender, peer=ctx.peer)
+            return RaftMessagesResponse(accepted=0)
+        self._liveness.heard(sender)
         accepted = 0
         for group_id, data in request.messages:
-            group = self._groups.get(group_id)
-            if group is None:
-                _log.warning("raft_unknown_group", node=self.node_id, group=group_id,
-                             peer=ctx.peer)
-                continue
-            message = decode_message(data)
-            try:
-                group.node.step(message)
-            except QuorumlogError as exc:
-                suppressed = self._rejections.admit(
-                    (group_id, message.from_), asyncio.get_running_loop().time())
-                if suppressed is not None:
-                    _log.warning("raft_message_rejected", node=self.node_id, group=group_id,
-                                 sender=message.from_, peer=ctx.peer, error=exc.message,
-                                 suppressed_since_last_line=suppressed)
-                continue
-            accepted += 1
-        self._kick()
+            accepted += self._step(group_id, decode_message(data), ctx)
+        me = self.node_id
+        for group_id, term, commit, index, quiesce in request.heartbeats:
+            accepted += self._step(group_id, Message(
+                type=MessageType.HEARTBEAT, to=me, from_=sender, term=term, commit=commit,
+                index=index, context=QUIESCE_CONTEXT if quiesce else b""), ctx)
+        for group_id, term, index in request.heartbeat_responses:
+            accepted += self._step(group_id, Message(
+                type=MessageType.HEARTBEAT_RESP, to=me, from_=sender, term=term,
+                index=index), ctx)
+        if accepted:
+            self._kick()
         return RaftMessagesResponse(accepted=accepted)
+
+    def _step(self, group_id: int, message: Message, ctx: rpc.RequestContext) -> int:
+        """Step one incoming message into its group; 1 if the core took it."""
+        group = self._groups.get(group_id)
+        if group is None:
+            _log.warning("raft_unknown_group", node=self.node_id, group=group_id,
+                         peer=ctx.peer)
+            return 0
+        try:
+            group.node.step(message)
+        except QuorumlogError as exc:
+            suppressed = self._rejections.admit(
+                (group_id, message.from_), asyncio.get_running_loop().time())
+            if suppressed is not None:
+                _log.warning("raft_message_rejected", node=self.node_id, group=group_id,
+                             sender=message.from_, peer=ctx.peer, error=exc.message,
+                             suppressed_since_last_line=suppressed)
+            return 0
+        return 1
 
     # ----- applying -------------------------------------------------------------
 

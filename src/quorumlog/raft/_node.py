@@ -21,7 +21,7 @@ all members agree on it at the same applied index, and snapshots carry it.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from enum import IntEnum
 from typing import Any
 
@@ -65,6 +65,9 @@ from quorumlog.raft._types import (
 
 CAMPAIGN_TRANSFER_CONTEXT = b"quorumlog/campaign-transfer"
 """Context of VOTE messages of a leader transfer: voters skip their lease."""
+
+QUIESCE_CONTEXT = b"quorumlog/quiesce"
+"""Context of a leader's last HEARTBEAT before it quiesces (``quiesce_idle``)."""
 
 _NORMAL = EntryType.NORMAL
 _CONF_CHANGE = EntryType.CONF_CHANGE
@@ -127,6 +130,7 @@ class RaftNode:
         "_pending_ready",
         "_prev_hard_state",
         "_prev_soft_state",
+        "_quiesced",
         "_randomized_election_timeout",
         "_read_only",
         "_read_states",
@@ -178,6 +182,7 @@ class RaftNode:
         self._heartbeat_elapsed = 0
         self._randomized_election_timeout = config.election_timeout_ticks
         self._pending_ready: Ready | None = None
+        self._quiesced = False
         self._step: Callable[[Message], None] = self._step_follower
         self._tick: Callable[[], None] = self._tick_election
         hard_state, conf_state = storage.initial_state()
@@ -253,6 +258,11 @@ class RaftNode:
         return self._epoch
 
     @property
+    def quiesced(self) -> bool:
+        """Whether the group is quiesced: ``tick()`` does nothing until it wakes."""
+        return self._quiesced
+
+    @property
     def commit_index(self) -> int:
         return self._log.committed
 
@@ -307,8 +317,39 @@ class RaftNode:
     # == inputs =====================================================================
 
     def tick(self) -> None:
-        """Advance the logical clock by one tick."""
-        self._tick()
+        """Advance the logical clock by one tick (nothing while quiesced)."""
+        if not self._quiesced:
+            self._tick()
+
+    def wake(self) -> None:
+        """Leave quiescence (if quiesced): timers run again from zero, a leader
+        heartbeats at once and earns its lease again (its tick counter stood
+        still while quiesced, so old lease acknowledgements prove nothing)."""
+        if not self._quiesced:
+            return
+        self._quiesced = False
+        self._election_elapsed = 0
+        self._heartbeat_elapsed = 0
+        if self._role == Role.LEADER:
+            self._lease_acks = {}
+            self._bcast_heartbeat(b"")
+
+    def peer_liveness_changed(self, peers: Iterable[int]) -> None:
+        """The driver saw the processes of ``peers`` stop or start answering.
+
+        A quiesced follower wakes when its leader is among them (it must be
+        able to elect a new one); a quiesced leader wakes when one of its
+        members is (a member back from a crash or a partition hears from it,
+        and a leader cut off learns of a newer term).
+        """
+        if not self._quiesced:
+            return
+        changed = set(peers)
+        if self._role == Role.LEADER:
+            if not changed.isdisjoint(self._tracker.progress):
+                self.wake()
+        elif self._lead in changed or self._lead == NO_NODE:
+            self.wake()
 
     def step(self, message: Message) -> None:
         """Feed one message from a peer.
@@ -318,6 +359,8 @@ class RaftNode:
         driver drops it and carries on. Stale-term messages are ignored.
         """
         self._validate(message)
+        if self._quiesced and not self._keeps_quiesced(message):
+            self.wake()
         term = message.term
         if term > self._term:
             if not self._accept_higher_term(message):
@@ -359,6 +402,7 @@ class RaftNode:
             )
         term = self._term
         entries = [Entry(term, first + i, _NORMAL, data) for i, data in enumerate(batch)]
+        self.wake()  # after every check: a refused proposal leaves the node as it was
         if not self._append_entries(entries):
             raise ProposalDroppedError(
                 f"node {self._id}: {self._uncommitted_bytes} bytes are uncommitted, the cap is "
@@ -379,6 +423,7 @@ class RaftNode:
                 f"not applied yet (applied {self._log.applied}); wait for it, then retry"
             )
         apply_conf_change(self.conf_state, change)  # validate: raises ConfChangeError
+        self.wake()
         if not self._append_conf_change(change):
             raise ProposalDroppedError(
                 f"node {self._id}: uncommitted bytes cap reached", leader_hint=self._id
@@ -406,6 +451,7 @@ class RaftNode:
                 "(max_pending_read_index_requests); retry later",
                 leader_hint=self._id,
             )
+        self.wake()  # before the lease check: see wake()
         self._leader_read_index(self._id, context)
 
     def transfer_leader(self, target: int) -> None:
@@ -416,6 +462,7 @@ class RaftNode:
             pr = self._tracker.progress.get(target)
             if pr is None or pr.is_learner:
                 raise UsageError(f"node {target} is not a voter of the current configuration")
+            self.wake()
             self._handle_transfer_leader(target)
             return
         if self._lead == NO_NODE:
@@ -429,6 +476,7 @@ class RaftNode:
         """Start an election now (pre-vote first if enabled); for tests and tools."""
         if not self._promotable():
             raise UsageError(f"node {self._id} is not a voter and cannot campaign")
+        self.wake()
         self._hup(_Campaign.PRE_ELECTION if self._config.pre_vote else _Campaign.ELECTION)
 
     def report_unreachable(self, node_id: int) -> None:
@@ -453,6 +501,7 @@ class RaftNode:
             raise UsageError(f"node id must be >= 1, got {node_id}")
         if self._role != Role.LEADER:
             return None
+        self.wake()
         return self._tracker.progress.get(node_id)
 
     # == Ready ======================================================================
@@ -648,6 +697,7 @@ class RaftNode:
         return Progress(next_index, inflights, is_learner=is_learner)
 
     def _reset(self, term: int) -> None:
+        self._quiesced = False
         if term != self._term:
             self._term = term
             self._vote = NO_NODE
@@ -937,9 +987,18 @@ class RaftNode:
                            log_term=hint_term))
 
     def _handle_heartbeat(self, m: Message) -> None:
-        self._log.commit_to(m.commit)
+        log = self._log
+        log.commit_to(m.commit)
+        context = m.context
+        if context == QUIESCE_CONTEXT:
+            context = b""  # not a read: nothing for the leader to match
+            # Quiesce only with the leader's whole log: a follower with entries
+            # past the leader's commit keeps its timer (the leader would never
+            # send it more), and is woken by nothing but its own election.
+            if self._config.quiesce_idle and m.commit == log.last_index() == log.committed:
+                self._quiesced = True
         self._send(Message(type=MessageType.HEARTBEAT_RESP, to=m.from_, from_=self._id,
-                           term=self._term, index=m.index, context=m.context))
+                           term=self._term, index=m.index, context=context))
 
     def _handle_snapshot(self, m: Message) -> None:
         snapshot = m.snapshot
@@ -1015,7 +1074,48 @@ class RaftNode:
             return
         if self._heartbeat_elapsed >= self._config.heartbeat_interval_ticks:
             self._heartbeat_elapsed = 0
+            if self._config.quiesce_idle and self._can_quiesce():
+                self._bcast_heartbeat(QUIESCE_CONTEXT)
+                self._quiesced = True
+                return
             self._bcast_heartbeat(self._read_only.last_pending_context())
+
+    def _can_quiesce(self) -> bool:
+        """Whether this leader has nothing left to do until something new comes:
+        every member has its whole log, all of it committed and applied, no
+        read, transfer, snapshot or joint configuration is pending."""
+        log = self._log
+        last = log.last_index()
+        if (
+            log.committed != last
+            or log.applied != last
+            or log.unstable.entries
+            or log.unstable.snapshot is not None
+            or self._pending_ready is not None
+            or self._lead_transferee != NO_NODE
+            or self._read_only.pending_count()
+            or self._pending_read_index
+            or self._tracker.config.voters.outgoing
+            or self._log.term_or_zero(last) != self._term
+        ):
+            return False
+        return all(
+            pr.match == last and pr.state == ProgressState.REPLICATE
+            for pr in self._tracker.progress.values()
+        )
+
+    def _keeps_quiesced(self, m: Message) -> bool:
+        """Messages a quiesced group takes without waking: answers to the
+        heartbeats it quiesced with, and its leader's quiesce heartbeats."""
+        if m.term != self._term:
+            return False
+        if self._role == Role.LEADER:
+            return m.type == MessageType.HEARTBEAT_RESP and not m.reject
+        return (
+            m.type == MessageType.HEARTBEAT
+            and m.from_ == self._lead
+            and m.context == QUIESCE_CONTEXT
+        )
 
     def _tick_snapshot_waits(self) -> None:
         limit = self._config.max_snapshot_wait_ticks

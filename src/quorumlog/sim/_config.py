@@ -62,6 +62,11 @@ class FaultMix(Config, frozen=True):
     # an old-term entry" observable (Raft paper, Figure 8).
     small_messages_probability: float = 0.0
 
+    # Client pace: the longest pause between two operations of one client
+    # (0: SimConfig.client_think_ms_max). Long pauses leave the group idle, so
+    # quiescent runs (SimConfig.quiesce_probability) quiesce between bursts.
+    client_think_ms_max: int = 0
+
     def validate(self) -> None:
         for name in (
             "message_delay_tail_probability", "message_drop_probability",
@@ -75,6 +80,7 @@ class FaultMix(Config, frozen=True):
             "compaction_probability_per_tick", "small_messages_probability",
         ):
             _probability(name, getattr(self, name))
+        require(self.client_think_ms_max >= 0, "client_think_ms_max must be >= 0")
         require(
             0 <= self.message_delay_ms_min <= self.message_delay_ms_max,
             "message delay bounds must satisfy 0 <= min <= max",
@@ -124,6 +130,10 @@ class SimConfig(Config, frozen=True):
     # Per run, drawn from the seed: Raft options on or off (both must be safe).
     pre_vote_probability: float = 0.7
     check_quorum_probability: float = 0.7
+    # Quiescence of idle groups (RaftConfig.quiesce_idle) with process-level
+    # liveness beats between hosts, as RaftHost runs it. Drawn from a generator
+    # of its own, so runs without it are the runs of before.
+    quiesce_probability: float = 0.5
 
     snapshot_min_entries: int = 8  # compaction needs this many applied entries
     compaction_keep_entries_max: int = 4  # entries left before the snapshot point
@@ -173,7 +183,7 @@ class SimConfig(Config, frozen=True):
                      "client_delete_probability",
                      "read_index_probability", "pre_vote_probability",
                      "client_random_target_probability",
-                     "check_quorum_probability"):
+                     "check_quorum_probability", "quiesce_probability"):
             _probability(name, getattr(self, name))
         require(
             self.client_cas_probability + self.client_get_probability
@@ -230,6 +240,16 @@ MIXES: dict[str, FaultMix] = {
         leader_transfer_probability_per_tick=0.02,
         compaction_probability_per_tick=0.05,
         message_delay_tail_probability=0.02,
+    ),
+    # Idle groups: clients pause long enough for the group to quiesce between
+    # bursts, and quiesced groups meet crashes (the leader's too) and partitions.
+    "idle": _CRASHES.replace(
+        name="idle",
+        client_think_ms_max=150,
+        crash_probability_per_tick=0.01,
+        crash_leader_probability=0.7,
+        partition_probability_per_tick=0.02,
+        partition_isolate_leader_probability=0.6,
     ),
     "everything": _CRASHES.replace(
         name="everything",

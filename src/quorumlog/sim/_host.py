@@ -54,6 +54,7 @@ from quorumlog.raft import (
     MemoryStorage,
     Message,
     MessageType,
+    PeerLiveness,
     ProposalDroppedError,
     RaftConfig,
     RaftNode,
@@ -116,6 +117,7 @@ class Outbox:
 
     send_raft: Callable[[Message], None]
     send_client: Callable[[int, ClientResponse], None]
+    send_beat: Callable[[int], None]  # an empty message to a peer host (PeerLiveness)
     on_sent: Callable[[int, Message], None]
     dies_before_send: Callable[[int, Message], bool]
     trace: Callable[[str], None] | None
@@ -149,6 +151,8 @@ class SimRaftHost:
     _read_counter: int = 0
     _was_leader: bool = False
     _promise: DurabilityPromise | None = None
+    # Process liveness of the peers, as RaftHost keeps it (quiescent runs only).
+    _liveness: PeerLiveness | None = None
 
     def __post_init__(self) -> None:
         self.disk = SimDisk(tear_record)
@@ -204,6 +208,9 @@ class SimRaftHost:
         self._group = SimGroup(
             raft, SimRaftStorage(self.node_id, storage, self.disk, self.invariants))
         self._raft = raft
+        if self.raft_config.quiesce_idle:
+            # A fresh process has heard from nobody yet, as a restarted RaftHost.
+            self._liveness = PeerLiveness(self.raft_config.election_timeout_ticks)
         self.up = True
         self._was_leader = False
         if self._promise is not None:
@@ -233,8 +240,25 @@ class SimRaftHost:
     # -- inputs ----------------------------------------------------------------------
 
     def tick(self) -> None:
-        self.raft.tick()
+        """One tick, in RaftHost's order: liveness changes (they wake a quiesced
+        core), the core's tick, its Readies, then a beat to each quiet peer."""
+        raft, liveness = self.raft, self._liveness
+        if liveness is not None:
+            changed = liveness.tick()
+            if changed:
+                self._trace(f"node {self.node_id} liveness changed: {sorted(changed)}")
+                raft.peer_liveness_changed(changed)
+        raft.tick()
         self.flush()
+        if liveness is not None and self.up and not self.crash_requested:
+            peers = raft.conf_state.members() - {self.node_id}
+            for peer in liveness.beat_targets(peers):
+                self.outbox.send_beat(peer)
+
+    def heard(self, peer: int) -> None:
+        """Something from ``peer``'s process arrived."""
+        if self._liveness is not None:
+            self._liveness.heard(peer)
 
     def deliver(self, message: Message) -> None:
         try:
@@ -318,6 +342,8 @@ class SimRaftHost:
                 self._trace(f"node {self.node_id} dies before sending {format_message(message)}")
                 continue
             self.invariants.on_send(self.node_id, message, durable)
+            if self._liveness is not None:
+                self._liveness.sent(message.to)
             outbox.send_raft(message)
             outbox.on_sent(self.node_id, message)
 

@@ -53,7 +53,14 @@ from quorumlog.sim._linearizability import Operation, Verdict, check_history
 from quorumlog.sim._network import SimNetwork
 from quorumlog.sim._trace import Tracer
 
-Payload = Message | ClientRequest | ClientResponse
+
+@dataclass(frozen=True, slots=True)
+class ProcessBeat:
+    """A host's sign of life to a peer host (``PeerLiveness``): RaftHost sends
+    an empty request to each peer process it sent nothing to in a tick."""
+
+
+Payload = Message | ClientRequest | ClientResponse | ProcessBeat
 
 SMALL_MESSAGE_BYTES = 1
 """``max_entries_per_message_bytes`` of "small messages" runs: one entry per APP."""
@@ -125,6 +132,8 @@ class RaftSimulation:
         self._small_messages = root.random() < mix.small_messages_probability
         self._pre_vote = root.random() < config.pre_vote_probability
         self._check_quorum = root.random() < config.check_quorum_probability
+        # Its own generator: runs without quiescence stay the runs of before.
+        self._quiesce = random.Random(f"quiesce/{seed}").random() < config.quiesce_probability
         self.clock = VirtualClock()
         self.timers = TimerQueue()
         self.network: SimNetwork[Payload] = SimNetwork(network_rng, mix)
@@ -139,7 +148,8 @@ class RaftSimulation:
             SimClient(
                 CLIENT_ID_BASE + i,
                 random.Random(client_seed + i),
-                config,
+                config.replace(client_think_ms_max=mix.client_think_ms_max)
+                if mix.client_think_ms_max else config,
                 self.clock.stamp,
                 self._trace if keep_trace else None,
             )
@@ -156,6 +166,7 @@ class RaftSimulation:
             heartbeat_interval_ticks=config.heartbeat_interval_ticks,
             pre_vote=self._pre_vote,
             check_quorum=self._check_quorum,
+            quiesce_idle=self._quiesce,
         )
         if self._small_messages:
             raft_config = raft_config.replace(max_entries_per_message_bytes=SMALL_MESSAGE_BYTES)
@@ -165,6 +176,7 @@ class RaftSimulation:
         outbox = Outbox(
             send_raft=self._send_raft,
             send_client=functools.partial(self._send, node_id),
+            send_beat=functools.partial(self._send_beat, node_id),
             on_sent=self._on_sent,
             dies_before_send=self._dies_before_send,
             trace=self._trace if self.tracer.enabled else None,
@@ -263,6 +275,8 @@ class RaftSimulation:
         host = self.hosts.get(target)
         if host is None or not host.up:
             return
+        if source < CLIENT_ID_BASE:
+            host.heard(source)
         if isinstance(payload, Message):
             host.deliver(payload)
         elif isinstance(payload, ClientRequest):
@@ -275,6 +289,9 @@ class RaftSimulation:
 
     def _send_raft(self, message: Message) -> None:
         self._send(message.from_, message.to, message)
+
+    def _send_beat(self, source: int, target: int) -> None:
+        self.network.send(self.clock.now_ms, source, target, ProcessBeat())
 
     def _send(self, source: int, target: int, payload: Payload) -> None:
         if self.tracer.enabled and isinstance(payload, Message):
