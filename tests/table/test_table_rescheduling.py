@@ -187,6 +187,7 @@ def test_a_killed_nodes_replicas_are_replaced_and_no_write_is_lost(nodes: Nodes)
         writer = Writer(client, "resched")
         writer.thread.start()
         _until(lambda: len(writer.acked) >= 200, "200 acknowledged writes")
+        scheduler = _cli("table", "schedule", "--members", ",".join(nodes.meta))["meta_leader"]
         nodes.kill(4)
         killed_at = time.monotonic()
         _until(lambda: _settled(client, "resched", dead=4), "every partition on 3 live nodes")
@@ -201,7 +202,7 @@ def test_a_killed_nodes_replicas_are_replaced_and_no_write_is_lost(nodes: Nodes)
         for key, value in sorted(writer.acked.items()):
             assert client.get("resched", key, b"s") == value, key
         print(f"replaced {victims} replicas in {replaced_s:.1f} s after the kill")
-    _check_cli(nodes.meta, "resched", dead=4)
+    _check_cli(nodes.meta, "resched", dead=4, scheduler=scheduler)
 
 
 def _cli(*args: str) -> Any:
@@ -210,8 +211,10 @@ def _cli(*args: str) -> Any:
     return json.loads(done.stdout)
 
 
-def _check_cli(meta: list[str], table: str, dead: int) -> None:
-    """`table info` and `table schedule` show the new layout and the changes made."""
+def _check_cli(meta: list[str], table: str, dead: int, scheduler: int) -> None:
+    """`table info` and `table schedule` show the new layout and the changes made
+    (the history is the scheduler's memory: checked when the meta leader that
+    made the changes still leads; a new one starts with none, as Curve's MDS)."""
     members = ",".join(meta)
     info = _cli("table", "info", table, "--members", members)
     groups = info["partition_groups"]
@@ -220,8 +223,9 @@ def _check_cli(meta: list[str], table: str, dead: int) -> None:
     assert all(g["leader"] in g["members"] for g in groups)
     schedule = _cli("table", "schedule", "--members", members)
     assert {n["node"]: n["alive"] for n in schedule["nodes"]}.get(dead) is False
-    done = [c for c in schedule["changes"] if c["state"] == "done"]
-    assert {"add_learner", "promote"} <= {c["kind"] for c in done}
+    if schedule["meta_leader"] == scheduler:
+        done = [c for c in schedule["changes"] if c["state"] == "done"]
+        assert {"add_learner", "promote"} <= {c["kind"] for c in done}
 
 
 def _spread(client: BlockingTableClient, table: str, node: int) -> bool:
