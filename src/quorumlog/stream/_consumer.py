@@ -36,6 +36,7 @@ from quorumlog.stream._meta import (
     version_is,
     watch_key_once,
 )
+from quorumlog.stream._metrics import stream_metrics
 from quorumlog.stream._position import EARLIEST, LATEST, SeqPosition
 from quorumlog.stream._reader import (
     LedgerHandles,
@@ -106,6 +107,8 @@ class Consumer:
         self._keepalive: asyncio.Task[None] | None = None
         self._closed = False
         self._lost: QuorumlogError | None = None
+        self._metrics = stream_metrics(record.name)
+        self._metrics.consumers += 1  # until close()
 
     @classmethod
     async def open(cls, client: LedgerClient, stream: str, subscription: str, *,
@@ -269,6 +272,7 @@ class Consumer:
         if self._closed:
             return
         self._closed = True
+        self._metrics.consumers -= 1
         for task in (self._flusher, self._keepalive):
             if task is not None:
                 task.cancel()
