@@ -36,6 +36,7 @@ from prometheus_client.registry import Collector
 
 from quorumlog import rpc
 from quorumlog.errors import QuorumlogError
+from quorumlog.table._heartbeat import ChangeOutcome
 
 
 @dataclass(slots=True)
@@ -110,7 +111,8 @@ class _TableCollector(Collector):
             ["op"], [([op], histogram) for op, histogram in sorted(m.latency.copy().items())])
         yield rpc.counter_family(
             "quorumlog_table_changes", "Scheduler configuration changes this node was told "
-            "to run, by outcome.", ["outcome"], [([o], c) for o, c in sorted(m.changes.items())])
+            "to run, by outcome.", ["outcome"],
+            [([o.value], m.changes.get(o.value, 0)) for o in ChangeOutcome])
         with _lock:
             nodes = sorted(_nodes, key=lambda node: node.node_id)
         counts = [(str(node.node_id), node.group_counts()) for node in nodes]
