@@ -11,6 +11,13 @@
 # The network-namespace tests (tests/netns/) drop packets between namespaces with
 # nft: as root with apt-get, this installs Debian's nftables when `nft` is
 # missing; otherwise those tests skip with a reason.
+#
+# The Prometheus test (tests/observability/test_prometheus.py, marked slow) runs
+# a real `prometheus` against a local cluster and queries every expression of
+# the Grafana dashboard: as root with apt-get, this installs Debian's
+# prometheus when it is missing (the test runs its own instance on a free port
+# with a temporary storage directory, beside any packaged service);
+# otherwise that test skips with a reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v nft >/dev/null 2>&1; then
@@ -21,6 +28,16 @@ if ! command -v nft >/dev/null 2>&1; then
   else
     echo "setup: no 'nft' on PATH: the network-namespace tests (tests/netns) skip" \
          "(Debian: apt-get install nftables, as root)" >&2
+  fi
+fi
+if ! command -v prometheus >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing prometheus for the dashboard test (tests/observability) ..."
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null 2>&1 \
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
+  else
+    echo "setup: no 'prometheus' on PATH: the dashboard test (tests/observability/test_prometheus.py)" \
+         "skips (Debian: apt-get install prometheus, as root)" >&2
   fi
 fi
 extras=(--extra dev)

@@ -358,6 +358,7 @@ class BookieService:
             "registered": 1.0 if self.registered else 0.0,
             "write_cache_bytes": storage.write_cache_bytes,
             "ledgers": len(storage.ledger_ids()),
+            "disk_usage_ratio": storage.disk_usage(),  # one statvfs per scrape
             "hits_write": stats.write_cache_hits,
             "hits_read": stats.read_cache_hits,
             "hits_log": stats.entry_log_reads,

@@ -17,8 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncGenerator, Awaitable, Coroutine, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, Awaitable, Sequence
 
 import msgspec
 
@@ -35,6 +34,7 @@ from quorumlog.ledger._context import LedgerContext
 from quorumlog.ledger._errors import EntryUnavailableError, ReadPastLacError
 from quorumlog.ledger._fanout import fan_out
 from quorumlog.ledger._metadata import LedgerMetadata
+from quorumlog.ledger._metrics import LEDGER_METRICS
 from quorumlog.proto import (
     DigestMismatchError,
     DigestType,
@@ -70,6 +70,8 @@ class EntryReader:
         """Verify one envelope (ids, digest type, digest) read from ``bookie``."""
         parsed = decode_entry(envelope, ledger_id=self._ledger_id, entry_id=entry_id,
                               digest=self._digest, key=self._key, source=bookie)
+        LEDGER_METRICS.read_entries += 1
+        LEDGER_METRICS.read_bytes += len(parsed.payload)
         return LedgerEntry(self._ledger_id, entry_id, bytes(parsed.payload))
 
     def decode_many(self, envelopes: Sequence[bytes | memoryview], first_entry_id: int,
@@ -79,14 +81,19 @@ class EntryReader:
             payloads = crc32c_payloads(envelopes, self._ledger_id, first_entry_id)
             if payloads is not None:
                 ledger_id = self._ledger_id
+                LEDGER_METRICS.read_entries += len(payloads)
+                LEDGER_METRICS.read_bytes += sum(map(len, payloads))
                 return [LedgerEntry(ledger_id, first_entry_id + k, payload)
                         for k, payload in enumerate(payloads)]
         return [self.decode(envelope, first_entry_id + k, bookie)
                 for k, envelope in enumerate(envelopes)]
 
     async def _read_one(self, bookie: str, entry_id: int) -> LedgerEntry:
+        loop = asyncio.get_running_loop()
+        started_s = loop.time()
         reply = await self._ctx.bookies.read_entry(
             bookie, self._ledger_id, entry_id, timeout_s=self._timeout_s)
+        LEDGER_METRICS.read_latency.observe(loop.time() - started_s)
         return self.decode(reply.envelope, entry_id, bookie)
 
     async def read_entry(self, metadata: LedgerMetadata, entry_id: int) -> LedgerEntry:
@@ -201,10 +208,14 @@ class EntryReader:
                                 ledger=self._ledger_id, entry=first, error=str(exc))
             return []
 
-    def _batch(self, bookie: str, first: int, last: int) -> Coroutine[Any, Any, BatchReply]:
-        return self._ctx.bookies.read_batch(
+    async def _batch(self, bookie: str, first: int, last: int) -> BatchReply:
+        loop = asyncio.get_running_loop()
+        started_s = loop.time()
+        reply = await self._ctx.bookies.read_batch(
             bookie, self._ledger_id, first, max_entries=last - first + 1,
             max_bytes=self._ctx.config.batch_read_bytes_max, timeout_s=self._timeout_s)
+        LEDGER_METRICS.read_latency.observe(loop.time() - started_s)
+        return reply
 
     async def _read_segment(self, metadata: LedgerMetadata, first: int,
                             last: int) -> AsyncGenerator[LedgerEntry, None]:

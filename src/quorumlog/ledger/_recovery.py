@@ -48,6 +48,7 @@ from quorumlog.ledger._context import LedgerContext
 from quorumlog.ledger._errors import LedgerRecoveryError
 from quorumlog.ledger._fanout import fan_out
 from quorumlog.ledger._metadata import Fragment, LedgerMetadata, LedgerState, master_key
+from quorumlog.ledger._metrics import LEDGER_METRICS
 from quorumlog.ledger._quorum import ReadAnswer, RecoveryRead, RecoveryVerdict
 from quorumlog.ledger._write import ClosedByOtherError, WriteHandle
 from quorumlog.proto import (
@@ -83,6 +84,17 @@ class _Found:
 async def recover(ctx: LedgerContext, ledger_id: int, password: bytes) -> tuple[
         LedgerMetadata, int]:
     """Recover and close ``ledger_id``; return its closed metadata and version."""
+    try:
+        result = await _recover(ctx, ledger_id, password)
+    except QuorumlogError:
+        LEDGER_METRICS.recoveries_failed += 1
+        raise
+    LEDGER_METRICS.recoveries_ok += 1
+    return result
+
+
+async def _recover(ctx: LedgerContext, ledger_id: int, password: bytes) -> tuple[
+        LedgerMetadata, int]:
     metadata, version = await _mark_in_recovery(ctx, ledger_id)
     if metadata.is_closed:
         return metadata, version

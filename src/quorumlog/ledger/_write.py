@@ -66,6 +66,7 @@ from quorumlog.ledger._metadata import (
     LedgerState,
     master_key,
 )
+from quorumlog.ledger._metrics import LEDGER_METRICS
 from quorumlog.ledger._placement import NotEnoughBookiesError, choose_replacement
 from quorumlog.ledger._quorum import AckSet
 from quorumlog.proto import (
@@ -101,11 +102,12 @@ class ClosedByOtherError(QuorumlogError):
 class _PendingAdd:
     """One entry on its way to its write set."""
 
-    __slots__ = ("acks", "done", "entry_id", "envelope", "future", "sent_to", "size")
+    __slots__ = ("acks", "done", "entry_id", "envelope", "future", "sent_to", "size",
+                 "started_s")
 
     def __init__(
         self, entry_id: int, envelope: bytes, size: int, *, ack_quorum: int,
-        ensemble_size: int, future: asyncio.Future[int],
+        ensemble_size: int, future: asyncio.Future[int], started_s: float,
     ) -> None:
         self.entry_id = entry_id
         self.envelope = envelope
@@ -114,6 +116,7 @@ class _PendingAdd:
         self.sent_to: list[str | None] = [None] * ensemble_size  # by ensemble index
         self.future = future
         self.done = False
+        self.started_s = started_s  # loop time of the append: the add latency starts here
 
 
 _Queued = tuple[_PendingAdd, int, bytes]
@@ -332,7 +335,8 @@ class WriteHandle:
         self._next_entry_id += 1
         future: asyncio.Future[int] = self._loop.create_future()
         pending = _PendingAdd(entry_id, envelope, size, ack_quorum=self._schedule.ack_quorum,
-                              ensemble_size=self._schedule.ensemble_size, future=future)
+                              ensemble_size=self._schedule.ensemble_size, future=future,
+                              started_s=self._loop.time())
         self._pending.append(pending)
         self._outstanding_bytes += size
         self._adds_since_tick += 1
@@ -453,8 +457,14 @@ class WriteHandle:
             return
         pending = self._pending
         advanced = False
+        now_s = self._loop.time()
+        latency = LEDGER_METRICS.add_latency
+        confirmed = confirmed_bytes = 0
         while pending and pending[0].acks.complete:
             add = pending.popleft()
+            latency.observe(now_s - add.started_s)
+            confirmed += 1
+            confirmed_bytes += add.size
             add.done = True
             add.envelope = b""
             self._lac = add.entry_id
@@ -465,6 +475,8 @@ class WriteHandle:
             advanced = True
         if not advanced:
             return
+        LEDGER_METRICS.adds_ok += confirmed
+        LEDGER_METRICS.added_bytes += confirmed_bytes
         if self._room_waiters:
             waiters, self._room_waiters = self._room_waiters, deque()
             for waiter in waiters:  # woken in FIFO order; each re-checks for room
@@ -546,6 +558,7 @@ class WriteHandle:
                 if not failed:
                     break
                 self._changes += 1
+                LEDGER_METRICS.ensemble_changes += 1
                 if self._changes > self._config.ensemble_changes_max:
                     raise LedgerWriteError(
                         f"ledger {self.id}: more than {self._config.ensemble_changes_max} "
@@ -760,6 +773,9 @@ class WriteHandle:
         log("ledger_handle_failed", ledger=self.id, lac=self._lac,
             pending=len(self._pending), error=error.message)
         pending, self._pending = self._pending, deque()
+        LEDGER_METRICS.adds_failed += len(pending)
+        if not quiet:
+            LEDGER_METRICS.errors[type(error).__name__] += 1
         for add in pending:
             add.done = True
             if not add.future.done():

@@ -46,6 +46,7 @@ from quorumlog.meta._commands import (
     Txn,
 )
 from quorumlog.meta._leases import LeaseKeeper
+from quorumlog.meta._metrics import META_METRICS, register_member, unregister_member
 from quorumlog.meta._read_lease import ReadLease, lease_duration_s
 from quorumlog.meta._state import CompactedError, MetaLimits, MetaStateMachine
 from quorumlog.raft import ConfChange, ConfChangeSingle, ConfChangeType, RaftHost, Role
@@ -233,6 +234,10 @@ class MetaService:
         self._expiry_task: asyncio.Task[None] | None = None
         self._start_task: asyncio.Task[None] | None = None
         self._renewal: asyncio.Task[None] | None = None
+        self._watches_open = 0  # watch requests parked now (metrics)
+        self._sessions_count = 0  # live sessions after the last session command (metrics)
+        self._leader_seen = 0  # the last leader id this member saw (metrics)
+        register_member(self)
 
     def _now_ms(self) -> int:
         return int(self._clock.monotonic_s() * 1000)
@@ -284,7 +289,25 @@ class MetaService:
                 "waits one election timeout after a restart before it joins); retry"
             )
 
+    @property
+    def member_id(self) -> int:
+        return self.host.node_id
+
+    def gauges(self) -> dict[str, float]:
+        """The member's metric gauges (see ``meta/_metrics.py``); attribute reads
+        only, safe from the scrape thread."""
+        values = {"watches_open": float(self._watches_open),
+                  "sessions": float(self._sessions_count),
+                  "revision": float(self.machine.revision)}
+        if self._started:
+            with contextlib.suppress(UsageError):  # not hosted (yet, or any more)
+                node = self.host.group(META_GROUP_ID).node
+                values.update(is_leader=float(node.role is Role.LEADER),
+                              leader_id=float(node.leader_id), term=float(node.term))
+        return values
+
     async def close(self) -> None:
+        unregister_member(self)
         tasks = [t for t in (self._expiry_task, self._start_task, self._renewal) if t is not None]
         for task in tasks:
             task.cancel()
@@ -293,6 +316,8 @@ class MetaService:
     # ----- callbacks from the state machine (on the event loop) --------------
 
     def applied(self, result: Result, events: list[Event]) -> None:
+        if isinstance(result, SessionResult):
+            self._sessions_count = len(self.machine.sessions())
         if isinstance(result, SessionResult) and self.leases.active:
             if result.ttl_ms and result.found and result.session_id in self.machine.sessions():
                 self.leases.created(result.session_id, result.ttl_ms, self._now_ms())
@@ -305,6 +330,7 @@ class MetaService:
             wakeup.set_result(None)
 
     def restored(self) -> None:
+        self._sessions_count = len(self.machine.sessions())
         if self.leases.active:
             self.leases.promote(self._now_ms(), self.machine.sessions())
         self._wake_watches()
@@ -318,6 +344,9 @@ class MetaService:
     def _role_changed(self, group_id: int, role: Role, leader_id: int) -> None:
         if group_id != META_GROUP_ID:
             return
+        if leader_id and leader_id != self._leader_seen:
+            META_METRICS.leader_changes += 1
+            self._leader_seen = leader_id
         if role is Role.LEADER:
             self.leases.promote(self._now_ms(), self.machine.sessions())
         else:
@@ -338,8 +367,21 @@ class MetaService:
 
     async def propose(self, command: Command) -> Result:
         data = REQUEST_ENCODER.encode(Request(command=command))  # no session: not deduplicated
-        result, _ = await self.host.propose(META_GROUP_ID, data)
+        result, _ = await self._propose(data)
         return result  # type: ignore[no-any-return]
+
+    async def _propose(self, data: bytes) -> tuple[Any, Any]:
+        """Propose to the meta group, counted and timed (``quorumlog_meta_proposals``)."""
+        loop = asyncio.get_running_loop()
+        started_s = loop.time()
+        try:
+            outcome = await self.host.propose(META_GROUP_ID, data)
+        except QuorumlogError:
+            META_METRICS.proposals_failed += 1
+            raise
+        META_METRICS.proposals_ok += 1
+        META_METRICS.proposal_latency.observe(loop.time() - started_s)
+        return outcome  # type: ignore[no-any-return]
 
     # ----- handlers ----------------------------------------------------------
 
@@ -348,16 +390,18 @@ class MetaService:
     ) -> MetaWriteResponse:
         self._require_started()
         try:
-            msgspec.msgpack.decode(request.request, type=Request)
+            decoded = msgspec.msgpack.decode(request.request, type=Request)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise UsageError(f"malformed meta request: {exc}") from None
-        result, _ = await self.host.propose(META_GROUP_ID, request.request)
+        META_METRICS.requests[type(decoded.command).__name__] += 1
+        result, _ = await self._propose(request.request)
         return MetaWriteResponse(result=_RESULT_ENCODER.encode(result))
 
     async def _on_range(
         self, request: MetaRangeRequest, ctx: rpc.RequestContext
     ) -> MetaRangeResponse:
         self._require_started()
+        META_METRICS.requests["Range"] += 1
         if not request.serializable:
             await self._linearizable()
         return MetaRangeResponse(
@@ -436,6 +480,7 @@ class MetaService:
         self, request: MetaKeepAliveRequest, ctx: rpc.RequestContext
     ) -> MetaKeepAliveResponse:
         self._require_started()
+        META_METRICS.requests["KeepAlive"] += 1
         group = self.host.group(META_GROUP_ID)
         self.host.require_leader(group)
         ttl = self.leases.keepalive(request.session_id, self._now_ms())
@@ -445,6 +490,14 @@ class MetaService:
         self, request: MetaWatchRequest, ctx: rpc.RequestContext
     ) -> MetaWatchResponse:
         self._require_started()
+        META_METRICS.requests["Watch"] += 1
+        self._watches_open += 1
+        try:
+            return await self._watch(request)
+        finally:
+            self._watches_open -= 1
+
+    async def _watch(self, request: MetaWatchRequest) -> MetaWatchResponse:
         wait_s = min(max(request.wait_ms, 0), WATCH_WAIT_MS_MAX) / 1000
         deadline = asyncio.get_running_loop().time() + wait_s
         start = max(request.start_revision, 1)

@@ -53,7 +53,9 @@ Public API:
   ``close()``; errors ``LoopCallTimeoutError`` (the call was cancelled),
   ``LoopReentryError`` (a blocking call from the loop thread itself),
   ``LoopClosedError``.
-- ``metrics_registry``: the prometheus_client registry with the rpc counters.
+- ``metrics_registry``: the process's prometheus_client registry (rpc counters, and
+  every package's collector); ``LatencyHistogram`` and the ``*_family`` helpers
+  build the families of those collectors.
 
 See docs/rpc.md for the wire format, the copy count of payloads and the limits.
 """
@@ -82,17 +84,26 @@ from ._loop_thread import (
     LoopThread,
 )
 from ._messages import Message, Request
-from ._metrics import metrics_registry
+from ._metrics import (
+    LATENCY_BUCKETS_SECONDS,
+    LatencyHistogram,
+    counter_family,
+    gauge_family,
+    histogram_family,
+    metrics_registry,
+)
 from ._pool import Pool
 from ._security import server_ssl_context
 from ._server import RequestContext, Server
 
 __all__ = [
+    "LATENCY_BUCKETS_SECONDS",
     "AuthenticationError",
     "BackpressureError",
     "ConnectFailedError",
     "Connection",
     "ConnectionClosedError",
+    "LatencyHistogram",
     "LoopCallTimeoutError",
     "LoopClosedError",
     "LoopReentryError",
@@ -107,7 +118,10 @@ __all__ = [
     "Server",
     "UnsupportedRequestError",
     "connect",
+    "counter_family",
     "default_security",
+    "gauge_family",
+    "histogram_family",
     "install_uvloop",
     "metrics_registry",
     "register_error",

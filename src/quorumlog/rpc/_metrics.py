@@ -19,12 +19,17 @@ Exported families:
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.registry import Collector
 
 SIDES = ("client", "server")
@@ -104,6 +109,70 @@ class _RpcCollector(Collector):
         timeouts.add_metric([], CLIENT.timeouts)
         yield from (requests, errors, closed, sent, received, in_flight, open_connections)
         yield timeouts
+
+
+LATENCY_BUCKETS_SECONDS = (0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                           0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+"""Upper bounds of the latency histograms of the ledger client, streams, meta
+and tables (0.25 ms to 10 s: a local fsync to a request that timed out)."""
+
+
+class LatencyHistogram:
+    """A histogram kept in plain integers, for hot paths.
+
+    ``observe`` is a bisect and two additions (a prometheus_client
+    ``Histogram.observe`` takes a lock per call); a collector turns it into a
+    ``HistogramMetricFamily`` at scrape time with :func:`histogram_family`.
+    Written by one event loop thread; a scrape reads a copy of the counts.
+    """
+
+    __slots__ = ("bounds_seconds", "counts", "sum_seconds")
+
+    def __init__(self, bounds_seconds: tuple[float, ...] = LATENCY_BUCKETS_SECONDS) -> None:
+        self.bounds_seconds = bounds_seconds
+        self.counts = [0] * (len(bounds_seconds) + 1)  # the last one: above every bound
+        self.sum_seconds = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect_left(self.bounds_seconds, seconds)] += 1
+        self.sum_seconds += seconds
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        """Prometheus buckets: (le, observations <= le), ending with +Inf."""
+        counts = list(self.counts)
+        buckets: list[tuple[str, float]] = []
+        total = 0
+        for bound, count in zip((*self.bounds_seconds, float("inf")), counts, strict=True):
+            total += count
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), total))
+        return buckets
+
+
+def histogram_family(name: str, documentation: str, labels: list[str],
+                     histograms: Iterable[tuple[list[str], LatencyHistogram]]
+                     ) -> HistogramMetricFamily:
+    """One histogram family from ``(label values, histogram)`` pairs."""
+    family = HistogramMetricFamily(name, documentation, labels=labels)
+    for values, histogram in histograms:
+        family.add_metric(values, histogram.cumulative(), histogram.sum_seconds)
+    return family
+
+
+def counter_family(name: str, documentation: str, labels: list[str],
+                   counts: Iterable[tuple[list[str], float]]) -> CounterMetricFamily:
+    """One counter family (``name`` without ``_total``) from ``(label values, count)``."""
+    family = CounterMetricFamily(name, documentation, labels=labels)
+    for values, count in counts:
+        family.add_metric(values, count)
+    return family
+
+
+def gauge_family(name: str, documentation: str, labels: list[str],
+                 values: Iterable[tuple[list[str], float]]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, documentation, labels=labels)
+    for label_values, value in values:
+        family.add_metric(label_values, value)
+    return family
 
 
 metrics_registry = CollectorRegistry(auto_describe=False)

@@ -36,6 +36,7 @@ from quorumlog.stream._meta import (
     version_is,
     watch_key_once,
 )
+from quorumlog.stream._metrics import stream_metrics
 from quorumlog.stream._position import EARLIEST, LATEST, SeqPosition
 from quorumlog.stream._reader import (
     LedgerHandles,
@@ -106,6 +107,8 @@ class Consumer:
         self._keepalive: asyncio.Task[None] | None = None
         self._closed = False
         self._lost: QuorumlogError | None = None
+        self._metrics = stream_metrics(record.name)
+        self._counted = False  # in quorumlog_stream_consumers (from _start to close)
 
     @classmethod
     async def open(cls, client: LedgerClient, stream: str, subscription: str, *,
@@ -151,6 +154,8 @@ class Consumer:
         self._keepalive = loop.create_task(self._keep_alive())
         if self._config.ack_flush_ms > 0:
             self._flusher = loop.create_task(self._flush_loop())
+        self._metrics.consumers += 1
+        self._counted = True
 
     async def _keep_alive(self) -> None:
         while not self._closed:
@@ -269,6 +274,8 @@ class Consumer:
         if self._closed:
             return
         self._closed = True
+        if self._counted:
+            self._metrics.consumers -= 1
         for task in (self._flusher, self._keepalive):
             if task is not None:
                 task.cancel()

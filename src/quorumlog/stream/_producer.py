@@ -31,8 +31,10 @@ from quorumlog.stream._entry import (
 from quorumlog.stream._errors import MessageTooLargeError, ProducerFencedError
 from quorumlog.stream._layout import StreamRecord
 from quorumlog.stream._meta import load_record
+from quorumlog.stream._metrics import BACKLOG_INTERVAL_S, set_backlog, stream_metrics
 from quorumlog.stream._position import Position
 from quorumlog.stream._retention import RoundRobin, partition_for_key
+from quorumlog.stream._subscriptions import list_subscriptions
 from quorumlog.stream._writer import EntryInfo, PartitionWriter, owner_name
 
 log = get_logger(__name__)
@@ -45,6 +47,11 @@ class ProducerConfig(Config, frozen=True):
     batch_delay_ms: float = 1.0  # Pulsar batchingMaxPublishDelayMicros = 1000
     pending_messages_max: int = 10_000  # sends beyond this wait (bounded memory)
     lease_wait_ms: int = 30_000  # how long open waits for another writer's lease
+    # How often the producer (the owner of the stream's writes) recomputes the
+    # backlog gauges of every subscription (quorumlog_stream_backlog_entries):
+    # a few meta reads per partition and subscription, so seconds, not per
+    # message; 0 turns it off.
+    backlog_interval_ms: int = int(BACKLOG_INTERVAL_S * 1000)
 
     def validate(self) -> None:
         require(self.batch_messages_max >= 1, "batch_messages_max must be >= 1")
@@ -52,6 +59,7 @@ class ProducerConfig(Config, frozen=True):
         require(self.batch_delay_ms >= 0, "batch_delay_ms must be >= 0")
         require(self.pending_messages_max >= 1, "pending_messages_max must be >= 1")
         require(self.lease_wait_ms >= 0, "lease_wait_ms must be >= 0")
+        require(self.backlog_interval_ms >= 0, "backlog_interval_ms must be >= 0 (0: off)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +100,9 @@ class Producer:
         self._room = asyncio.Semaphore(config.pending_messages_max)
         self._round_robin = RoundRobin()
         self._keepalive: asyncio.Task[None] | None = None
+        self._backlog: asyncio.Task[None] | None = None
+        self._metrics = stream_metrics(record.name)
+        self._metrics.producers += 1  # until close()
         self._outstanding: set[asyncio.Future[MessageId]] = set()
         self._closed = False
 
@@ -104,6 +115,8 @@ class Producer:
         session_id = await client.meta.create_session(record.config.writer_lease_ttl_ms)
         producer = cls(client, record, config, session_id)
         producer._keepalive = asyncio.get_running_loop().create_task(producer._keep_alive())
+        if config.backlog_interval_ms:
+            producer._backlog = asyncio.get_running_loop().create_task(producer._backlog_loop())
         owner = owner_name()
         try:
             for partition in range(record.config.partitions):
@@ -136,6 +149,18 @@ class Producer:
                 for writer in self._writers:
                     writer._fail(error)
                 return
+
+    async def _backlog_loop(self) -> None:
+        """Recompute the subscriptions' backlog gauges every ``backlog_interval_ms``."""
+        interval_s = self._config.backlog_interval_ms / 1000
+        while not self._closed:
+            await asyncio.sleep(interval_s)
+            try:
+                subscriptions = await list_subscriptions(self._client, self.stream)
+            except QuorumlogError as exc:
+                log.debug("producer_backlog_failed", stream=self.stream, error=exc.message)
+                continue
+            set_backlog(self.stream, {s.name: s.backlog_entries for s in subscriptions})
 
     # ----- sending ------------------------------------------------------------------------
 
@@ -237,10 +262,11 @@ class Producer:
             for future in batch.futures:
                 future.set_exception(exc)
             return
-        entry.add_done_callback(functools.partial(self._resolve, partition, batch.futures))
+        entry.add_done_callback(functools.partial(self._resolve, partition, batch.futures,
+                                                  batch.bytes))
 
     def _resolve(self, partition: int, futures: list[asyncio.Future[MessageId]],
-                 entry: asyncio.Future[Position]) -> None:
+                 batch_bytes: int, entry: asyncio.Future[Position]) -> None:
         error: BaseException | None = (UsageError("the send was cancelled") if entry.cancelled()
                                        else entry.exception())
         if error is not None:
@@ -249,6 +275,8 @@ class Producer:
                     future.set_exception(error)
             return
         position = entry.result()
+        self._metrics.in_messages += len(futures)
+        self._metrics.in_bytes += batch_bytes
         for index, future in enumerate(futures):
             if not future.done():
                 future.set_result(MessageId(self.stream, partition,
@@ -270,12 +298,14 @@ class Producer:
         for partition in range(len(self._writers)):
             self._flush(partition)
         self._closed = True
+        self._metrics.producers -= 1
         for writer in self._writers:
             await writer.close()
-        if self._keepalive is not None:
-            self._keepalive.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keepalive
+        for task in (self._keepalive, self._backlog):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         with contextlib.suppress(QuorumlogError):
             await self._client.meta.revoke_session(self._session_id)
 

@@ -32,6 +32,7 @@ from quorumlog.stream._errors import BadPositionError, DataLossError
 from quorumlog.stream._layout import LedgerInfo, PartitionHead, StreamRecord, partition_key
 from quorumlog.stream._ledgers import LedgerList
 from quorumlog.stream._meta import watch_key_once
+from quorumlog.stream._metrics import stream_metrics
 from quorumlog.stream._position import EARLIEST, LATEST, Position, SeqPosition
 from quorumlog.stream._retention import EntrySearch
 
@@ -191,6 +192,7 @@ class PartitionReader:
         self._handles = handles or LedgerHandles(client, record.password)
         self._ledgers = ledgers or LedgerList(client.meta, record.name, partition)
         self._lac: dict[int, int] = {}
+        self._metrics = stream_metrics(record.name)
 
     @property
     def next_position(self) -> tuple[int, int]:
@@ -266,6 +268,9 @@ class PartitionReader:
         return messages
 
     def _after_read(self, messages: list[Message]) -> None:
+        metrics = self._metrics
+        metrics.out_messages += len(messages)
+        metrics.out_bytes += sum(len(message.value) for message in messages)
         self._start = None
         if messages and self._skip_before_ms:
             self._skip_before_ms = 0  # publish times do not decrease inside a ledger

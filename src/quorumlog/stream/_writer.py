@@ -68,6 +68,7 @@ from quorumlog.stream._meta import (
     version_is,
     watch_key_once,
 )
+from quorumlog.stream._metrics import stream_metrics
 from quorumlog.stream._position import Position
 
 log = get_logger(__name__)
@@ -440,6 +441,7 @@ class PartitionWriter:
                     takeover=False,
                 )
                 self.rollovers += 1
+                stream_metrics(self.stream).rollovers += 1
                 log.info("writer_rolled_over", stream=self.stream, partition=self.partition,
                          closed=current.ledger_id, entries=current.totals.entries)
             except ProducerFencedError as exc:

@@ -17,6 +17,7 @@ read with ``stale_ok``, which any replica answers from its own store.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import shutil
 import time
@@ -29,7 +30,7 @@ from quorumlog.config import Config, require
 from quorumlog.errors import QuorumlogError
 from quorumlog.log import get_logger
 from quorumlog.meta import MetaClient
-from quorumlog.raft import HostConfig, RaftHost
+from quorumlog.raft import HostConfig, RaftHost, Role
 from quorumlog.table._commands import TableEntry, encode_entry
 from quorumlog.table._heartbeat import (
     ChangeExecutor,
@@ -65,6 +66,7 @@ from quorumlog.table._messages import (
     TableWriteRequest,
     TableWriteResponse,
 )
+from quorumlog.table._metrics import TABLE_METRICS, metered, register_node, unregister_node
 from quorumlog.table._scheduler import NodeReport, SchedulerConfig
 from quorumlog.table._store import TableStore
 from quorumlog.table._timetag import TimetagClock
@@ -157,18 +159,29 @@ class TableService:
     def handlers(self) -> dict[type[rpc.Request[Any]], Any]:
         """The table requests; the Raft host's own handlers are in ``host.handlers()``."""
         return {
-            TableWriteRequest: self._on_write,
-            TableGetRequest: self._on_get,
-            TableMultiGetRequest: self._on_multi_get,
-            TableScanRequest: self._on_scan,
-            TableCountRequest: self._on_count,
-            TableTtlRequest: self._on_ttl,
+            TableWriteRequest: metered("write", self._on_write),
+            TableGetRequest: metered("get", self._on_get),
+            TableMultiGetRequest: metered("multi_get", self._on_multi_get),
+            TableScanRequest: metered("scan", self._on_scan),
+            TableCountRequest: metered("count", self._on_count),
+            TableTtlRequest: metered("ttl", self._on_ttl),
         }
 
     def hosts_group(self, group_id: int) -> bool:
         return group_id in self._replicas
 
+    def group_counts(self) -> tuple[int, int]:
+        """(replicas hosted, replicas led), for the metrics scrape thread."""
+        replicas = list(self._replicas.values())
+        hosted = [r for r in replicas if not r.dropped]
+        led = 0
+        for replica in hosted:
+            with contextlib.suppress(QuorumlogError):
+                led += self.host.group(replica.group_id).node.role is Role.LEADER
+        return len(hosted), led
+
     async def start(self) -> None:
+        register_node(self)
         await self.host.start()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._register_loop(), name="table-registration"),
@@ -176,6 +189,7 @@ class TableService:
                        loop.create_task(self._heartbeat_loop(), name="table-heartbeat")]
 
     async def close(self) -> None:
+        unregister_node(self)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -283,7 +297,9 @@ class TableService:
                 _log.warning("table_heartbeat_failed", node=self.node_id, error=exc.message)
                 continue
             for change in changes:
-                if self.executor.submit(change) is ChangeOutcome.NOT_HOSTED:
+                outcome = self.executor.submit(change)
+                TABLE_METRICS.changes[outcome.value] += 1
+                if outcome is ChangeOutcome.NOT_HOSTED:
                     _log.info("table_change_for_unknown_group", group=change.group_id)
 
     def node_report(self) -> NodeReport:
