@@ -406,6 +406,36 @@ def test_pool_shares_one_connection_and_reconnects() -> None:
     run(body())
 
 
+def test_a_calls_timeout_bounds_its_connect() -> None:
+    """A member that accepts TCP but never answers the hello (a hung or
+    partitioned peer) must cost a caller its call's timeout, not the pool's
+    connect_timeout_s: a meta client with a 10 s deadline that tried such a
+    member first ran out of time before trying the next (tests/netns)."""
+    async def body() -> None:
+        writers: list[asyncio.StreamWriter] = []
+
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writers.append(writer)  # accept, never answer
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        pool = rpc.Pool(config=rpc.RpcConfig(connect_timeout_s=30.0))
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            with pytest.raises(rpc.ConnectFailedError, match="within the call"):
+                await pool.call(f"127.0.0.1:{port}", EchoRequest(n=1), timeout_s=0.5)
+            assert loop.time() - started < 5.0
+        finally:
+            await pool.close()
+            for writer in writers:
+                writer.close()
+            server.close()
+            await server.wait_closed()
+
+    run(body())
+
+
 def test_pool_evicts_idle_connections_at_its_bound() -> None:
     async def body() -> None:
         servers = [await started() for _ in range(3)]

@@ -12,10 +12,13 @@ from quorumlog.errors import TransientError, UsageError
 
 from ._client import Connection, connect
 from ._config import RpcConfig, RpcSecurityConfig, default_security
+from ._errors import ConnectFailedError
 from ._messages import Message, Request
 from ._protocol import BytesLike, log
 
 R = TypeVar("R", bound=Message)
+
+MIN_CALL_TIMEOUT_S = 0.05  # what a call keeps for its answer after a slow connect
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -73,6 +76,24 @@ class Pool:
         # One caller giving up must not cancel the connect the others wait for.
         return await asyncio.shield(task)
 
+    async def _get_within(self, address: str,
+                          timeout_s: float | None) -> tuple[Connection, float | None]:
+        """The connection to ``address``, and what is left of ``timeout_s``: the
+        call's timeout bounds connecting too, so a caller that tries members in
+        turn (meta clients) moves on from a silent one within its own budget
+        instead of waiting out ``connect_timeout_s``."""
+        if timeout_s is None:
+            return await self.get(address), None
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            connection = await asyncio.wait_for(self.get(address), timeout_s)
+        except TimeoutError:
+            raise ConnectFailedError(
+                f"connect to {address} did not finish within the call's {timeout_s:.1f}s"
+            ) from None
+        return connection, max(timeout_s - (loop.time() - started), MIN_CALL_TIMEOUT_S)
+
     async def call(
         self,
         address: str,
@@ -81,8 +102,8 @@ class Pool:
         payload: BytesLike | None = None,
         timeout_s: float | None = None,
     ) -> R:
-        connection = await self.get(address)
-        return await connection.call(request, payload=payload, timeout_s=timeout_s)
+        connection, left_s = await self._get_within(address, timeout_s)
+        return await connection.call(request, payload=payload, timeout_s=left_s)
 
     async def call_with_payload(
         self,
@@ -92,8 +113,8 @@ class Pool:
         payload: BytesLike | None = None,
         timeout_s: float | None = None,
     ) -> tuple[R, memoryview]:
-        connection = await self.get(address)
-        return await connection.call_with_payload(request, payload=payload, timeout_s=timeout_s)
+        connection, left_s = await self._get_within(address, timeout_s)
+        return await connection.call_with_payload(request, payload=payload, timeout_s=left_s)
 
     async def close(self) -> None:
         """Close every connection; pending calls fail with ConnectionClosedError."""
