@@ -9,7 +9,12 @@ See docs/recovery.md.
 """
 
 from quorumlog.recovery._admin import (
+    DecommissionProgress,
+    DecommissionRefusedError,
     RecoveryStatus,
+    cancel_decommission,
+    decommission,
+    decommission_progress,
     recovery_status,
     set_recovery_enabled,
     underreplicated,
@@ -35,6 +40,8 @@ __all__ = [
     "TASK_PREFIX",
     "AuditRound",
     "Auditor",
+    "DecommissionProgress",
+    "DecommissionRefusedError",
     "EntryLostError",
     "RecoveryConfig",
     "RecoveryService",
@@ -44,6 +51,9 @@ __all__ = [
     "ReplicationWorker",
     "Slot",
     "TaskState",
+    "cancel_decommission",
+    "decommission",
+    "decommission_progress",
     "entries_of_slot",
     "lost_bookies",
     "recovery_status",
