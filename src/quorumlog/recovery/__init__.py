@@ -29,7 +29,14 @@ from quorumlog.recovery._layout import (
     TaskState,
     task_key,
 )
-from quorumlog.recovery._plan import Slot, entries_of_slot, lost_bookies, slots_to_replace
+from quorumlog.recovery._plan import (
+    Slot,
+    entries_of_slot,
+    lost_bookies,
+    placement_label,
+    replacement_for,
+    slots_to_replace,
+)
 from quorumlog.recovery._service import RecoveryService
 from quorumlog.recovery._session import RecoverySession
 from quorumlog.recovery._worker import EntryLostError, ReplicationWorker
@@ -56,7 +63,9 @@ __all__ = [
     "decommission_progress",
     "entries_of_slot",
     "lost_bookies",
+    "placement_label",
     "recovery_status",
+    "replacement_for",
     "set_recovery_enabled",
     "slots_to_replace",
     "task_key",

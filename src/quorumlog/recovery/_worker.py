@@ -10,9 +10,10 @@ worker takes the task over. For the ledger it then:
    with the ledger client's recovery;
 2. for each fragment position naming a lost bookie: if that bookie is
    registered again and still holds every entry of the position, nothing is
-   copied; otherwise a replacement (random placement among writable bookies
-   outside the fragment; kept in the task so a successor reuses it) gets each
-   entry, read from a surviving replica with digest verification, in batches
+   copied; otherwise a replacement (a writable bookie outside the fragment,
+   chosen by the ledger's placement policy, rack/zone-aware like ensemble
+   creation; kept in the task so a successor reuses it) gets each entry,
+   read from a surviving replica with digest verification, in batches
    of recovery adds, at most ``throttle_bytes_per_s``;
 3. swaps the replacement into that fragment by compare-and-swap of the ledger
    metadata - after the copy, so a worker dying mid-copy changed nothing in
@@ -37,7 +38,6 @@ from quorumlog.errors import QuorumlogError, invariant
 from quorumlog.ledger import (
     LedgerClient,
     LedgerMetadata,
-    choose_replacement,
     master_key,
 )
 from quorumlog.log import get_logger
@@ -45,7 +45,14 @@ from quorumlog.meta import MetaClient
 from quorumlog.recovery import _layout as layout
 from quorumlog.recovery._config import RecoveryConfig
 from quorumlog.recovery._metrics import BYTES_COPIED, FRAGMENTS_REPLICATED
-from quorumlog.recovery._plan import Slot, entries_of_slot, slots_to_replace, sources_for
+from quorumlog.recovery._plan import (
+    Slot,
+    entries_of_slot,
+    placement_label,
+    replacement_for,
+    slots_to_replace,
+    sources_for,
+)
 from quorumlog.recovery._session import RecoverySession
 
 _log = get_logger(__name__)
@@ -213,12 +220,13 @@ class ReplicationWorker:
         fragment = metadata.ensembles[slot.fragment_index].bookies
         name = layout.replacement_slot(slot.first_entry_id, slot.position)
         chosen = task.replacements.get(name)
-        candidates = [c for c in await self._client.context.candidates(None)
+        ctx = self._client.context
+        candidates = [c for c in await ctx.candidates(placement_label(metadata))
                       if c.address not in task.bookies]
         usable = {c.address for c in candidates if c.writable}
         if chosen is None or chosen not in usable or chosen in fragment:
-            chosen = choose_replacement(candidates, fragment, slot.position, self._rng,
-                                        write_quorum=metadata.write_quorum)
+            chosen = replacement_for(metadata, slot, candidates, self._rng,
+                                     min_racks=ctx.config.placement_min_racks)
             kv = await self._meta.get(layout.task_key(metadata.ledger_id))
             if kv is not None:
                 current = layout.ReplicationTask.decode(kv.value)
