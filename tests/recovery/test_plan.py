@@ -5,7 +5,9 @@ from __future__ import annotations
 import random
 
 import msgspec
+import pytest
 
+from quorumlog.errors import ConfigError
 from quorumlog.ledger import (
     BookieCandidate,
     Fragment,
@@ -15,10 +17,12 @@ from quorumlog.ledger import (
 )
 from quorumlog.proto import DigestType
 from quorumlog.recovery import (
+    RecoveryConfig,
     entries_of_slot,
     lost_bookies,
     placement_label,
     replacement_for,
+    sample_entries,
     slots_to_replace,
 )
 from quorumlog.recovery._plan import bookies_to_replace, sources_for
@@ -113,3 +117,22 @@ def test_a_ledger_without_recorded_placement_decodes_as_random() -> None:
     raw = msgspec.msgpack.decode(md.encode())
     del raw["placement"]  # written before the field existed
     assert LedgerMetadata.decode(msgspec.msgpack.encode(raw)).placement == "random"
+
+
+def test_check_samples_a_share_and_always_the_last_entry() -> None:
+    entries = list(range(0, 300, 3))
+    assert sample_entries(entries, 100, random.Random(1)) == entries
+    for seed in range(SEEDS):
+        got = sample_entries(entries, 10, random.Random(seed))
+        assert len(got) == 10 and got[-1] == entries[-1] and set(got) <= set(entries)
+        assert got == sorted(got)
+    assert sample_entries([5], 1, random.Random(0)) == [5]
+    assert sample_entries([], 50, random.Random(0)) == []
+
+
+def test_check_settings_are_validated() -> None:
+    RecoveryConfig(check_interval_ms=0, check_sample_percent=1).validate()  # 0: no check
+    for bad in ({"check_sample_percent": 0}, {"check_sample_percent": 101},
+                {"check_interval_ms": -1}, {"check_reads_in_flight_max": 0}):
+        with pytest.raises(ConfigError):
+            RecoveryConfig(**bad).validate()  # type: ignore[arg-type]

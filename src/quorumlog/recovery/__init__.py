@@ -20,6 +20,7 @@ from quorumlog.recovery._admin import (
     underreplicated,
 )
 from quorumlog.recovery._auditor import Auditor, AuditRound
+from quorumlog.recovery._check import CheckRound, ReplicaChecker, sample_entries
 from quorumlog.recovery._config import RecoveryConfig
 from quorumlog.recovery._layout import (
     AUDITOR_KEY,
@@ -47,6 +48,7 @@ __all__ = [
     "TASK_PREFIX",
     "AuditRound",
     "Auditor",
+    "CheckRound",
     "DecommissionProgress",
     "DecommissionRefusedError",
     "EntryLostError",
@@ -54,6 +56,7 @@ __all__ = [
     "RecoveryService",
     "RecoverySession",
     "RecoveryStatus",
+    "ReplicaChecker",
     "ReplicationTask",
     "ReplicationWorker",
     "Slot",
@@ -66,6 +69,7 @@ __all__ = [
     "placement_label",
     "recovery_status",
     "replacement_for",
+    "sample_entries",
     "set_recovery_enabled",
     "slots_to_replace",
     "task_key",
