@@ -38,6 +38,13 @@ from quorumlog.recovery._plan import (
     replacement_for,
     slots_to_replace,
 )
+from quorumlog.recovery._scrub import (
+    PROBLEMS,
+    ReplicaReport,
+    audit_extra,
+    audit_fragment,
+    repair_tasks,
+)
 from quorumlog.recovery._service import RecoveryService
 from quorumlog.recovery._session import RecoverySession
 from quorumlog.recovery._worker import EntryLostError, ReplicationWorker
@@ -45,6 +52,7 @@ from quorumlog.recovery._worker import EntryLostError, ReplicationWorker
 __all__ = [
     "AUDITOR_KEY",
     "DISABLED_KEY",
+    "PROBLEMS",
     "TASK_PREFIX",
     "AuditRound",
     "Auditor",
@@ -57,10 +65,13 @@ __all__ = [
     "RecoverySession",
     "RecoveryStatus",
     "ReplicaChecker",
+    "ReplicaReport",
     "ReplicationTask",
     "ReplicationWorker",
     "Slot",
     "TaskState",
+    "audit_extra",
+    "audit_fragment",
     "cancel_decommission",
     "decommission",
     "decommission_progress",
@@ -68,6 +79,7 @@ __all__ = [
     "lost_bookies",
     "placement_label",
     "recovery_status",
+    "repair_tasks",
     "replacement_for",
     "sample_entries",
     "set_recovery_enabled",

@@ -193,7 +193,7 @@ class ReplicationWorker:
             return  # replaced already (by an earlier attempt of this task)
         entries = entries_of_slot(metadata, slot)
         if (slot.bookie in available and slot.bookie not in draining
-                and await self._holds_all(metadata, slot.bookie, entries)):
+                and await self._holds_all(metadata, slot.bookie, entries, password)):
             _log.info("recovery_bookie_still_holds", ledger=ledger_id, bookie=slot.bookie)
             return
         target = await self._replacement(metadata, slot, available, task)
@@ -205,12 +205,18 @@ class ReplicationWorker:
                   old=slot.bookie, new=target, entries=len(entries), bytes=copied)
 
     async def _holds_all(self, metadata: LedgerMetadata, bookie: str,
-                         entries: Sequence[int]) -> bool:
+                         entries: Sequence[int], password: bytes) -> bool:
+        """Whether ``bookie`` answers every entry with a matching digest (a corrupt
+        replica, found by the audit job, counts as not holding it)."""
         timeout_s = self._config.request_timeout_ms / 1000
+        key = _digest_key(metadata, password)
         for entry_id in entries:
             try:
-                await self._client.context.bookies.read_entry(
+                reply = await self._client.context.bookies.read_entry(
                     bookie, metadata.ledger_id, entry_id, timeout_s=timeout_s)
+                wire.decode_entry(reply.envelope, ledger_id=metadata.ledger_id,
+                                  entry_id=entry_id, digest=metadata.digest, key=key,
+                                  source=bookie)
             except QuorumlogError:
                 return False
         return True
@@ -238,8 +244,7 @@ class ReplicationWorker:
     async def _copy(self, metadata: LedgerMetadata, slot: Slot, entries: Sequence[int],
                     target: str, password: bytes, *, avoid: set[str]) -> int:
         key = master_key(password)
-        digest_key = wire.mac_key(password) if metadata.digest is wire.DigestType.HMAC_SHA256 \
-            else b""
+        digest_key = _digest_key(metadata, password)
         batch_max = min(self._config.copy_batch_entries_max, wire.ADD_BATCH_ENTRIES_MAX)
         timeout_s = self._config.request_timeout_ms / 1000
         copied = 0
@@ -299,3 +304,7 @@ class ReplicationWorker:
             if await self._meta.cas(wire.ledger_key(ledger_id), version, updated.encode()):
                 return
         raise QuorumlogError(f"ledger {ledger_id}: metadata kept changing during the swap")
+
+
+def _digest_key(metadata: LedgerMetadata, password: bytes) -> bytes:
+    return wire.mac_key(password) if metadata.digest is wire.DigestType.HMAC_SHA256 else b""
