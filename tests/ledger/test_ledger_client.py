@@ -87,6 +87,7 @@ def test_rack_aware_placement_spreads_write_sets() -> None:
         for _ in range(20):
             lh = await c.create_ledger(3, 2, 2, placement="rack_aware", password=PW)
             racks = {f"b{i}": f"rack-{i % 3}" for i in range(6)}
+            assert lh.metadata.placement == "rack_aware"  # replacements follow it
             ensemble = lh.metadata.current_ensemble
             for first in range(3):
                 pair = {racks[ensemble[first]], racks[ensemble[(first + 1) % 3]]}

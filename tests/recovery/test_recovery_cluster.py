@@ -7,8 +7,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,51 +15,24 @@ import pytest
 
 from quorumlog import node as cluster
 from quorumlog import rpc
-from quorumlog.ledger import LedgerClient, LedgerMetadata
+from quorumlog.ledger import LedgerClient
 from quorumlog.meta import MetaClient
-from quorumlog.proto import BOOKIE_REGISTRY_PREFIX, ledger_key
+from quorumlog.proto import BOOKIE_REGISTRY_PREFIX
 from quorumlog.recovery import TASK_PREFIX, recovery_status
+
+from .support import cli, metadata_of, payload, running_cluster
 
 DEADLINE_S = 60.0
 # Longer than the recovery delay plus several audit rounds: what a paused
 # auditor would have filed by then, an enabled one would have.
 DISABLED_WAIT_S = 4.5
 ENTRIES = 40
-RECOVERY_ENV = {
-    "QUORUMLOG_RECOVERY__LOST_BOOKIE_RECOVERY_DELAY_MS": "3000",
-    "QUORUMLOG_RECOVERY__AUDIT_INTERVAL_MS": "300",
-    "QUORUMLOG_RECOVERY__WORKER_POLL_INTERVAL_MS": "300",
-    "QUORUMLOG_RECOVERY__LEASE_TTL_MS": "2000",
-    "QUORUMLOG_RECOVERY__OPEN_LEDGER_GRACE_MS": "2000",
-}
 
 
 @pytest.fixture
 def four_nodes(tmp_path: Path) -> Iterator[Path]:
-    directory = tmp_path / "cluster"
-    saved = {name: os.environ.get(name) for name in RECOVERY_ENV}
-    os.environ.update(RECOVERY_ENV)  # the node processes inherit it
-    try:
-        cluster.up(directory, 4)
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-    try:
+    with running_cluster(tmp_path / "cluster", 4) as directory:
         yield directory
-    finally:
-        cluster.down(directory)
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "quorumlog", *args], capture_output=True,
-                          text=True, timeout=120)
-
-
-def _payload(ledger_id: int, entry_id: int) -> bytes:
-    return f"ledger {ledger_id} entry {entry_id} ".encode() * 8
 
 
 async def _write_ledgers(meta: list[str], closed: int) -> tuple[list[int], int]:
@@ -71,20 +42,14 @@ async def _write_ledgers(meta: list[str], closed: int) -> tuple[list[int], int]:
             digest = "hmac-sha256" if i % 2 else "crc32c"
             handle = await client.create_ledger(3, 2, 2, password=b"pw", digest=digest)
             for e in range(ENTRIES):
-                await handle.append(_payload(handle.id, e))
+                await handle.append(payload(handle.id, e))
             await handle.close()
             ids.append(handle.id)
         open_handle = await client.create_ledger(3, 2, 2, password=b"pw")
         for e in range(ENTRIES):
-            await open_handle.append(_payload(open_handle.id, e))
+            await open_handle.append(payload(open_handle.id, e))
         await open_handle.detach()  # left OPEN, as by a writer that died
         return ids, open_handle.id
-
-
-async def _metadata(meta: MetaClient, ledger_id: int) -> LedgerMetadata:
-    kv = await meta.get(ledger_key(ledger_id))
-    assert kv is not None
-    return LedgerMetadata.decode(kv.value)
 
 
 async def _wait_replicated(meta_addresses: list[str], ledgers: list[int], victim: str) -> None:
@@ -93,7 +58,7 @@ async def _wait_replicated(meta_addresses: list[str], ledgers: list[int], victim
         while time.monotonic() < deadline:
             tasks = await meta.list_keys(TASK_PREFIX)
             named = [i for i in ledgers
-                     if any(victim in f.bookies for f in (await _metadata(meta, i)).ensembles)]
+                     if any(victim in f.bookies for f in (await metadata_of(meta, i)).ensembles)]
             if not tasks and not named:
                 return
             await asyncio.sleep(0.3)
@@ -115,7 +80,7 @@ async def _check_full_quorum(meta_addresses: list[str], ledgers: list[int],
             for fragment in metadata.ensembles:
                 assert set(fragment.bookies) <= live, (ledger_id, fragment)
             got = [e.payload async for e in handle.read(0, metadata.last_entry_id)]
-            assert got == [_payload(ledger_id, e) for e in range(ENTRIES)]
+            assert got == [payload(ledger_id, e) for e in range(ENTRIES)]
             # every replica of every entry holds it (full write quorum), read directly
             for entry_id in range(ENTRIES):
                 for bookie in metadata.write_set_bookies(entry_id):
@@ -135,19 +100,19 @@ def test_killed_bookie_is_replicated_away(four_nodes: Path) -> None:
     async def naming() -> list[int]:
         async with MetaClient(meta_addresses) as meta:
             return [i for i in ledgers
-                    if any(victim in f.bookies for f in (await _metadata(meta, i)).ensembles)]
+                    if any(victim in f.bookies for f in (await metadata_of(meta, i)).ensembles)]
 
     named = rpc.run(naming())
     assert named, "random placement put the victim in no ensemble"
-    assert _cli("recovery", "disable", "--dir", str(four_nodes)).returncode == 0
+    assert cli("recovery", "disable", "--dir", str(four_nodes)).returncode == 0
     os.kill(victim_info.pid, signal.SIGKILL)
     # Paused: past the delay (and several audit rounds) nothing is filed or changed.
     time.sleep(DISABLED_WAIT_S)
-    assert json.loads(_cli("recovery", "list-underreplicated", "--json", "--dir",
+    assert json.loads(cli("recovery", "list-underreplicated", "--json", "--dir",
                            str(four_nodes)).stdout) == {"ledgers": []}
     assert rpc.run(naming()) == named
-    status = json.loads(_cli("recovery", "status", "--json", "--dir", str(four_nodes)).stdout)
+    status = json.loads(cli("recovery", "status", "--json", "--dir", str(four_nodes)).stdout)
     assert status["enabled"] is False and status["auditor"]
-    assert _cli("recovery", "enable", "--dir", str(four_nodes)).returncode == 0
+    assert cli("recovery", "enable", "--dir", str(four_nodes)).returncode == 0
     rpc.run(_wait_replicated(meta_addresses, ledgers, victim))
     rpc.run(_check_full_quorum(meta_addresses, ledgers, victim))

@@ -216,3 +216,92 @@ def format_bookie(
     cookie = "deleted" if plan.meta_version else "absent"
     console.print(f"bookie {bookie_id} formatted: {len(removed)} path(s) removed, cookie in "
                   f"meta {cookie}; start it to bring it up as a new instance", highlight=False)
+
+
+DECOMMISSION_POLL_INTERVAL_S = 1.0
+DECOMMISSION_TIMEOUT_S = 24 * 3600.0
+
+
+@app.command()
+def decommission(
+    bookie_id: str = typer.Argument(..., help="The bookie's id: its address host:port."),
+    no_wait: bool = typer.Option(False, "--no-wait", help="Mark it draining and return."),
+    cancel: bool = typer.Option(False, "--cancel", help="Stop draining it (copies made stay)."),
+    timeout_s: float = typer.Option(DECOMMISSION_TIMEOUT_S, "--timeout-s",
+                                    help="Give up waiting after this many seconds."),
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+) -> None:
+    """Drain a bookie: copy everything it holds elsewhere, then say it can be stopped.
+
+    The bookie keeps serving reads while auto-recovery (docs/recovery.md) copies
+    each fragment it holds to another bookie; no new ledger is placed on it.
+    Refused when fewer writable bookies would remain than a ledger's ensemble
+    size. Waits (with progress) until no ledger metadata names it.
+    """
+    import asyncio
+    import time
+
+    from quorumlog import rpc
+    from quorumlog.errors import DeadlineExceededError
+    from quorumlog.meta import MetaClient
+    from quorumlog.recovery import (
+        DecommissionProgress,
+        cancel_decommission,
+        decommission_progress,
+        recovery_status,
+    )
+    from quorumlog.recovery import decommission as start_decommission
+
+    addresses = _members(members, directory)
+
+    async def main() -> None:
+        async with MetaClient(addresses) as meta:
+            if cancel:
+                was = await cancel_decommission(meta, bookie_id)
+                console.print(f"bookie {bookie_id}: " + ("decommission cancelled; it takes new "
+                              "ledgers again" if was else "was not draining"), highlight=False)
+                return
+            progress = await start_decommission(meta, bookie_id)
+            total = progress.fragments
+            console.print(f"bookie {bookie_id} is draining: {total} fragment(s) of "
+                          f"{len(progress.ledgers)} ledger(s) to copy elsewhere",
+                          highlight=False)
+            if not (await recovery_status(meta)).enabled:
+                console.print("[bold]recovery is disabled[/]: nothing moves until "
+                              "`quorumlog recovery enable`")
+            if no_wait:
+                return
+            await _wait_drained(meta, progress, total)
+
+    async def _wait_drained(meta: MetaClient, progress: DecommissionProgress,
+                            total: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        deadline = time.monotonic() + timeout_s
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("{task.fields[detail]}"), console=console) as bar:
+            task = bar.add_task(f"draining {bookie_id}", total=max(total, 1), detail="")
+            while not progress.done:
+                if progress.stuck:
+                    bar.stop()
+                    for line in progress.stuck:
+                        console.print(f"  {line}", highlight=False)
+                    raise DeadlineExceededError(
+                        f"decommission of {bookie_id} is stuck: {len(progress.stuck)} task(s) "
+                        "lost or failed (see `quorumlog recovery list-underreplicated`)")
+                if time.monotonic() > deadline:
+                    raise DeadlineExceededError(
+                        f"bookie {bookie_id} still holds {progress.fragments} fragment(s) of "
+                        f"{len(progress.ledgers)} ledger(s) after {timeout_s:g} s; it is still "
+                        "draining (run decommission again to keep waiting)")
+                left = ", ".join(f"{k} {v}" for k, v in sorted(progress.tasks.items()))
+                bar.update(task, completed=max(total - progress.fragments, 0),
+                           detail=f"{progress.fragments} fragment(s) left; tasks: {left or '-'}")
+                await asyncio.sleep(DECOMMISSION_POLL_INTERVAL_S)
+                progress = await decommission_progress(meta, bookie_id)
+            bar.update(task, completed=max(total, 1), detail="0 fragment(s) left")
+        console.print(f"bookie {bookie_id} holds no ledger fragment any more: it can be "
+                      "stopped (and retired with `quorumlog bookie format`)", highlight=False)
+
+    rpc.run(main())

@@ -89,3 +89,65 @@ def disable(members: str | None = MembersOption, directory: Path | None = DirOpt
 def enable(members: str | None = MembersOption, directory: Path | None = DirOption) -> None:
     """Resume the auditor and the replication workers."""
     _switch(True, members, directory)
+
+
+PROBLEM_ROWS_SHOWN_MAX = 50
+
+
+def audit_command(
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+    output: str | None = typer.Option(
+        None, "--output", help="Write the report (one row per replica) as Parquet here "
+        "(a path or any URL Spark writes)."),
+    repair: bool = typer.Option(
+        False, "--repair", help="File under-replication tasks for missing or corrupt "
+        "replicas; the recovery workers copy them elsewhere."),
+    master: str = typer.Option("local[2]", "--master", help="Spark master of the job."),
+    tasks: int | None = typer.Option(None, "--tasks", help="Spark tasks (default: one per "
+                                     "fragment, at most 256)."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Scrub every closed ledger with Spark: read every replica, check digests and
+    entry counts, report missing, corrupt and extra replicas (docs/recovery.md)."""
+    from quorumlog.spark import audit, local_session
+
+    spark = local_session(master, "quorumlog-audit")
+    try:
+        result = audit(spark, _members(members, directory), output=output, repair=repair,
+                       tasks=tasks)
+    finally:
+        spark.stop()
+    problems = [{name: getattr(p, name) for name in (
+        "ledger_id", "fragment_index", "bookie", "status", "expected", "held", "missing",
+        "corrupt", "unreachable", "first_bad_entry", "detail")} for p in result.problems]
+    if as_json:
+        typer.echo(json.dumps({
+            "ledgers": result.ledgers, "ledgers_open": result.ledgers_open,
+            "fragments": result.fragments, "replicas": result.replicas,
+            "entries_read": result.entries_read, "by_status": result.by_status,
+            "problems": problems, "tasks_filed": result.tasks_filed,
+            "output": result.output, "seconds": round(result.seconds, 3)}))
+    else:
+        summary = Table("ledgers", "open (skipped)", "fragments", "replicas", "entries read",
+                        *sorted(result.by_status), "seconds", title="audit")
+        summary.add_row(str(result.ledgers), str(result.ledgers_open), str(result.fragments),
+                        str(result.replicas), str(result.entries_read),
+                        *(str(result.by_status[k]) for k in sorted(result.by_status)),
+                        f"{result.seconds:.1f}")
+        console.print(summary)
+        if problems:
+            table = Table("ledger", "fragment", "bookie", "status", "expected", "held",
+                          "missing", "corrupt", "first bad", "detail",
+                          title=f"{len(problems)} problem replica(s)")
+            for p in problems[:PROBLEM_ROWS_SHOWN_MAX]:
+                table.add_row(*(str(p[k]) for k in (
+                    "ledger_id", "fragment_index", "bookie", "status", "expected", "held",
+                    "missing", "corrupt", "first_bad_entry", "detail")))
+            console.print(table)
+        if result.output:
+            console.print(f"report: {result.output}", highlight=False)
+        if repair:
+            console.print(f"repair: {len(result.tasks_filed)} task(s) filed", highlight=False)
+    if result.problems and not repair:
+        raise typer.Exit(2)

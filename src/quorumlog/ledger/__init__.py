@@ -58,10 +58,11 @@ from quorumlog.ledger._quorum import (
 )
 from quorumlog.ledger._read import LedgerEntry, ReadHandle
 from quorumlog.ledger._recovery import answer_of
-from quorumlog.ledger._write import WriteHandle
+from quorumlog.ledger._write import RACK_LABELS, WriteHandle, known_placement
 from quorumlog.proto import DigestType
 
 __all__ = [
+    "RACK_LABELS",
     "AckSet",
     "BatchReply",
     "BlockingLedgerClient",
@@ -101,6 +102,7 @@ __all__ = [
     "choose_rack_aware",
     "choose_random",
     "choose_replacement",
+    "known_placement",
     "master_key",
     "outcome_of",
     "password_digest",

@@ -45,7 +45,7 @@ from quorumlog.ledger._placement import choose_rack_aware, choose_random
 from quorumlog.ledger._quorum import Schedule
 from quorumlog.ledger._read import ReadHandle
 from quorumlog.ledger._recovery import recover
-from quorumlog.ledger._write import RACK_LABELS, WriteHandle
+from quorumlog.ledger._write import RACK_LABELS, WriteHandle, known_placement
 from quorumlog.proto import DigestType
 
 CUSTOM_METADATA_BYTES_MAX = 64 * 1024
@@ -143,7 +143,7 @@ class LedgerClient:
             ledger_id=ledger_id, ensemble_size=ensemble, write_quorum=write_quorum,
             ack_quorum=ack_quorum, digest=digest_type, password_sha256=password_digest(password),
             ensembles=(Fragment(0, bookies),), custom=custom, created_ms=self._ctx.clock.wall_ms(),
-            password=password,
+            password=password, placement=placement,
         )
         if not await self._ctx.meta.cas(wire.ledger_key(ledger_id), 0, created.encode()):
             raise QuorumlogError(
@@ -225,7 +225,7 @@ class LedgerClient:
                 "last writer did not finish; recover it (`quorumlog ledger recover`) and "
                 "write to a new ledger")
         return WriteHandle(self._ctx, metadata, version, password, lac=lac,
-                           length_known=False)
+                           length_known=False, placement=known_placement(metadata.placement))
 
     async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
         self._check_open()

@@ -76,7 +76,11 @@ class LedgerContext:
         return LedgerMetadata.decode(kv.value), int(kv.version)
 
     async def candidates(self, rack_label: str | None) -> list[BookieCandidate]:
-        """Registered bookies, sorted by id; the failure domain from ``rack_label``."""
+        """Registered bookies, sorted by id; the failure domain from ``rack_label``.
+        A read-only or draining (decommissioned) bookie is not writable: no new
+        ensemble or replacement names it."""
+        draining = {kv.key[len(wire.BOOKIE_DRAINING_PREFIX):]
+                    for kv in await self.meta.list_keys(wire.BOOKIE_DRAINING_PREFIX)}
         out: list[BookieCandidate] = []
         for kv in await self.meta.list_keys(wire.BOOKIE_REGISTRY_PREFIX):
             try:
@@ -85,7 +89,8 @@ class LedgerContext:
                 self.log.warning("bookie_registration_malformed", key=kv.key)
                 continue
             rack = registration.labels.get(rack_label, DEFAULT_RACK) if rack_label else DEFAULT_RACK
-            out.append(BookieCandidate(registration.id, rack, not registration.read_only))
+            writable = not registration.read_only and registration.id not in draining
+            out.append(BookieCandidate(registration.id, rack, writable))
         out.sort(key=lambda c: c.address)
         return out
 

@@ -51,6 +51,10 @@ class LedgerMetadata(msgspec.Struct, frozen=True, kw_only=True):
     # key). Empty in ledgers created before it was stored; whoever can read
     # meta can write such ledgers, so meta access is as sensitive as bookies'.
     password: bytes = b""
+    # The placement policy the ensemble was chosen by ("random", "rack_aware",
+    # "zone_aware"): ensemble changes and re-replication choose replacements by
+    # the same rules. "random" in ledgers created before it was stored.
+    placement: str = "random"
 
     def __post_init__(self) -> None:
         Schedule(self.ensemble_size, self.write_quorum, self.ack_quorum)  # validates

@@ -50,7 +50,7 @@ from quorumlog.ledger._fanout import fan_out
 from quorumlog.ledger._metadata import Fragment, LedgerMetadata, LedgerState, master_key
 from quorumlog.ledger._metrics import LEDGER_METRICS
 from quorumlog.ledger._quorum import ReadAnswer, RecoveryRead, RecoveryVerdict
-from quorumlog.ledger._write import ClosedByOtherError, WriteHandle
+from quorumlog.ledger._write import ClosedByOtherError, WriteHandle, known_placement
 from quorumlog.proto import (
     DigestMismatchError,
     DigestType,
@@ -104,7 +104,8 @@ async def _recover(ctx: LedgerContext, ledger_id: int, password: bytes) -> tuple
     start_lac = max(bookie_lac, fragment.first_entry_id - 1, metadata.last_entry_id)
     ctx.log.info("ledger_recovery_started", ledger=ledger_id, lac=start_lac,
                  ensemble=list(fragment.bookies))
-    handle = WriteHandle(ctx, metadata, version, password, recovery=True, lac=start_lac)
+    handle = WriteHandle(ctx, metadata, version, password, recovery=True, lac=start_lac,
+                         placement=known_placement(metadata.placement))
     try:
         await _scan(ctx, metadata, fragment, handle, start_lac=start_lac, key=key,
                     password=password)

@@ -82,6 +82,11 @@ RACK_LABELS = {"random": None, "rack_aware": "rack", "zone_aware": "zone"}
 """Placement policy name -> the bookie label that names its failure domain."""
 
 
+def known_placement(name: str) -> str:
+    """``name`` if it is a placement policy this client knows, else "random"."""
+    return name if name in RACK_LABELS else "random"
+
+
 class HandleState(enum.Enum):
     OPEN = "open"
     CLOSING = "closing"

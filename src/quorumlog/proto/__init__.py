@@ -37,6 +37,7 @@ from quorumlog.proto._errors import (
 )
 from quorumlog.proto._keys import (
     BOOKIE_COOKIE_PREFIX,
+    BOOKIE_DRAINING_PREFIX,
     BOOKIE_LIMBO_PREFIX,
     BOOKIE_REGISTRY_PREFIX,
     LEDGER_ID_COUNTER,
@@ -84,6 +85,7 @@ __all__ = [
     "ADD_BATCH_BYTES_MAX",
     "ADD_BATCH_ENTRIES_MAX",
     "BOOKIE_COOKIE_PREFIX",
+    "BOOKIE_DRAINING_PREFIX",
     "BOOKIE_LIMBO_PREFIX",
     "BOOKIE_REGISTRY_PREFIX",
     "DIGEST_SIZES",

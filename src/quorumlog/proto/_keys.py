@@ -21,6 +21,10 @@ BOOKIE_REGISTRY_PREFIX = "/bookies/available/"
 # the bookie's ``Cookie``). Deleted only by `quorumlog bookie format`.
 BOOKIE_COOKIE_PREFIX = "/bookies/cookies/"
 BOOKIE_LIMBO_PREFIX = "/bookies/limbo/"  # re-added bookies: ledgers they may have lost
+# Persistent: bookies being decommissioned (`quorumlog bookie decommission`). A
+# draining bookie still serves reads, but no new ensemble or replacement names
+# it, and auto-recovery copies everything it holds elsewhere.
+BOOKIE_DRAINING_PREFIX = "/bookies/draining/"
 LEDGER_KEY_PREFIX = "/ledgers/"
 LEDGER_ID_COUNTER = "ledger"
 

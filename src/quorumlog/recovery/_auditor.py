@@ -130,20 +130,27 @@ class Auditor:
 
     async def _file(self, ledger_id: int, names: tuple[str, ...],
                     tasks: dict[int, layout.ReplicationTask], now_ms: int) -> bool:
-        existing = tasks.get(ledger_id)
-        key = layout.task_key(ledger_id)
-        if existing is None:
-            task = layout.ReplicationTask(ledger_id=ledger_id, bookies=names, created_ms=now_ms)
-            filed = await self._meta.cas(key, 0, task.encode())
-            if filed:
-                _log.info("recovery_task_filed", ledger=ledger_id, bookies=list(names))
-            return filed
-        if set(names) <= set(existing.bookies) or existing.state is not layout.TaskState.PENDING:
-            return False
-        kv = await self._meta.get(key)
-        if kv is None:
-            return False
-        current = layout.ReplicationTask.decode(kv.value)
-        merged = tuple(sorted(set(current.bookies) | set(names)))
-        return bool(await self._meta.cas(
-            key, kv.version, msgspec.structs.replace(current, bookies=merged).encode()))
+        return await file_task(self._meta, ledger_id, names, tasks, now_ms)
+
+
+async def file_task(meta: MetaClient, ledger_id: int, names: tuple[str, ...],
+                    tasks: dict[int, layout.ReplicationTask], now_ms: int) -> bool:
+    """File (or widen) the task of ``ledger_id`` for the bookies ``names``; True if
+    a task was created or gained bookies. ``tasks``: the tasks read this round."""
+    existing = tasks.get(ledger_id)
+    key = layout.task_key(ledger_id)
+    if existing is None:
+        task = layout.ReplicationTask(ledger_id=ledger_id, bookies=names, created_ms=now_ms)
+        filed = await meta.cas(key, 0, task.encode())
+        if filed:
+            _log.info("recovery_task_filed", ledger=ledger_id, bookies=list(names))
+        return filed
+    if set(names) <= set(existing.bookies) or existing.state is not layout.TaskState.PENDING:
+        return False
+    kv = await meta.get(key)
+    if kv is None:
+        return False
+    current = layout.ReplicationTask.decode(kv.value)
+    merged = tuple(sorted(set(current.bookies) | set(names)))
+    return bool(await meta.cas(
+        key, kv.version, msgspec.structs.replace(current, bookies=merged).encode()))

@@ -43,13 +43,25 @@ class RecoveryConfig(Config, frozen=True):
     request_timeout_ms: int = 10_000
     # Ledgers the auditor reads per meta range call.
     audit_ledgers_per_page: int = 1_000
+    # The periodic replica check (silent loss on live bookies): how often the
+    # auditor reads the entries every registered bookie of every closed
+    # ledger's fragments should hold (0: never; the first check runs one
+    # interval after the node starts), the share of each replica's entries it
+    # reads (100: all; less: a random sample plus the last entry), and the
+    # reads in flight (bounds the load on bookies).
+    check_interval_ms: int = 86_400_000
+    check_sample_percent: int = 100
+    check_reads_in_flight_max: int = 32
 
     def validate(self) -> None:
         for name in ("lost_bookie_recovery_delay_ms", "open_ledger_grace_ms",
-                     "retry_backoff_ms"):
+                     "retry_backoff_ms", "check_interval_ms"):
             require(getattr(self, name) >= 0, f"[recovery] {name} must be >= 0")
         for name in ("audit_interval_ms", "worker_poll_interval_ms", "lease_ttl_ms",
                      "task_attempts_max", "throttle_bytes_per_s", "copy_batch_entries_max",
-                     "request_timeout_ms", "audit_ledgers_per_page"):
+                     "request_timeout_ms", "audit_ledgers_per_page",
+                     "check_reads_in_flight_max"):
             require(getattr(self, name) > 0, f"[recovery] {name} must be positive")
+        require(0 < self.check_sample_percent <= 100,
+                "[recovery] check_sample_percent must be in 1..100")
         require(self.lease_ttl_ms >= 500, "[recovery] lease_ttl_ms must be >= 500")

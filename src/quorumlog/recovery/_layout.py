@@ -5,7 +5,9 @@
     /recovery/auditor                 ephemeral: the elected auditor's id
     /recovery/disabled                present: auditor and workers pause
     /recovery/missing/<bookie>        MissingBookie: since when it is unregistered
-    /recovery/draining/<bookie>       present: decommission, replicate it away now
+    /bookies/draining/<bookie>        present: decommission, replicate it away now
+                                      (proto's BOOKIE_DRAINING_PREFIX: ledger placement
+                                      skips it too)
     /underreplicated/<ledger, 20 d>   ReplicationTask (one per ledger)
     /underreplicated-locks/<ledger>   ephemeral: the worker copying that ledger
 """
@@ -16,12 +18,13 @@ import enum
 
 import msgspec
 
+from quorumlog import proto as wire
 from quorumlog.errors import UsageError
 
 AUDITOR_KEY = "/recovery/auditor"
 DISABLED_KEY = "/recovery/disabled"
 MISSING_PREFIX = "/recovery/missing/"
-DRAINING_PREFIX = "/recovery/draining/"
+DRAINING_PREFIX = wire.BOOKIE_DRAINING_PREFIX
 TASK_PREFIX = "/underreplicated/"
 LOCK_PREFIX = "/underreplicated-locks/"
 

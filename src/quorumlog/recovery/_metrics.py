@@ -18,3 +18,6 @@ FRAGMENTS_REPLICATED = Counter(
 BYTES_COPIED = Counter(
     "quorumlog_recovery_bytes_copied", "Entry bytes copied to replacement bookies",
     registry=rpc.metrics_registry)
+REPLICAS_MISSING_FOUND = Counter(
+    "quorumlog_recovery_replicas_missing_found", "Fragment replicas the periodic check found "
+    "lacking entries on a live bookie", registry=rpc.metrics_registry)

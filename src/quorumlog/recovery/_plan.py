@@ -7,11 +7,18 @@ meta and the time, so the decisions are testable on their own.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import random
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from quorumlog.errors import invariant
-from quorumlog.ledger import LedgerMetadata
+from quorumlog.ledger import (
+    RACK_LABELS,
+    BookieCandidate,
+    LedgerMetadata,
+    choose_replacement,
+    known_placement,
+)
 
 
 def lost_bookies(missing_since_ms: Mapping[str, int], now_ms: int, delay_ms: int,
@@ -73,3 +80,23 @@ def sources_for(metadata: LedgerMetadata, slot: Slot, entry_id: int,
     write_set = [ensemble[i] for i in metadata.schedule.write_set(entry_id)
                  if i != slot.position]
     return [b for b in write_set if b not in avoid] + [b for b in write_set if b in avoid]
+
+
+def placement_label(metadata: LedgerMetadata) -> str | None:
+    """The bookie label naming the failure domain of the ledger's placement policy
+    (None for random placement)."""
+    return RACK_LABELS[known_placement(metadata.placement)]
+
+
+def replacement_for(metadata: LedgerMetadata, slot: Slot, candidates: Sequence[BookieCandidate],
+                    rng: random.Random, *, min_racks: int) -> str:
+    """A writable bookie outside the slot's fragment, chosen by the ledger's own
+    placement policy: for rack/zone-aware ledgers (``candidates`` labelled with
+    :func:`placement_label`) one that keeps every write set of the fragment over
+    ``min_racks`` failure domains when any does, as ensemble creation and
+    ensemble changes choose."""
+    fragment = metadata.ensembles[slot.fragment_index].bookies
+    aware = placement_label(metadata) is not None
+    return choose_replacement(candidates, fragment, slot.position, rng,
+                              write_quorum=metadata.write_quorum,
+                              min_racks=min_racks if aware else 1)

@@ -12,6 +12,7 @@ from quorumlog.ledger import LedgerClient
 from quorumlog.log import get_logger
 from quorumlog.meta import MetaClient
 from quorumlog.recovery._auditor import Auditor
+from quorumlog.recovery._check import ReplicaChecker
 from quorumlog.recovery._config import RecoveryConfig
 from quorumlog.recovery._session import RecoverySession
 from quorumlog.recovery._worker import ReplicationWorker
@@ -37,6 +38,7 @@ class RecoveryService:
         self._session = RecoverySession(meta, self._config.lease_ttl_ms)
         auditor = Auditor(self.node_id, meta, self._session, self._config)
         worker = ReplicationWorker(self.node_id, client, meta, self._session, self._config)
+        checker = ReplicaChecker(client, meta, self._config)
         loop = asyncio.get_running_loop()
 
         async def audit() -> None:
@@ -46,10 +48,17 @@ class RecoveryService:
         async def work() -> None:
             await worker.work_once()
 
+        async def check() -> None:
+            if await auditor.elected():
+                await checker.check_once()
+
         self._tasks = [
             loop.create_task(_every(self._config.audit_interval_ms, "audit", audit)),
             loop.create_task(_every(self._config.worker_poll_interval_ms, "replicate", work)),
         ]
+        if self._config.check_interval_ms > 0:
+            self._tasks.append(loop.create_task(_every(
+                self._config.check_interval_ms, "check", check, first_after_interval=True)))
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -63,8 +72,11 @@ class RecoveryService:
             await self._client.close()
 
 
-async def _every(interval_ms: int, what: str, step: Callable[[], Awaitable[None]]) -> None:
+async def _every(interval_ms: int, what: str, step: Callable[[], Awaitable[None]], *,
+                 first_after_interval: bool = False) -> None:
     """Run ``step`` every ``interval_ms``; an operating error is logged and retried."""
+    if first_after_interval:
+        await asyncio.sleep(interval_ms / 1000)
     while True:
         try:
             await step()

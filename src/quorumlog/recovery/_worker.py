@@ -10,9 +10,10 @@ worker takes the task over. For the ledger it then:
    with the ledger client's recovery;
 2. for each fragment position naming a lost bookie: if that bookie is
    registered again and still holds every entry of the position, nothing is
-   copied; otherwise a replacement (random placement among writable bookies
-   outside the fragment; kept in the task so a successor reuses it) gets each
-   entry, read from a surviving replica with digest verification, in batches
+   copied; otherwise a replacement (a writable bookie outside the fragment,
+   chosen by the ledger's placement policy, rack/zone-aware like ensemble
+   creation; kept in the task so a successor reuses it) gets each entry,
+   read from a surviving replica with digest verification, in batches
    of recovery adds, at most ``throttle_bytes_per_s``;
 3. swaps the replacement into that fragment by compare-and-swap of the ledger
    metadata - after the copy, so a worker dying mid-copy changed nothing in
@@ -37,7 +38,6 @@ from quorumlog.errors import QuorumlogError, invariant
 from quorumlog.ledger import (
     LedgerClient,
     LedgerMetadata,
-    choose_replacement,
     master_key,
 )
 from quorumlog.log import get_logger
@@ -45,7 +45,14 @@ from quorumlog.meta import MetaClient
 from quorumlog.recovery import _layout as layout
 from quorumlog.recovery._config import RecoveryConfig
 from quorumlog.recovery._metrics import BYTES_COPIED, FRAGMENTS_REPLICATED
-from quorumlog.recovery._plan import Slot, entries_of_slot, slots_to_replace, sources_for
+from quorumlog.recovery._plan import (
+    Slot,
+    entries_of_slot,
+    placement_label,
+    replacement_for,
+    slots_to_replace,
+    sources_for,
+)
 from quorumlog.recovery._session import RecoverySession
 
 _log = get_logger(__name__)
@@ -186,7 +193,7 @@ class ReplicationWorker:
             return  # replaced already (by an earlier attempt of this task)
         entries = entries_of_slot(metadata, slot)
         if (slot.bookie in available and slot.bookie not in draining
-                and await self._holds_all(metadata, slot.bookie, entries)):
+                and await self._holds_all(metadata, slot.bookie, entries, password)):
             _log.info("recovery_bookie_still_holds", ledger=ledger_id, bookie=slot.bookie)
             return
         target = await self._replacement(metadata, slot, available, task)
@@ -198,12 +205,18 @@ class ReplicationWorker:
                   old=slot.bookie, new=target, entries=len(entries), bytes=copied)
 
     async def _holds_all(self, metadata: LedgerMetadata, bookie: str,
-                         entries: Sequence[int]) -> bool:
+                         entries: Sequence[int], password: bytes) -> bool:
+        """Whether ``bookie`` answers every entry with a matching digest (a corrupt
+        replica, found by the audit job, counts as not holding it)."""
         timeout_s = self._config.request_timeout_ms / 1000
+        key = _digest_key(metadata, password)
         for entry_id in entries:
             try:
-                await self._client.context.bookies.read_entry(
+                reply = await self._client.context.bookies.read_entry(
                     bookie, metadata.ledger_id, entry_id, timeout_s=timeout_s)
+                wire.decode_entry(reply.envelope, ledger_id=metadata.ledger_id,
+                                  entry_id=entry_id, digest=metadata.digest, key=key,
+                                  source=bookie)
             except QuorumlogError:
                 return False
         return True
@@ -213,12 +226,13 @@ class ReplicationWorker:
         fragment = metadata.ensembles[slot.fragment_index].bookies
         name = layout.replacement_slot(slot.first_entry_id, slot.position)
         chosen = task.replacements.get(name)
-        candidates = [c for c in await self._client.context.candidates(None)
+        ctx = self._client.context
+        candidates = [c for c in await ctx.candidates(placement_label(metadata))
                       if c.address not in task.bookies]
         usable = {c.address for c in candidates if c.writable}
         if chosen is None or chosen not in usable or chosen in fragment:
-            chosen = choose_replacement(candidates, fragment, slot.position, self._rng,
-                                        write_quorum=metadata.write_quorum)
+            chosen = replacement_for(metadata, slot, candidates, self._rng,
+                                     min_racks=ctx.config.placement_min_racks)
             kv = await self._meta.get(layout.task_key(metadata.ledger_id))
             if kv is not None:
                 current = layout.ReplicationTask.decode(kv.value)
@@ -230,8 +244,7 @@ class ReplicationWorker:
     async def _copy(self, metadata: LedgerMetadata, slot: Slot, entries: Sequence[int],
                     target: str, password: bytes, *, avoid: set[str]) -> int:
         key = master_key(password)
-        digest_key = wire.mac_key(password) if metadata.digest is wire.DigestType.HMAC_SHA256 \
-            else b""
+        digest_key = _digest_key(metadata, password)
         batch_max = min(self._config.copy_batch_entries_max, wire.ADD_BATCH_ENTRIES_MAX)
         timeout_s = self._config.request_timeout_ms / 1000
         copied = 0
@@ -291,3 +304,7 @@ class ReplicationWorker:
             if await self._meta.cas(wire.ledger_key(ledger_id), version, updated.encode()):
                 return
         raise QuorumlogError(f"ledger {ledger_id}: metadata kept changing during the swap")
+
+
+def _digest_key(metadata: LedgerMetadata, password: bytes) -> bytes:
+    return wire.mac_key(password) if metadata.digest is wire.DigestType.HMAC_SHA256 else b""
