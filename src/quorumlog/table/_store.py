@@ -194,6 +194,12 @@ class TableStore:
         record = decode_record(_raw(raw))
         return record if record.live(now_s) else None
 
+    def stored_record(self, hash_key: bytes, sort_key: bytes) -> Record | None:
+        """The record as stored, tombstones and expired records included
+        (duplication ships it with its timetag)."""
+        raw = self._db.get(encode_key(hash_key, sort_key))
+        return None if raw is None else decode_record(_raw(raw))
+
     def get(self, hash_key: bytes, sort_key: bytes, now_s: int) -> bytes | None:
         record = self.get_record(hash_key, sort_key, now_s)
         return None if record is None else record.value
