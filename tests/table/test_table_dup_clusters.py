@@ -31,7 +31,13 @@ from quorumlog.table import (
 
 CONVERGE_DEADLINE_S = 60.0
 POLL_INTERVAL_S = 0.2
-DUP_ENV = {"QUORUMLOG_TABLE__DUP_REFRESH_INTERVAL_MS": "200"}
+# A snapshot every 100 entries: with the leader's margin of 1,000 entries
+# (HostConfig.compaction_margin_entries), 1,300 writes compact the log past
+# a paused duplication unless the floor holds it.
+SNAPSHOT_ENTRIES = 100
+HELD_WRITES = 1_300
+DUP_ENV = {"QUORUMLOG_TABLE__DUP_REFRESH_INTERVAL_MS": "200",
+           "QUORUMLOG_TABLE__SNAPSHOT_ENTRIES": str(SNAPSHOT_ENTRIES)}
 
 
 @contextlib.contextmanager
@@ -232,3 +238,30 @@ def test_remote_outage_loses_nothing_and_skip_mode_counts(clusters: Clusters) ->
             assert len(contents(two, "skip")) < 50
         one.update_dup("outage", slow.dup_id, state=DupState.PAUSE)
         assert one.list_dups("outage")[0].state is DupState.PAUSE
+
+
+@pytest.mark.slow
+def test_a_paused_duplication_holds_the_log_until_it_ships(clusters: Clusters) -> None:
+    """Without the compaction floor, the leader compacts its log past
+    confirmed_decree while the duplication is paused, and the resumed shipper
+    can only report the log lost."""
+    with BlockingTableClient(clusters.meta(clusters.one)) as one, \
+            BlockingTableClient(clusters.meta(clusters.two)) as two:
+        one.create_table("held", partitions=1, replicas=3)
+        two.create_table("held", partitions=1, replicas=3)
+        dup = one.add_dup("held", "two")
+        one.update_dup("held", dup.dup_id, state=DupState.PAUSE)
+
+        def writes(start: int) -> None:
+            for i in range(start, HELD_WRITES, 4):
+                one.set("held", b"h%d" % (i % 31), b"%d" % i, b"v")
+
+        threads = [threading.Thread(target=writes, args=(start,)) for start in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        one.update_dup("held", dup.dup_id, state=DupState.LOG)
+        wait_converged(one, two, "held", expect=HELD_WRITES)
+        progress = one.dup_progress("held", dup.dup_id)[0]
+        assert not progress.log_lost and progress.shipped_mutations >= HELD_WRITES
