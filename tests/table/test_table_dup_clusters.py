@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -87,6 +89,12 @@ def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clusters]:
         cluster.down(two)
 
 
+def _cli(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "quorumlog", "dup", *args, "--dir",
+                           str(directory)], capture_output=True, text=True, timeout=60,
+                          check=False)
+
+
 def contents(client: BlockingTableClient, table: str) -> dict[tuple[bytes, bytes],
                                                                 tuple[bytes, int]]:
     """Every live record with its timetag, over all partitions."""
@@ -145,6 +153,16 @@ def test_two_way_duplication_converges(clusters: Clusters) -> None:
         assert sources == {1, 2}
         status = one.dup_progress("conv", one.list_dups("conv")[0].dup_id)
         assert len(status) == 4 and sum(p.shipped_mutations for p in status.values()) > 0
+        dup_id = one.list_dups("conv")[0].dup_id
+        shown = _cli(clusters.one, "status", "conv", str(dup_id), "-o", "json")
+        assert shown.returncode == 0 and '"confirmed_decree"' in shown.stdout
+        listed = _cli(clusters.one, "list", "conv")
+        assert listed.returncode == 0 and "two" in listed.stdout and "log" in listed.stdout
+        for bad in (["status", "conv", "999"], ["set-fail-mode", "conv", str(dup_id), "fast"],
+                    ["add", "nosuch", "--remote", "two"], ["add", "conv", "--remote", "two"]):
+            result = _cli(clusters.one, *bad)
+            assert result.returncode != 0 and "Traceback" not in result.stderr, bad
+            assert result.stderr.startswith("error:"), (bad, result.stderr)
         one.set_table_flags("conv", TableFlags(allow_non_idempotent_writes=True))
         deadline = time.monotonic() + 10
         while True:

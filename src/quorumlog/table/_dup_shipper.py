@@ -55,6 +55,7 @@ from quorumlog.table._dup_layout import (
     FailMode,
     decode_progress,
     encode_dup,
+    get_dup,
     parse_progress,
     progress_key,
 )
@@ -158,6 +159,7 @@ class Shipper:
     last_report_s: float = 0.0
     last_log_lost_line_s: float = 0.0
     report_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    written: DupProgress | None = None  # as last written to meta
 
     @property
     def labels(self) -> tuple[str, str, str]:
@@ -191,6 +193,9 @@ class Shipper:
         key = progress_key(self.hosted.table, self.dup.dup_id, self.hosted.partition)
         kv = await meta.get(key)
         if kv is None:
+            record, _ = await get_dup(meta, self.hosted.table, self.dup.dup_id)
+            if not record.active:
+                return  # removed meanwhile: its progress must not come back
             start = self.manager.host.group(self.hosted.group_id).applied_index
             progress = DupProgress(confirmed_decree=start, leader=self.manager.node_id,
                                    updated_ms=_now_ms())
@@ -315,8 +320,9 @@ class Shipper:
     async def _report_locked(self, *, force: bool) -> None:
         now = time.monotonic()
         interval_s = self.manager.settings.progress_interval_ms / 1000
-        if not force and now - self.last_report_s < interval_s:
-            return
+        if not force and (now - self.last_report_s < interval_s
+                          or self.progress == self.written):
+            return  # too soon, or nothing changed since the last write
         self.last_report_s = now
         meta = self.manager.meta
         key = progress_key(self.hosted.table, self.dup.dup_id, self.hosted.partition)
@@ -327,6 +333,7 @@ class Shipper:
             success=[PutOp(key=key, value=encode_dup(self.progress))])
         if result.succeeded:
             self.progress_version += 1
+            self.written = self.progress
             self.manager.progress[(self.hosted.table, self.dup.dup_id,
                                    self.hosted.partition)] = self.progress
             return
