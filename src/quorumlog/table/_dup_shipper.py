@@ -445,6 +445,10 @@ class DupManager:
                 if dup.state is DupState.LOG:
                     wanted[(hosted.group_id, dup.dup_id)] = (hosted, dup)
         for key, (shipper, task) in list(self._shippers.items()):
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                _log.error("dup_shipper_crashed", table=shipper.hosted.table,
+                           dup=shipper.dup.dup_id, partition=shipper.hosted.partition,
+                           error=repr(task.exception()))
             if key not in wanted or wanted[key][1] != shipper.dup or task.done():
                 task.cancel()
                 del self._shippers[key]
