@@ -217,7 +217,8 @@ def test_source_leader_killed_mid_stream_loses_nothing(clusters: Clusters) -> No
         both = wait_converged(one, two, "kill", expect=len(acknowledged) + 1)
         missing = [i for i in acknowledged if (b"k%d" % (i % 7), b"%d" % i) not in both]
         assert not missing
-        cluster.restart_node(clusters.one, victim.id, serving_timeout_s=60)
+        with environment(clusters.env(1, "two", clusters.two)):  # its [clusters] again
+            cluster.restart_node(clusters.one, victim.id, serving_timeout_s=60)
 
 
 @pytest.mark.slow
@@ -281,5 +282,37 @@ def test_a_paused_duplication_holds_the_log_until_it_ships(clusters: Clusters) -
             thread.join()
         one.update_dup("held", dup.dup_id, state=DupState.LOG)
         wait_converged(one, two, "held", expect=HELD_WRITES)
-        progress = one.dup_progress("held", dup.dup_id)[0]
-        assert not progress.log_lost and progress.shipped_mutations >= HELD_WRITES
+        deadline = time.monotonic() + CONVERGE_DEADLINE_S
+        while True:  # progress reaches meta at most every dup_progress_interval_ms
+            progress = one.dup_progress("held", dup.dup_id)[0]
+            assert not progress.log_lost, progress
+            if progress.pending_decrees == 0 and progress.shipped_mutations >= HELD_WRITES:
+                break
+            assert time.monotonic() < deadline, progress
+            time.sleep(POLL_INTERVAL_S)
+
+
+@pytest.mark.slow
+def test_checkpoint_copies_existing_records_then_the_log(clusters: Clusters) -> None:
+    with BlockingTableClient(clusters.meta(clusters.one)) as one, \
+            BlockingTableClient(clusters.meta(clusters.two)) as two:
+        one.create_table("existing", partitions=3, replicas=3)
+        two.create_table("existing", partitions=2, replicas=3)
+        # on the remote, a value older than the source's tombstone: the tombstone wins
+        two.set("existing", b"h0", b"0", b"stale")
+        for i in range(200):
+            one.set("existing", b"h%d" % (i % 13), b"%d" % i, b"old%d" % i)
+        for i in range(0, 200, 10):
+            one.delete("existing", b"h%d" % (i % 13), b"%d" % i)
+        dup = one.add_dup("existing", "two", checkpoint=True)
+        for i in range(200, 260):
+            one.set("existing", b"h%d" % (i % 13), b"%d" % i, b"new%d" % i)
+        both = wait_converged(one, two, "existing", expect=260 - 20)
+        assert both[(b"h1", b"1")][0] == b"old1"
+        deadline = time.monotonic() + CONVERGE_DEADLINE_S
+        while one.list_dups("existing")[0].state is not DupState.LOG:
+            assert time.monotonic() < deadline, "the duplication stayed in prepare"
+            time.sleep(POLL_INTERVAL_S)
+        progress = one.dup_progress("existing", dup.dup_id)
+        assert all(p.prepared for p in progress.values())
+        assert sum(p.checkpoint_records for p in progress.values()) >= 200

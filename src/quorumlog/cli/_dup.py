@@ -32,14 +32,23 @@ def _client(members: str | None, directory: Path | None) -> BlockingTableClient:
 def add(
     table: str,
     remote: str = typer.Option(..., "--remote", help="Cluster name from the nodes' [clusters]."),
+    checkpoint: bool = typer.Option(
+        False, "--checkpoint", help="Copy the records the table holds first (state prepare)."),
     members: str | None = MembersOption,
     directory: Path | None = DirOption,
 ) -> None:
-    """Duplicate TABLE to the cluster REMOTE, from now on (state log)."""
+    """Duplicate TABLE to the cluster REMOTE: writes from now on (state log),
+    and with --checkpoint the records it holds first (state prepare)."""
     with _client(members, directory) as client:
-        record = client.add_dup(table, remote)
-    console.print(f"added duplication {record.dup_id} of {table!r} to {remote!r}: writes from "
-                  "now on ship; existing records are not copied (no --checkpoint yet)")
+        record = client.add_dup(table, remote, checkpoint=checkpoint)
+    if checkpoint:
+        console.print(f"added duplication {record.dup_id} of {table!r} to {remote!r}: copying "
+                      f"the existing records, then the log (`quorumlog dup list {table}` shows "
+                      "log when the copy is done)")
+    else:
+        console.print(f"added duplication {record.dup_id} of {table!r} to {remote!r}: writes "
+                      "from now on ship; existing records are not copied (use --checkpoint "
+                      "for that)")
 
 
 @app.command("list")

@@ -167,11 +167,13 @@ class TableClient:
 
     # ----- duplication (docs/duplication.md) -------------------------------------------
 
-    async def add_dup(self, table: str, remote: str, *,
+    async def add_dup(self, table: str, remote: str, *, checkpoint: bool = False,
                       start_deadline_s: float = DUP_START_DEADLINE_S) -> DupRecord:
         """Add a duplication and wait until every partition's leader recorded
-        where its shipping starts: writes acknowledged after this returns ship."""
-        record = await add_dup(self.meta, table, remote)
+        where its shipping starts: writes acknowledged after this returns ship.
+        ``checkpoint``: the records the table holds are copied first (state
+        prepare until every partition is done; ``dup_progress`` shows it)."""
+        record = await add_dup(self.meta, table, remote, checkpoint=checkpoint)
         partitions = (await table_info(self.meta, table)).record.partitions
         deadline = time.monotonic() + start_deadline_s
         while len(await read_progress(self.meta, table, record.dup_id)) < partitions:

@@ -94,6 +94,10 @@ class DupProgress(msgspec.Struct, frozen=True):
     error: str = ""
     leader: int = 0
     updated_ms: int = 0
+    # --checkpoint: the partition's records as of the start were copied
+    # (always true for a duplication added without it).
+    prepared: bool = True
+    checkpoint_records: int = 0
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -172,9 +176,12 @@ async def list_dups(meta: MetaClient, table: str) -> list[DupRecord]:
     return sorted((decode_dup(kv.value) for kv in kvs), key=lambda d: d.dup_id)
 
 
-async def add_dup(meta: MetaClient, table: str, remote: str) -> DupRecord:
-    """A new duplication of ``table`` to ``remote``, in state log (only writes
-    from now on ship; there is no checkpoint copy)."""
+async def add_dup(meta: MetaClient, table: str, remote: str, *,
+                  checkpoint: bool = False) -> DupRecord:
+    """A new duplication of ``table`` to ``remote``: in state log (only writes
+    from now on ship), or with ``checkpoint`` in state prepare (every
+    partition's leader first copies the records it holds; the last one done
+    moves the duplication to log)."""
     check_cluster_name(remote)
     await table_info(meta, table)  # UnknownTableError
     for existing in await list_dups(meta, table):
@@ -182,7 +189,8 @@ async def add_dup(meta: MetaClient, table: str, remote: str) -> DupRecord:
             raise UsageError(f"table {table!r} is already duplicated to {remote!r} "
                              f"(dup {existing.dup_id}); `quorumlog dup list {table}`")
     dup_id = await meta.next_id(DUP_ID_SEQUENCE)
-    record = DupRecord(dup_id=dup_id, remote=remote, state=DupState.LOG,
+    record = DupRecord(dup_id=dup_id, remote=remote,
+                       state=DupState.PREPARE if checkpoint else DupState.LOG,
                        created_ms=int(time.time() * 1000))
     await meta.put(dup_key(table, dup_id), encode_dup(record))
     return record

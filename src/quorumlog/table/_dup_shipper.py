@@ -27,11 +27,12 @@ remote acknowledged the whole block.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from quorumlog.errors import QuorumlogError
+from quorumlog.errors import QuorumlogError, UsageError
 from quorumlog.log import get_logger
 from quorumlog.meta import Compare, CompareOp, CompareTarget, MetaClient, PutOp
 from quorumlog.raft import CompactedError, Entry, EntryType, RaftHost, Role
@@ -58,8 +59,10 @@ from quorumlog.table._dup_layout import (
     get_dup,
     parse_progress,
     progress_key,
+    read_progress,
+    update_dup,
 )
-from quorumlog.table._layout import DUP_PROGRESS_PREFIX
+from quorumlog.table._layout import DUP_PROGRESS_PREFIX, table_info
 from quorumlog.table._store import TableStore
 
 _log = get_logger(__name__)
@@ -171,6 +174,10 @@ class Shipper:
             try:
                 if self.confirmed_decree < 0:
                     await self._load()
+                    continue
+                if not self.progress.prepared:
+                    await self._copy_checkpoint()
+                    continue
                 shipped = await self._step()
                 backoff_ms = RETRY_BACKOFF_MS_MIN
                 if not shipped:
@@ -198,7 +205,8 @@ class Shipper:
                 return  # removed meanwhile: its progress must not come back
             start = self.manager.host.group(self.hosted.group_id).applied_index
             progress = DupProgress(confirmed_decree=start, leader=self.manager.node_id,
-                                   updated_ms=_now_ms())
+                                   updated_ms=_now_ms(),
+                                   prepared=record.state is not DupState.PREPARE)
             result = await meta.txn(
                 compares=[Compare(key=key, target=CompareTarget.VERSION, op=CompareOp.EQUAL,
                                   version=0)],
@@ -213,6 +221,39 @@ class Shipper:
             self.progress)
         _log.info("dup_shipper_started", table=self.hosted.table, dup=self.dup.dup_id,
                   partition=self.hosted.partition, confirmed_decree=self.confirmed_decree)
+
+    async def _copy_checkpoint(self) -> None:
+        """--checkpoint: ship every record this replica holds (its state at or
+        after confirmed_decree, recorded before the copy began), a page at a
+        time; then mark the partition prepared, and move the duplication to
+        log when every partition is. Log entries after confirmed_decree ship
+        next; last-writer-wins makes the order of the two irrelevant."""
+        settings = self.manager.settings
+        after: bytes | None = None
+        copied = 0
+        while True:
+            page, after = self.hosted.store.stored_page(after, settings.block_entries_max,
+                                                        settings.block_bytes_max)
+            commands: dict[bytes, list[tuple[bytes, bytes, int, int]]] = {}
+            size = 0
+            for hash_key, sort_key, record in page:
+                commands.setdefault(hash_key, []).append(
+                    (sort_key, record.value, record.expire_ts_s, record.timetag))
+                size += len(hash_key) + len(sort_key) + len(record.value)
+            block = Block(last_decree=self.confirmed_decree, oldest_timestamp_us=0,
+                          mutations=len(page), bytes=size,
+                          commands={h: DuplicateCommand(h, tuple(r)) for h, r in commands.items()})
+            await self._ship(block)
+            copied += len(page)
+            self._set(checkpoint_records=copied)
+            await self._report(force=False)
+            if after is None:
+                break
+        self._set(prepared=True)
+        await self._report(force=True)
+        _log.info("dup_checkpoint_copied", table=self.hosted.table, dup=self.dup.dup_id,
+                  partition=self.hosted.partition, records=copied)
+        await self.manager.finish_prepare(self.hosted.table, self.dup.dup_id)
 
     async def _step(self) -> bool:
         """Ship the next block; False when there was nothing to ship."""
@@ -401,6 +442,18 @@ class DupManager:
             self._remotes[name] = client
         return client
 
+    async def finish_prepare(self, table: str, dup_id: int) -> None:
+        """Move a duplication from prepare to log once every partition copied."""
+        partitions = (await table_info(self.meta, table)).record.partitions
+        progress = await read_progress(self.meta, table, dup_id)
+        if len(progress) < partitions or not all(p.prepared for p in progress.values()):
+            return
+        record, _ = await get_dup(self.meta, table, dup_id)
+        if record.state is DupState.PREPARE:
+            with contextlib.suppress(UsageError):  # another partition's leader did it
+                await update_dup(self.meta, table, dup_id, state=DupState.LOG)
+                _log.info("dup_prepared", table=table, dup=dup_id)
+
     def active_dups(self, table: str) -> list[DupRecord]:
         return [dup for dup in self.dups.get(table, []) if dup.active]
 
@@ -442,7 +495,7 @@ class DupManager:
             if role is not Role.LEADER:
                 continue
             for dup in self.active_dups(hosted.table):
-                if dup.state is DupState.LOG:
+                if dup.state in (DupState.LOG, DupState.PREPARE):
                     wanted[(hosted.group_id, dup.dup_id)] = (hosted, dup)
         for key, (shipper, task) in list(self._shippers.items()):
             if task.done() and not task.cancelled() and task.exception() is not None:

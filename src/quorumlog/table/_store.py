@@ -200,6 +200,24 @@ class TableStore:
         raw = self._db.get(encode_key(hash_key, sort_key))
         return None if raw is None else decode_record(_raw(raw))
 
+    def stored_page(self, after: bytes | None, limit: int, bytes_max: int
+                    ) -> tuple[list[tuple[bytes, bytes, Record]], bytes | None]:
+        """Every stored record (tombstones and expired ones included) after the
+        key ``after``: ``limit`` records and about ``bytes_max`` bytes at most
+        (one record at least), as (hash_key, sort_key, record); and where the
+        next page starts (None: done). For duplication's checkpoint copy."""
+        out: list[tuple[bytes, bytes, Record]] = []
+        size = 0
+        low = b"" if after is None else after
+        for key, record in self._range(low, STORE_KEY_PREFIX, reverse=False,
+                                       start_inclusive=after is None):
+            if len(out) == limit or (out and size + len(key) + len(record.value) > bytes_max):
+                return out, encode_key(out[-1][0], out[-1][1])
+            size += len(key) + len(record.value)
+            hash_key, sort_key = decode_key(key)
+            out.append((hash_key, sort_key, record))
+        return out, None
+
     def get(self, hash_key: bytes, sort_key: bytes, now_s: int) -> bytes | None:
         record = self.get_record(hash_key, sort_key, now_s)
         return None if record is None else record.value
