@@ -8,6 +8,7 @@ QUORUMLOG_CLUSTERS__TWO); then "two" restarts knowing "one".
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -19,12 +20,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from quorumlog import node as cluster
 from quorumlog.errors import DeadlineExceededError
+from quorumlog.meta import MetaClient
 from quorumlog.table import (
     BlockingTableClient,
+    DupProgress,
     DupState,
     FailMode,
     NonIdempotentWriteRefusedError,
@@ -263,7 +267,7 @@ def test_remote_outage_loses_nothing_and_skip_mode_counts(clusters: Clusters) ->
 def test_a_paused_duplication_holds_the_log_until_it_ships(clusters: Clusters) -> None:
     """Without the compaction floor, the leader compacts its log past
     confirmed_decree while the duplication is paused, and the resumed shipper
-    can only report the log lost."""
+    finds the log lost and has to resync the partition."""
     with BlockingTableClient(clusters.meta(clusters.one)) as one, \
             BlockingTableClient(clusters.meta(clusters.two)) as two:
         one.create_table("held", partitions=1, replicas=3)
@@ -285,7 +289,7 @@ def test_a_paused_duplication_holds_the_log_until_it_ships(clusters: Clusters) -
         deadline = time.monotonic() + CONVERGE_DEADLINE_S
         while True:  # progress reaches meta at most every dup_progress_interval_ms
             progress = one.dup_progress("held", dup.dup_id)[0]
-            assert not progress.log_lost, progress
+            assert not progress.log_lost and progress.resyncs == 0, progress
             if progress.pending_decrees == 0 and progress.shipped_mutations >= HELD_WRITES:
                 break
             assert time.monotonic() < deadline, progress
@@ -316,3 +320,49 @@ def test_checkpoint_copies_existing_records_then_the_log(clusters: Clusters) -> 
         progress = one.dup_progress("existing", dup.dup_id)
         assert all(p.prepared for p in progress.values())
         assert sum(p.checkpoint_records for p in progress.values()) >= 200
+
+
+@pytest.mark.slow
+def test_a_leader_without_the_log_to_ship_resyncs_loudly(clusters: Clusters) -> None:
+    """A leader whose log after confirmed_decree is gone (rebuilt from a
+    snapshot past it: the "learn step back"; made here by moving
+    confirmed_decree back in meta after the log was compacted) copies the
+    partition's records, counts a resync, and the remote ends complete."""
+    with BlockingTableClient(clusters.meta(clusters.one)) as one, \
+            BlockingTableClient(clusters.meta(clusters.two)) as two:
+        one.create_table("lost", partitions=1, replicas=3)
+        two.create_table("lost", partitions=1, replicas=3)
+
+        def writes(start: int) -> None:
+            for i in range(start, HELD_WRITES, 4):
+                one.set("lost", b"h%d" % (i % 31), b"%d" % i, b"v")
+
+        threads = [threading.Thread(target=writes, args=(start,)) for start in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        dup = one.add_dup("lost", "two")  # only writes from now on would ship
+        key = f"/dup-progress/lost/{dup.dup_id}/0"
+
+        async def rewind() -> None:
+            async with MetaClient(clusters.meta(clusters.one)) as meta:
+                kv = await meta.get(key)
+                assert kv is not None
+                progress = msgspec.msgpack.decode(kv.value, type=DupProgress)
+                await meta.put(key, msgspec.msgpack.encode(
+                    msgspec.structs.replace(progress, confirmed_decree=1)))
+
+        asyncio.run(rewind())
+        # The next block's progress write fails its compare-and-swap: the
+        # shipper reads confirmed_decree again and finds the log gone.
+        one.set("lost", b"after", b"rewind", b"v")
+        wait_converged(one, two, "lost", expect=HELD_WRITES + 1)
+        deadline = time.monotonic() + CONVERGE_DEADLINE_S
+        while True:
+            progress = one.dup_progress("lost", dup.dup_id)[0]
+            if progress.resyncs == 1 and progress.prepared and not progress.log_lost:
+                break
+            assert time.monotonic() < deadline, progress
+            time.sleep(POLL_INTERVAL_S)
+        assert progress.checkpoint_records >= HELD_WRITES

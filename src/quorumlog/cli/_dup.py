@@ -81,12 +81,12 @@ def status(
                          indent=2))
         return
     out = Table("partition", "confirmed", "pending", "lag_ms", "shipped", "bytes", "skipped",
-                "leader", "error")
+                "resyncs", "leader", "error")
     for partition, p in sorted(progress.items()):
         error = "LOG LOST: " + p.error if p.log_lost else p.error
         out.add_row(str(partition), str(p.confirmed_decree), str(p.pending_decrees),
                     str(p.lag_ms), str(p.shipped_mutations), str(p.shipped_bytes),
-                    str(p.skipped_mutations), str(p.leader), error)
+                    str(p.skipped_mutations), str(p.resyncs), str(p.leader), error)
     console.print(out)
 
 

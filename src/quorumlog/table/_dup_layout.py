@@ -90,7 +90,9 @@ class DupProgress(msgspec.Struct, frozen=True):
     skipped_mutations: int = 0
     pending_decrees: int = 0
     lag_ms: int = 0
-    log_lost: bool = False  # the log after confirmed_decree was compacted on the leader
+    # The log after confirmed_decree was found compacted on the leader: true
+    # until the resync copy is done; resyncs counts them.
+    log_lost: bool = False
     error: str = ""
     leader: int = 0
     updated_ms: int = 0
@@ -98,6 +100,7 @@ class DupProgress(msgspec.Struct, frozen=True):
     # (always true for a duplication added without it).
     prepared: bool = True
     checkpoint_records: int = 0
+    resyncs: int = 0
 
 
 _ENCODER = msgspec.msgpack.Encoder()

@@ -25,6 +25,8 @@ LAG_MS = Gauge(
     "quorumlog_dup_lag_ms", "Age of the oldest applied write not yet confirmed by the remote",
     _LABELS, registry=rpc.metrics_registry)
 LOG_LOST = Gauge(
-    "quorumlog_dup_log_lost", "1 while the log after confirmed_decree is gone on this leader "
-    "(compacted): writes cannot ship until an operator acts", _LABELS,
-    registry=rpc.metrics_registry)
+    "quorumlog_dup_log_lost", "1 from finding the log after confirmed_decree gone on this "
+    "leader until the partition's resync copy is done", _LABELS, registry=rpc.metrics_registry)
+RESYNCS = Counter(
+    "quorumlog_dup_resyncs", "Partition copies after the log to ship was found compacted",
+    _LABELS, registry=rpc.metrics_registry)

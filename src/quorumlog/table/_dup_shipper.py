@@ -70,7 +70,6 @@ _log = get_logger(__name__)
 US_PER_MS = 1000
 RETRY_BACKOFF_MS_MIN = 50
 RETRY_BACKOFF_MS_MAX = 5_000
-LOG_LOST_LINE_INTERVAL_S = 10.0  # how often a leader repeats the log-lost error line
 ERROR_TEXT_BYTES_MAX = 300
 REPORT_INTERVAL_MS_MIN = 50  # a stuck block's lag is written at least this far apart
 
@@ -160,7 +159,6 @@ class Shipper:
     progress: DupProgress = field(default_factory=lambda: DupProgress(confirmed_decree=0))
     progress_version: int = 0
     last_report_s: float = 0.0
-    last_log_lost_line_s: float = 0.0
     report_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     written: DupProgress | None = None  # as last written to meta
 
@@ -264,7 +262,8 @@ class Shipper:
         metrics.PENDING_DECREES.labels(*self.labels).set(pending)
         if pending <= 0:
             metrics.LAG_MS.labels(*self.labels).set(0)
-            self._set(pending_decrees=0, lag_ms=0, error="")
+            self._set(pending_decrees=0, lag_ms=0, error="", log_lost=False)
+            metrics.LOG_LOST.labels(*self.labels).set(0)
             await self._report(force=False)
             return False
         try:
@@ -291,19 +290,27 @@ class Shipper:
         return True
 
     async def _log_lost(self, first_index: int) -> None:
-        """Loud, never silent: the entries after confirmed_decree are gone here."""
+        """The entries after confirmed_decree are gone on this leader: it was
+        rebuilt from a snapshot past them (the article's "learn step back"), or
+        compacted before it knew of the duplication. Never skipped silently:
+        the partition resyncs — shipping starts again at its applied index,
+        after a copy of every record its store holds (what those entries left,
+        with their timetags; last-writer-wins on the remote) — and says so:
+        ``log_lost`` and the error in ``dup status`` while the copy runs,
+        ``resyncs`` counted there and in ``quorumlog_dup_resyncs``, an error line."""
+        start = self.manager.host.group(self.hosted.group_id).applied_index
         message = (f"log after confirmed_decree {self.confirmed_decree} is compacted on this "
-                   f"leader (first index {first_index}); writes in between cannot ship")
+                   f"leader (first index {first_index}); resyncing: copying the partition's "
+                   f"records, then shipping the log after {start}")
         metrics.LOG_LOST.labels(*self.labels).set(1)
-        self._set(log_lost=True, error=message)
-        now = time.monotonic()
-        if now - self.last_log_lost_line_s >= LOG_LOST_LINE_INTERVAL_S:
-            self.last_log_lost_line_s = now
-            _log.error("dup_log_lost", table=self.hosted.table, dup=self.dup.dup_id,
-                       partition=self.hosted.partition, confirmed_decree=self.confirmed_decree,
-                       first_index=first_index)
+        metrics.RESYNCS.labels(*self.labels).inc()
+        _log.error("dup_log_lost", table=self.hosted.table, dup=self.dup.dup_id,
+                   partition=self.hosted.partition, confirmed_decree=self.confirmed_decree,
+                   first_index=first_index, resync_from=start)
+        self.confirmed_decree = start
+        self._set(log_lost=True, error=message, confirmed_decree=start, prepared=False,
+                  resyncs=self.progress.resyncs + 1, checkpoint_records=0)
         await self._report(force=True)
-        await asyncio.sleep(RETRY_BACKOFF_MS_MAX / 1000)
 
     async def _ship(self, block: Block) -> None:
         """Every hash_key of the block to the remote, in parallel; slow mode
