@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 from quorumlog import node as cluster
 from quorumlog.table import TableClient
@@ -45,20 +44,6 @@ LAG_SAMPLE_INTERVAL_S = 0.1
 DRAIN_DEADLINE_S = 120.0
 LAG_P99_TARGET_MS = 1_000
 COST_RATIO_TARGET = 0.8
-
-
-@contextlib.contextmanager
-def environment(values: dict[str, str]) -> Iterator[None]:
-    old = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in old.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def addresses_toml(addresses: list[str]) -> str:
@@ -148,10 +133,10 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="dup-bench-") as root:
         one_dir, two_dir = Path(root) / "one", Path(root) / "two"
         try:
-            with environment({"QUORUMLOG_TABLE__CLUSTER_ID": "2"}):
+            with mock.patch.dict(os.environ, {"QUORUMLOG_TABLE__CLUSTER_ID": "2"}):
                 cluster.up(two_dir, 3)
             two = cluster.meta_addresses(two_dir)
-            with environment({"QUORUMLOG_TABLE__CLUSTER_ID": "1",
+            with mock.patch.dict(os.environ, {"QUORUMLOG_TABLE__CLUSTER_ID": "1",
                               "QUORUMLOG_CLUSTERS__TWO": addresses_toml(two)}):
                 cluster.up(one_dir, 3)
             return asyncio.run(measure(cluster.meta_addresses(one_dir), two, args))

@@ -9,7 +9,6 @@ QUORUMLOG_CLUSTERS__TWO); then "two" restarts knowing "one".
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import subprocess
@@ -19,6 +18,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import msgspec
 import pytest
@@ -46,18 +47,23 @@ DUP_ENV = {"QUORUMLOG_TABLE__DUP_REFRESH_INTERVAL_MS": "200",
            "QUORUMLOG_TABLE__SNAPSHOT_ENTRIES": str(SNAPSHOT_ENTRIES)}
 
 
-@contextlib.contextmanager
-def environment(values: dict[str, str]) -> Iterator[None]:
-    old = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in old.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+def environment(values: dict[str, str]) -> Any:
+    """Set environment variables for the node processes started inside."""
+    return mock.patch.dict(os.environ, values)
+
+
+def write_spread(client: BlockingTableClient, table: str, count: int) -> None:
+    """``count`` sets on 31 hash keys from 4 threads."""
+
+    def writes(start: int) -> None:
+        for i in range(start, count, 4):
+            client.set(table, b"h%d" % (i % 31), b"%d" % i, b"v")
+
+    threads = [threading.Thread(target=writes, args=(start,)) for start in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 @dataclass
@@ -275,15 +281,7 @@ def test_a_paused_duplication_holds_the_log_until_it_ships(clusters: Clusters) -
         dup = one.add_dup("held", "two")
         one.update_dup("held", dup.dup_id, state=DupState.PAUSE)
 
-        def writes(start: int) -> None:
-            for i in range(start, HELD_WRITES, 4):
-                one.set("held", b"h%d" % (i % 31), b"%d" % i, b"v")
-
-        threads = [threading.Thread(target=writes, args=(start,)) for start in range(4)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        write_spread(one, "held", HELD_WRITES)
         one.update_dup("held", dup.dup_id, state=DupState.LOG)
         wait_converged(one, two, "held", expect=HELD_WRITES)
         deadline = time.monotonic() + CONVERGE_DEADLINE_S
@@ -333,15 +331,7 @@ def test_a_leader_without_the_log_to_ship_resyncs_loudly(clusters: Clusters) -> 
         one.create_table("lost", partitions=1, replicas=3)
         two.create_table("lost", partitions=1, replicas=3)
 
-        def writes(start: int) -> None:
-            for i in range(start, HELD_WRITES, 4):
-                one.set("lost", b"h%d" % (i % 31), b"%d" % i, b"v")
-
-        threads = [threading.Thread(target=writes, args=(start,)) for start in range(4)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        write_spread(one, "lost", HELD_WRITES)
         dup = one.add_dup("lost", "two")  # only writes from now on would ship
         key = f"/dup-progress/lost/{dup.dup_id}/0"
 
