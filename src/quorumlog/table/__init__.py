@@ -2,8 +2,9 @@
 
 This package holds the partition replica's storage and write rules
 (:class:`TableStore`, the partition's Raft state machine over RocksDB), the
-commands that travel in a partition's Raft log, and timetags. See
-docs/table.md.
+commands that travel in a partition's Raft log, and timetags; and
+duplication of tables to other clusters (``_dup_*.py``). See docs/table.md
+and docs/duplication.md.
 """
 
 from quorumlog.table._client import BlockingTableClient, TableClient
