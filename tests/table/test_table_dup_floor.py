@@ -24,12 +24,12 @@ def test_floor_rules(tmp_path: Path) -> None:
     assert manager.compaction_floor(GROUP + 1) is None  # not a replica of a table here
     assert manager.compaction_floor(GROUP) == 0  # nothing read from meta yet: keep the log
     manager.set_dups({})
-    assert manager.compaction_floor(GROUP) == 0  # duplications known, progress not yet
-    manager._known = True
     assert manager.compaction_floor(GROUP) is None  # no duplication: no bound
     one = DupRecord(dup_id=1, remote="b", state=DupState.LOG)
     two = DupRecord(dup_id=2, remote="c", state=DupState.PAUSE)
     manager.set_dups({"t": [one, two]})
+    assert manager.compaction_floor(GROUP) == 0  # confirmed decrees not read yet
+    manager._known = True
     assert manager.compaction_floor(GROUP) == 0  # no start recorded for partition 3 yet
     manager.progress = {("t", 1, 3): DupProgress(confirmed_decree=50),
                         ("t", 2, 3): DupProgress(confirmed_decree=20),

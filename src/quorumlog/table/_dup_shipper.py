@@ -469,10 +469,15 @@ class DupManager:
         hosted = {h.group_id: h for h in self._hosted()}.get(group_id)
         if hosted is None:
             return None
-        if not (self._known and self._dups_known):
+        if not self._dups_known:
             return 0  # not known yet: keep everything
+        active = self.active_dups(hosted.table)
+        if not active:
+            return None
+        if not self._known:
+            return 0  # confirmed decrees not read yet
         floor: int | None = None
-        for dup in self.active_dups(hosted.table):
+        for dup in active:
             progress = self.progress.get((hosted.table, dup.dup_id, hosted.partition))
             if progress is None:
                 return 0  # the leader has not recorded where shipping starts
@@ -483,6 +488,11 @@ class DupManager:
     async def _loop(self) -> None:
         while True:
             try:
+                if not any(self.active_dups(table) for table in self.dups):
+                    self._known = False  # nothing to hold: no reads of meta meanwhile
+                    self._reconcile()
+                    await asyncio.sleep(self.settings.refresh_interval_ms / 1000)
+                    continue
                 kvs = await self.meta.list_keys(DUP_PROGRESS_PREFIX)
                 self.progress = parse_progress([(kv.key, kv.value) for kv in kvs])
                 self._known = True
