@@ -60,6 +60,7 @@ def _register() -> None:
     app.add_typer(__import__("quorumlog.cli._bookie", fromlist=["app"]).app, name="bookie")
     app.add_typer(__import__("quorumlog.cli._stream", fromlist=["app"]).app, name="stream")
     app.add_typer(__import__("quorumlog.cli._table", fromlist=["app"]).app, name="table")
+    app.add_typer(__import__("quorumlog.cli._dup", fromlist=["app"]).app, name="dup")
     app.add_typer(__import__("quorumlog.cli._recovery", fromlist=["app"]).app, name="recovery")
     app.command("audit")(__import__("quorumlog.cli._recovery", fromlist=["app"]).audit_command)
     from quorumlog.cli import _cluster, _meta

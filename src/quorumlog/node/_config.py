@@ -65,6 +65,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import msgspec
+
 from quorumlog import config
 from quorumlog.bookie import BookieConfig
 from quorumlog.config import Config, require
@@ -184,9 +186,16 @@ class NodeConfig(Config, frozen=True):
     # TLS and token for the node's rpc server and for its own clients (Raft
     # peers, the bookie's meta client): see quorumlog.rpc.RpcSecurityConfig.
     security: RpcSecurityConfig | None = None
+    # [clusters]: other clusters by name -> their meta addresses; a table
+    # duplicated to a name ships there (docs/duplication.md).
+    clusters: dict[str, list[str]] = msgspec.field(default_factory=dict)
 
     def validate(self) -> None:
         self.node.validate()
+        for name, addresses in self.clusters.items():
+            require(bool(name) and "/" not in name,
+                    f"[clusters] name {name!r} must be non-empty, without '/'")
+            require(bool(addresses), f"[clusters] {name} needs its meta addresses")
         if self.security is not None:
             self.security.validate()
             require(not self.security.tls_enabled or self.security.tls_cert_path is not None,

@@ -156,7 +156,8 @@ class _Roles:
                                                 recovery)
         if "table" in cfg.node.roles:
             self.table = TableService(cfg.node.id, cfg.node.advertise_address, cfg.meta_addresses,
-                                      cfg.data_path, cfg.table or TableConfig())
+                                      cfg.data_path, cfg.table or TableConfig(),
+                                      clusters=cfg.clusters)
 
     def handlers(self) -> dict[type[rpc.Request[Any]], Any]:
         handlers: dict[type[rpc.Request[Any]], Any] = {}

@@ -376,6 +376,10 @@ class RaftHost:
         # Addresses of members that joined after start-up (the application keeps
         # them in replicated state, e.g. the meta service under /_meta/members/).
         self.resolver: Callable[[int], str | None] | None = None
+        # The highest index a group's log may be compacted up to (None: no
+        # bound), asked before every compaction: table duplication keeps the
+        # log its shippers have not confirmed (docs/duplication.md).
+        self.compaction_floor: Callable[[int], int | None] | None = None
 
     # ----- lifecycle --------------------------------------------------------
 
@@ -999,6 +1003,9 @@ class RaftHost:
                 self._io, functools.partial(checkpoints.purge, keep_index=index))
         group.snapshot_index = index
         compact_to = index - self.config.compaction_margin_entries
+        floor = None if self.compaction_floor is None else self.compaction_floor(group.group_id)
+        if floor is not None:
+            compact_to = min(compact_to, floor)
         if compact_to >= group.storage.first_index():
             group.storage.compact(compact_to)
             await loop.run_in_executor(self._io, group.storage.release_wal, compact_to)

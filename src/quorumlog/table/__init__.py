@@ -2,8 +2,9 @@
 
 This package holds the partition replica's storage and write rules
 (:class:`TableStore`, the partition's Raft state machine over RocksDB), the
-commands that travel in a partition's Raft log, and timetags. See
-docs/table.md.
+commands that travel in a partition's Raft log, and timetags; and
+duplication of tables to other clusters (``_dup_*.py``). See docs/table.md
+and docs/duplication.md.
 """
 
 from quorumlog.table._client import BlockingTableClient, TableClient
@@ -19,6 +20,7 @@ from quorumlog.table._commands import (
     CheckType,
     DeleteCommand,
     Done,
+    DuplicateCommand,
     IncrCommand,
     IncrResult,
     MultiDeleteCommand,
@@ -33,9 +35,20 @@ from quorumlog.table._commands import (
     decode_entry,
     encode_entry,
 )
+from quorumlog.table._dup_layout import (
+    DUP_TRANSITIONS,
+    DupProgress,
+    DupRecord,
+    DupState,
+    FailMode,
+    TableFlags,
+    UnknownDupError,
+)
+from quorumlog.table._dup_shipper import UnknownRemoteClusterError
 from quorumlog.table._errors import (
     BadTableRequestError,
     KeyTooLargeError,
+    NonIdempotentWriteRefusedError,
     NotAnIntegerError,
     TableError,
     ValueTooLargeError,
@@ -87,6 +100,7 @@ from quorumlog.table._timetag import (
 __all__ = [
     "CLUSTER_ID_MAX",
     "CLUSTER_ID_MIN",
+    "DUP_TRANSITIONS",
     "HASH_KEY_BYTES_MAX",
     "SCAN_LIMIT_MAX",
     "SORT_KEY_BYTES_MAX",
@@ -101,6 +115,11 @@ __all__ = [
     "CheckType",
     "DeleteCommand",
     "Done",
+    "DupProgress",
+    "DupRecord",
+    "DupState",
+    "DuplicateCommand",
+    "FailMode",
     "GroupReport",
     "GroupState",
     "IncrCommand",
@@ -110,6 +129,7 @@ __all__ = [
     "MultiSetCommand",
     "Mutation",
     "NodeReport",
+    "NonIdempotentWriteRefusedError",
     "NotAnIntegerError",
     "NotEnoughTableNodesError",
     "PartitionNotHostedError",
@@ -129,6 +149,7 @@ __all__ = [
     "TableEntry",
     "TableError",
     "TableExistsError",
+    "TableFlags",
     "TableLayout",
     "TableNodeRecord",
     "TableRecord",
@@ -138,6 +159,8 @@ __all__ = [
     "TableStore",
     "Timetag",
     "TimetagClock",
+    "UnknownDupError",
+    "UnknownRemoteClusterError",
     "UnknownTableError",
     "ValueTooLargeError",
     "WriteCommand",

@@ -31,10 +31,12 @@ from quorumlog.errors import DeadlineExceededError, NotLeaderError, TransientErr
 from quorumlog.meta import MetaClient
 from quorumlog.table._codec import check_key, check_value
 from quorumlog.table._commands import (
+    NON_IDEMPOTENT_REFUSED,
     CheckAndMutateCommand,
     CheckResult,
     CheckType,
     DeleteCommand,
+    DuplicateCommand,
     IncrCommand,
     IncrResult,
     MultiDeleteCommand,
@@ -45,8 +47,22 @@ from quorumlog.table._commands import (
     WriteCommand,
     WriteResult,
 )
+from quorumlog.table._dup_layout import (
+    DupProgress,
+    DupRecord,
+    DupState,
+    FailMode,
+    TableFlags,
+    add_dup,
+    get_dup,
+    list_dups,
+    read_progress,
+    set_flags,
+    update_dup,
+)
 from quorumlog.table._errors import (
     BadTableRequestError,
+    NonIdempotentWriteRefusedError,
     NotAnIntegerError,
     WriteOutcomeUnknownError,
 )
@@ -79,6 +95,8 @@ OPERATION_DEADLINE_S = 20.0  # all attempts of one operation (covers a re-electi
 REQUEST_TIMEOUT_S = 5.0  # one attempt
 RETRY_BACKOFF_S = 0.05  # after a round of members without a leader
 SCAN_PAGE_RECORDS = 1000
+DUP_START_DEADLINE_S = 30.0  # dup add waits this long for every partition to start shipping
+DUP_START_POLL_S = 0.1
 SESSION_RESTARTS_MAX = 1  # a write refused as session_expired is sent again in a new session
 
 
@@ -147,6 +165,42 @@ class TableClient:
     async def table_info(self, name: str) -> TableLayout:
         return await table_info(self.meta, name)
 
+    # ----- duplication (docs/duplication.md) -------------------------------------------
+
+    async def add_dup(self, table: str, remote: str, *, checkpoint: bool = False,
+                      start_deadline_s: float = DUP_START_DEADLINE_S) -> DupRecord:
+        """Add a duplication and wait until every partition's leader recorded
+        where its shipping starts: writes acknowledged after this returns ship.
+        ``checkpoint``: the records the table holds are copied first (state
+        prepare until every partition is done; ``dup_progress`` shows it)."""
+        record = await add_dup(self.meta, table, remote, checkpoint=checkpoint)
+        partitions = (await table_info(self.meta, table)).record.partitions
+        deadline = time.monotonic() + start_deadline_s
+        while len(await read_progress(self.meta, table, record.dup_id)) < partitions:
+            if time.monotonic() > deadline:
+                raise DeadlineExceededError(
+                    f"duplication {record.dup_id} of {table!r} was added, but not every "
+                    f"partition's leader started it within {start_deadline_s:.0f} s; "
+                    f"`quorumlog dup status {table} {record.dup_id}` shows which did")
+            await asyncio.sleep(DUP_START_POLL_S)
+        return record
+
+    async def list_dups(self, table: str) -> list[DupRecord]:
+        await table_info(self.meta, table)
+        return await list_dups(self.meta, table)
+
+    async def update_dup(self, table: str, dup_id: int, *, state: DupState | None = None,
+                         fail_mode: FailMode | None = None) -> DupRecord:
+        return await update_dup(self.meta, table, dup_id, state=state, fail_mode=fail_mode)
+
+    async def dup_progress(self, table: str, dup_id: int) -> dict[int, DupProgress]:
+        """Per partition: confirmed_decree and the shipper's counters."""
+        await get_dup(self.meta, table, dup_id)
+        return await read_progress(self.meta, table, dup_id)
+
+    async def set_table_flags(self, table: str, flags: TableFlags) -> None:
+        await set_flags(self.meta, table, flags)
+
     # ----- writes -------------------------------------------------------------------
 
     async def set(self, table: str, hash_key: bytes, sort_key: bytes, value: bytes, *,
@@ -204,6 +258,11 @@ class TableClient:
             operand=operand, mutations=[Mutation(set_sort_key, value, ttl_s)],
             return_check_value=return_check_value)
 
+    async def duplicate(self, table: str, command: DuplicateCommand) -> None:
+        """Apply records shipped from another cluster, last writer wins by
+        timetag (duplication; docs/duplication.md)."""
+        await self._write_one(table, command.hash_key, command)
+
     async def _write_one(self, table: str, hash_key: bytes, command: WriteCommand) -> WriteResult:
         for _ in range(SESSION_RESTARTS_MAX + 1):
             result = await self._write_once(table, hash_key, command)
@@ -246,6 +305,8 @@ class TableClient:
     def _result(command: WriteCommand, result: WriteResult) -> WriteResult:
         if isinstance(result, Refused) and result.code == STALE_SEQUENCE:
             raise WriteOutcomeUnknownError(result.message)
+        if isinstance(result, Refused) and result.code == NON_IDEMPOTENT_REFUSED:
+            raise NonIdempotentWriteRefusedError(result.message)
         if isinstance(result, Refused):
             if isinstance(command, IncrCommand) or "integer" in result.message:
                 raise NotAnIntegerError(result.message)

@@ -157,8 +157,26 @@ class CheckAndMutateCommand(msgspec.Struct, frozen=True, tag="check_and_mutate")
     return_check_value: bool = False
 
 
+class DuplicateCommand(msgspec.Struct, frozen=True, tag="dup"):
+    """Records of one hash_key shipped from another cluster (duplication,
+    docs/duplication.md), each with the timetag it got where it was written:
+    ``(sort_key, value, expire_ts_s, timetag)``; a timetag with the delete flag
+    is a tombstone (empty value). Applied last-writer-wins: a record whose
+    timetag is not above the stored record's (or tombstone's) is dropped.
+    A duplicate write is never shipped again, so two-way duplication has no
+    loops."""
+
+    hash_key: bytes
+    records: tuple[tuple[bytes, bytes, int, int], ...]
+
+
 WriteCommand = (SetCommand | MultiSetCommand | DeleteCommand | MultiDeleteCommand
-                | IncrCommand | CheckAndMutateCommand)
+                | IncrCommand | CheckAndMutateCommand | DuplicateCommand)
+
+NON_IDEMPOTENT_COMMANDS = (IncrCommand, CheckAndMutateCommand)
+"""Writes whose outcome depends on the value they find: refused on a duplicated
+table unless it allows them (the other cluster's concurrent writes do not add up
+under last-writer-wins)."""
 
 
 class TableEntry(msgspec.Struct, frozen=True):
@@ -199,12 +217,15 @@ class Refused(msgspec.Struct, frozen=True, tag="refused"):
 
     ``code`` is empty for a bad command, else a session refusal of the whole
     write (table/_sessions.py: ``session_expired``, ``stale_sequence``,
-    ``bad_sequence``).
+    ``bad_sequence``) or ``non_idempotent`` (an incr or check_and_mutate on a
+    duplicated table that does not allow them).
     """
 
     message: str
     code: str = ""
 
+
+NON_IDEMPOTENT_REFUSED = "non_idempotent"
 
 WriteResult = Done | IncrResult | CheckResult | Refused
 

@@ -32,3 +32,9 @@ class WriteOutcomeUnknownError(TableError):
     result the partition no longer keeps (the client had more than
     ``CLIENT_RESULTS_WINDOW_WRITES`` later writes to that partition meanwhile):
     read the data to learn the outcome."""
+
+
+class NonIdempotentWriteRefusedError(TableError, UsageError):
+    """An increment or check-and-mutate on a duplicated table: under
+    last-writer-wins, concurrent ones on two clusters do not add up, so the
+    table refuses them unless allowed (``quorumlog dup allow-non-idempotent``)."""

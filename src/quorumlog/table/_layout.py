@@ -35,6 +35,8 @@ from quorumlog.table._placement import ClusterLoad, NodeCandidate, place_replica
 
 TABLES_PREFIX = "/tables/"
 TABLE_NODES_PREFIX = "/table-nodes/"
+# Duplication progress per table (table/_dup_layout.py), dropped with the table.
+DUP_PROGRESS_PREFIX = "/dup-progress/"
 TABLE_ID_SEQUENCE = "table"
 PARTITIONS_MAX = 4096  # partitions of one table (Pegasus tables use 8..1024)
 PARTITION_BITS = 20  # group id layout: table id above these bits, partition below
@@ -223,4 +225,5 @@ async def drop_table(meta: MetaClient, name: str) -> None:
     """Remove a table's records; its replicas stop serving it at once and table
     nodes delete its data (docs/table.md)."""
     await table_info(meta, name)  # UnknownTableError when absent
-    await meta.txn(success=[DeleteOp(key=f"{TABLES_PREFIX}{name}/", prefix=True)])
+    await meta.txn(success=[DeleteOp(key=f"{TABLES_PREFIX}{name}/", prefix=True),
+                            DeleteOp(key=f"{DUP_PROGRESS_PREFIX}{name}/", prefix=True)])

@@ -21,7 +21,7 @@ from pathlib import Path
 import msgspec
 
 from quorumlog.errors import StorageError, invariant
-from quorumlog.table._commands import WriteResult, decode_entry
+from quorumlog.table._commands import DuplicateCommand, WriteCommand, WriteResult, decode_entry
 from quorumlog.table._store import TableStore
 from quorumlog.table._timetag import TimetagClock
 
@@ -50,6 +50,7 @@ class PartitionMachine:
     def apply(self, index: int, data: bytes) -> list[WriteResult]:
         entry = decode_entry(data)
         self.clock.observe(entry.timestamp_us)
+        observe_duplicates(self.clock, entry.commands)
         return self.store.apply(index, entry)
 
     def snapshot_files(self, directory: Path) -> bytes:
@@ -80,6 +81,16 @@ class PartitionMachine:
         finally:
             shutil.rmtree(temp, ignore_errors=True)
         invariant(self.store.applied_decree == decree, "a restored checkpoint holds its decree")
+
+
+def observe_duplicates(clock: TimetagClock, commands: tuple[WriteCommand, ...]) -> None:
+    """Move the clock past the timetags of shipped records: a local write after
+    a duplicate write then gets a larger timetag, as it does on the cluster the
+    record came from (last writer wins the same way on both)."""
+    for command in commands:
+        if isinstance(command, DuplicateCommand):
+            for record in command.records:
+                clock.observe(record[3] >> 8)
 
 
 def _link_or_copy(source: Path, target: Path) -> None:

@@ -31,7 +31,16 @@ from quorumlog.errors import QuorumlogError
 from quorumlog.log import get_logger
 from quorumlog.meta import MetaClient
 from quorumlog.raft import HostConfig, RaftHost, Role
-from quorumlog.table._commands import TableEntry, encode_entry
+from quorumlog.table._commands import (
+    NON_IDEMPOTENT_COMMANDS,
+    NON_IDEMPOTENT_REFUSED,
+    Refused,
+    TableEntry,
+    WriteCommand,
+    encode_entry,
+)
+from quorumlog.table._dup_layout import TableFlags, parse_table_extras
+from quorumlog.table._dup_shipper import DupManager, DupSettings, HostedPartition
 from quorumlog.table._heartbeat import (
     ChangeExecutor,
     ChangeOutcome,
@@ -50,7 +59,7 @@ from quorumlog.table._layout import (
     parse_layouts,
     table_node_key,
 )
-from quorumlog.table._machine import PartitionMachine
+from quorumlog.table._machine import PartitionMachine, observe_duplicates
 from quorumlog.table._messages import (
     PartitionNotHostedError,
     TableCountRequest,
@@ -96,6 +105,17 @@ class TableConfig(Config, frozen=True):
     changes_per_node_max: int = 2  # configuration changes in flight touching one node
     catchup_entries_max: int = 100  # a learner this close to the leader may be promoted
     change_timeout_ms: int = 60_000  # a change not seen done by then may be decided again
+    # Duplication (docs/duplication.md): a shipper reads at most this many log
+    # entries / bytes per block; hash keys of a block in flight to the remote at once.
+    dup_block_entries_max: int = 256
+    dup_block_bytes_max: int = 4 * 1024 * 1024
+    dup_hash_keys_in_flight_max: int = 64
+    # How often every node re-reads confirmed decrees (the log floor) and
+    # starts or stops the shippers of the partitions it leads.
+    dup_refresh_interval_ms: int = 500
+    dup_progress_interval_ms: int = 200  # confirmed_decree written to meta at most this often
+    dup_idle_poll_ms: int = 20  # a caught-up shipper looks for new entries this often
+    dup_remote_deadline_s: float = 10.0  # one shipped hash_key, all retries of the remote client
 
     def validate(self) -> None:
         require(bool(self.zone), "[table] zone must not be empty")
@@ -107,7 +127,26 @@ class TableConfig(Config, frozen=True):
         require(self.heartbeat_interval_ms >= 10, "[table] heartbeat_interval_ms must be >= 10")
         require(self.node_dead_after_ms >= 2 * self.heartbeat_interval_ms,
                 "[table] node_dead_after_ms must be >= 2 * heartbeat_interval_ms")
+        require(self.dup_block_entries_max >= 1, "[table] dup_block_entries_max must be >= 1")
+        require(self.dup_block_bytes_max >= 1, "[table] dup_block_bytes_max must be >= 1")
+        require(self.dup_hash_keys_in_flight_max >= 1,
+                "[table] dup_hash_keys_in_flight_max must be >= 1")
+        require(self.dup_refresh_interval_ms >= 10, "[table] dup_refresh_interval_ms must be >= 10")
+        require(self.dup_progress_interval_ms >= 0, "[table] dup_progress_interval_ms must be >= 0")
+        require(self.dup_idle_poll_ms >= 1, "[table] dup_idle_poll_ms must be >= 1")
+        require(self.dup_remote_deadline_s > 0, "[table] dup_remote_deadline_s must be > 0")
         self.scheduler_config().validate()
+
+    def dup_settings(self) -> DupSettings:
+        return DupSettings(
+            block_entries_max=self.dup_block_entries_max,
+            block_bytes_max=self.dup_block_bytes_max,
+            hash_keys_in_flight_max=self.dup_hash_keys_in_flight_max,
+            refresh_interval_ms=self.dup_refresh_interval_ms,
+            progress_interval_ms=self.dup_progress_interval_ms,
+            idle_poll_ms=self.dup_idle_poll_ms,
+            remote_deadline_s=self.dup_remote_deadline_s,
+            cluster_id=self.cluster_id)
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(
@@ -132,7 +171,8 @@ class TableService:
     """The table role; see the module docstring."""
 
     def __init__(self, node_id: int, address: str, meta_addresses: list[str],
-                 data_dir: Path, config: TableConfig | None = None) -> None:
+                 data_dir: Path, config: TableConfig | None = None, *,
+                 clusters: dict[str, list[str]] | None = None) -> None:
         self.node_id = node_id
         self.address = address
         self.config = config or TableConfig()
@@ -153,6 +193,11 @@ class TableService:
         self._tasks: list[asyncio.Task[None]] = []
         self.registered = False
         self.failed = self.host.failed
+        self._flags: dict[str, TableFlags] = {}
+        self.dups = DupManager(node_id, self.host, self._meta, clusters=dict(clusters or {}),
+                               settings=self.config.dup_settings(), hosted=self._hosted)
+        # No replica compacts its log past what its table's duplications confirmed.
+        self.host.compaction_floor = self.dups.compaction_floor
 
     # ----- lifecycle ----------------------------------------------------------
 
@@ -187,12 +232,14 @@ class TableService:
         self._tasks = [loop.create_task(self._register_loop(), name="table-registration"),
                        loop.create_task(self._watch_loop(), name="table-watch"),
                        loop.create_task(self._heartbeat_loop(), name="table-heartbeat")]
+        self.dups.start()
 
     async def close(self) -> None:
         unregister_node(self)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.dups.close()
         await self.executor.close()
         await self.host.close()
         await self._pool.close()
@@ -238,6 +285,8 @@ class TableService:
                 node = decode_node(value)
                 self._known_addresses[node.node_id] = node.address
         layouts = parse_layouts([kv for kv in kvs if kv[0].startswith(TABLES_PREFIX)])
+        dups, self._flags = parse_table_extras(kvs)
+        self.dups.set_dups(dups)
         wanted: set[int] = set()
         for layout in layouts.values():
             for partition, record in enumerate(layout.partitions):
@@ -284,6 +333,10 @@ class TableService:
         self.host.add_group(gid, None if joining else set(record.members), machine)
         _log.info("table_replica_opened", table=layout.name, partition=partition, group=gid,
                   joining=joining)
+
+    def _hosted(self) -> list[HostedPartition]:
+        return [HostedPartition(r.table, r.partition, gid, r.machine.store)
+                for gid, r in self._replicas.items() if not r.dropped]
 
     # ----- heartbeats and scheduled changes ------------------------------------------
 
@@ -332,12 +385,31 @@ class TableService:
                         ctx: rpc.RequestContext) -> TableWriteResponse:
         replica = self._replica(request.table_id, request.partition)
         self.host.require_leader(self.host.group(replica.group_id))
+        refusal = self._refuse_non_idempotent(replica.table, request.commands)
+        if refusal is not None:
+            return TableWriteResponse(results=[refusal] * len(request.commands))
+        observe_duplicates(replica.machine.clock, tuple(request.commands))
         entry = TableEntry(timestamp_us=replica.machine.clock.next(time.time_ns() // 1000),
                            commands=tuple(request.commands), client_id=request.client_id,
                            seq=request.seq,
                            first_outstanding_seq=request.first_outstanding_seq)
         results = await self.host.propose(replica.group_id, encode_entry(entry))
         return TableWriteResponse(results=list(results))
+
+    def _refuse_non_idempotent(self, table: str,
+                               commands: list[WriteCommand]) -> Refused | None:
+        if not any(isinstance(c, NON_IDEMPOTENT_COMMANDS) for c in commands):
+            return None
+        if not self.dups.active_dups(table):
+            return None
+        if self._flags.get(table, TableFlags()).allow_non_idempotent_writes:
+            return None
+        return Refused(
+            f"table {table!r} is duplicated to another cluster: increment and "
+            "check_and_mutate are refused, since concurrent ones on both clusters do not add "
+            "up under last-writer-wins; use set/delete, or allow them with `quorumlog dup "
+            f"allow-non-idempotent {table} --allow` if one cluster alone writes these keys",
+            code=NON_IDEMPOTENT_REFUSED)
 
     async def _on_get(self, request: TableGetRequest,
                       ctx: rpc.RequestContext) -> TableGetResponse:

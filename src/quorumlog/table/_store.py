@@ -52,6 +52,7 @@ from quorumlog.table._commands import (
     CheckResult,
     DeleteCommand,
     Done,
+    DuplicateCommand,
     IncrCommand,
     IncrResult,
     MultiDeleteCommand,
@@ -66,7 +67,7 @@ from quorumlog.table._commands import (
 )
 from quorumlog.table._errors import BadTableRequestError, TableError
 from quorumlog.table._sessions import ClientSessions
-from quorumlog.table._timetag import check_cluster_id, make_timetag
+from quorumlog.table._timetag import CLUSTER_ID_MAX, check_cluster_id, make_timetag
 
 KEY_APPLIED_DECREE = STORE_KEY_PREFIX + b"applied_decree"
 
@@ -192,6 +193,30 @@ class TableStore:
             return None
         record = decode_record(_raw(raw))
         return record if record.live(now_s) else None
+
+    def stored_record(self, hash_key: bytes, sort_key: bytes) -> Record | None:
+        """The record as stored, tombstones and expired records included
+        (duplication ships it with its timetag)."""
+        raw = self._db.get(encode_key(hash_key, sort_key))
+        return None if raw is None else decode_record(_raw(raw))
+
+    def stored_page(self, after: bytes | None, limit: int, bytes_max: int
+                    ) -> tuple[list[tuple[bytes, bytes, Record]], bytes | None]:
+        """Every stored record (tombstones and expired ones included) after the
+        key ``after``: ``limit`` records and about ``bytes_max`` bytes at most
+        (one record at least), as (hash_key, sort_key, record); and where the
+        next page starts (None: done). For duplication's checkpoint copy."""
+        out: list[tuple[bytes, bytes, Record]] = []
+        size = 0
+        low = b"" if after is None else after
+        for key, record in self._range(low, STORE_KEY_PREFIX, reverse=False,
+                                       start_inclusive=after is None):
+            if len(out) == limit or (out and size + len(key) + len(record.value) > bytes_max):
+                return out, encode_key(out[-1][0], out[-1][1])
+            size += len(key) + len(record.value)
+            hash_key, sort_key = decode_key(key)
+            out.append((hash_key, sort_key, record))
+        return out, None
 
     def get(self, hash_key: bytes, sort_key: bytes, now_s: int) -> bytes | None:
         record = self.get_record(hash_key, sort_key, now_s)
@@ -453,7 +478,35 @@ class _Batch:
             return Done()
         if isinstance(command, IncrCommand):
             return self._incr(command)
+        if isinstance(command, DuplicateCommand):
+            return self._duplicate(command)
         return self._check_and_mutate(command)
+
+    def _duplicate(self, command: DuplicateCommand) -> WriteResult:
+        """Last writer wins by timetag (timestamp, then cluster id): a shipped
+        record at or below the stored one's timetag (live, expired or a
+        tombstone) is dropped; the rest are written with their own timetag."""
+        for sort_key, value, expire_ts_s, timetag in command.records:  # all checked first
+            check_key(command.hash_key, sort_key)
+            check_value(value)
+            if not command.hash_key:
+                raise BadTableRequestError("hash_key must not be empty")
+            if (timetag >> 1) & CLUSTER_ID_MAX == 0 or expire_ts_s < 0 or (timetag & 1 and value):
+                raise BadTableRequestError(
+                    f"duplicate record with timetag {timetag}, expire_ts_s {expire_ts_s} "
+                    f"and a value of {len(value)} bytes is malformed")
+        for sort_key, value, expire_ts_s, timetag in command.records:
+            key = encode_key(command.hash_key, sort_key)
+            current = self._written.get(key)
+            if current is None:
+                raw = self._db.get(key)
+                current = None if raw is None else decode_record(_raw(raw))
+            if current is not None and current.timetag >= timetag:
+                continue
+            record = Record(value=value, expire_ts_s=expire_ts_s, timetag=timetag)
+            self._written[key] = record
+            self.write_batch.put(key, encode_record(record))
+        return Done()
 
     def _incr(self, command: IncrCommand) -> WriteResult:
         check_key(command.hash_key, command.sort_key)
