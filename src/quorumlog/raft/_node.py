@@ -880,8 +880,14 @@ class RaftNode:
             # not count it as a voter, so we always answer, as the Raft paper does.
             self._send(Message(type=MessageType.APP_RESP, to=m.from_, from_=self._id,
                                term=self._term))
-        elif m.type == MessageType.PRE_VOTE:
-            self._send(Message(type=MessageType.PRE_VOTE_RESP, to=m.from_, from_=self._id,
+        elif m.type in (MessageType.PRE_VOTE, MessageType.VOTE):
+            # A rejection with our term, as the Raft paper answers (etcd ignores a stale
+            # VOTE). Without it a candidate whose only possible voter is a member that
+            # missed configuration changes (it campaigns elsewhere, so it never reaches
+            # the candidate) could lag that voter's term forever (table simulator).
+            response = (MessageType.PRE_VOTE_RESP if m.type == MessageType.PRE_VOTE
+                        else MessageType.VOTE_RESP)
+            self._send(Message(type=response, to=m.from_, from_=self._id,
                                term=self._term, reject=True))
 
     def _send(self, m: Message) -> None:
