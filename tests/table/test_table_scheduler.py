@@ -280,3 +280,21 @@ def test_a_node_keeps_a_replica_its_group_has_past_a_lagging_record() -> None:
     assert not keeps_replica(1, record, group_epoch=11, group_members=frozenset({1, 3, 4, 5}))
     assert not keeps_replica(1, record, group_epoch=12, group_members=frozenset({3, 4, 5}))
     assert keeps_replica(4, record, group_epoch=0, group_members=frozenset())
+
+
+def test_a_learner_that_has_not_reported_is_not_promoted_on_a_short_log() -> None:
+    """Found by the table simulator (seed 88892615441718): with the leader's applied
+    index below catchup_entries_max, a learner with no report counted as caught up and
+    was promoted before its node had even opened the replica."""
+    cluster = Cluster([1, 2, 3], {1: [1, 2, 3]})
+    cluster.applied[1] = dict.fromkeys([1, 2, 3], 5)  # a young group: 5 entries
+    cluster.learners[1] = [4]
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    empty = NodeReport(node_id=4, address="n4", zone="z", disk_free_bytes=1 << 30, groups=())
+    for now in (500, 1_000):  # node 4 is alive but has not opened the replica yet
+        scheduler.heartbeat(empty, now)
+        assert cluster.beat(scheduler, now) == []
+    cluster.nodes.append(4)
+    cluster.applied[1][4] = 5  # it opened the replica and caught up
+    changes = cluster.beat(scheduler, 1_100)
+    assert changes and changes[0].kind in (ChangeKind.PROMOTE, ChangeKind.TRANSFER_LEADER)

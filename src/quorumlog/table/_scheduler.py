@@ -319,7 +319,14 @@ class Scheduler:
                              move.since_ms)
                 self._moves[group.group_id] = move
         leader_applied = group.applied.get(group.leader, 0)
-        if group.applied.get(learner, -1) < leader_applied - self.config.catchup_entries_max:
+        # A learner that has not reported yet (its node opens the replica once the
+        # record names it) is not caught up, however short the leader's log is: while
+        # the leader's applied index was below catchup_entries_max, -1 passed for caught
+        # up, and an unopened replica was promoted; the group then waited in a joint
+        # configuration for a voter that never came (found by the table simulator).
+        learner_applied = group.applied.get(learner)
+        if (learner_applied is None
+                or learner_applied < leader_applied - self.config.catchup_entries_max):
             if now_ms - move.since_ms < self.config.change_timeout_ms:
                 return None  # still catching up
             # It never caught up (a learner whose data vanished - a replica dropped on a
