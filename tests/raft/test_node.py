@@ -348,3 +348,18 @@ def test_proposals_tell_the_position_they_were_appended_at() -> None:
     ]
     assert (entries[4].term, entries[4].index, entries[4].type) == (
         term, index + 4, EntryType.CONF_CHANGE)
+
+
+def test_a_vote_request_of_an_older_term_is_rejected_with_our_term() -> None:
+    """The candidate learns the newer term from the rejection (Raft paper, 5.1). The
+    table simulator (seed 1227) found a group that never elected again without it:
+    its only other live voter had missed the configuration changes, campaigned among
+    members that were gone, and raised its term faster than the candidate learned it."""
+    net = Network([1, 2, 3], seed=43, pre_vote=False)
+    net.nodes[2].step(Message(type=MT.VOTE, to=2, from_=3, term=5, log_term=1, index=1))
+    net.nodes[2].advance(net.nodes[2].ready())
+    net.nodes[2].step(Message(type=MT.VOTE, to=2, from_=1, term=3, log_term=1, index=1))
+    answer = net.nodes[2].ready()
+    assert [(m.type, m.to, m.term, m.reject) for m in answer.messages] == [
+        (MT.VOTE_RESP, 1, net.nodes[2].term, True)]
+    assert net.nodes[2].term >= 5

@@ -225,3 +225,76 @@ def test_a_change_whose_target_dies_is_abandoned_and_the_node_replaced() -> None
     assert [f.outcome for f in scheduler.recent] == ["abandoned"]
     run(cluster, scheduler, 4_100, 30)
     assert all(transfer.node_id not in v and len(v) == 3 for v in cluster.voters.values())
+
+
+def test_a_voter_dying_during_a_move_is_the_one_the_learner_replaces() -> None:
+    """Found by the table simulator (seed 12): a balance move's learner was promoted in
+    place of its live victim while another voter of the group was dead, leaving the
+    dead voter in and one live voter fewer. The move now replaces the dead voter."""
+    cluster = Cluster([1, 2, 3, 4], {1: [1, 2, 3]})
+    cluster.learners[1] = [4]
+    cluster.applied[1][4] = 0  # catching up
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    assert cluster.beat(scheduler, 1_000) == []
+    victim = scheduler._moves[1].victim
+    dying = next(v for v in cluster.voters[1] if v not in (victim, cluster.leader[1]))
+    cluster.down.add(dying)
+    cluster.catch_up()
+    changes = cluster.beat(scheduler, 2_100)  # `dying` silent for 1.1 s: dead
+    assert [(c.kind, c.node_id, c.remove_node_id) for c in changes] == [
+        (ChangeKind.PROMOTE, 4, dying)]
+
+
+def test_a_learner_that_never_catches_up_is_removed_after_the_change_timeout() -> None:
+    """Found by the table simulator (seed 17): a learner whose data vanished never
+    catches up (the leader does not probe below what it once matched), so the group
+    kept it forever and was never repaired. After change_timeout_ms it is removed."""
+    cluster = Cluster([1, 2, 3, 4], {1: [1, 2, 3]})
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    cluster.down.add(3)
+    added = None
+    for now in range(0, 10_000, 500):
+        for change in cluster.beat(scheduler, now):
+            assert change.kind is ChangeKind.ADD_LEARNER
+            cluster.apply(change)
+            added = now
+            break
+        if added is not None:
+            break
+    assert added is not None and cluster.learners[1] == [4]
+    assert cluster.beat(scheduler, added + CONFIG.change_timeout_ms - 1) == []
+    changes = cluster.beat(scheduler, added + CONFIG.change_timeout_ms)
+    assert [(c.kind, c.node_id) for c in changes] == [(ChangeKind.REMOVE, 4)]
+    assert "did not catch up" in changes[0].reason
+
+
+def test_a_node_keeps_a_replica_its_group_has_past_a_lagging_record() -> None:
+    """Found by the table simulator (seed 48): the record, written from a heartbeat a
+    round behind, lacked a learner added a moment before; the node dropped (wiped) it,
+    and the scheduler then promoted the empty replica to voter."""
+    from quorumlog.table import PartitionRecord, keeps_replica
+
+    record = PartitionRecord(members=(3, 4, 5), epoch=11)
+    assert keeps_replica(1, record, group_epoch=12, group_members=frozenset({1, 3, 4, 5}))
+    # The record is as new as the group, or the group no longer has the node: drop.
+    assert not keeps_replica(1, record, group_epoch=11, group_members=frozenset({1, 3, 4, 5}))
+    assert not keeps_replica(1, record, group_epoch=12, group_members=frozenset({3, 4, 5}))
+    assert keeps_replica(4, record, group_epoch=0, group_members=frozenset())
+
+
+def test_a_learner_that_has_not_reported_is_not_promoted_on_a_short_log() -> None:
+    """Found by the table simulator (seed 88892615441718): with the leader's applied
+    index below catchup_entries_max, a learner with no report counted as caught up and
+    was promoted before its node had even opened the replica."""
+    cluster = Cluster([1, 2, 3], {1: [1, 2, 3]})
+    cluster.applied[1] = dict.fromkeys([1, 2, 3], 5)  # a young group: 5 entries
+    cluster.learners[1] = [4]
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    empty = NodeReport(node_id=4, address="n4", zone="z", disk_free_bytes=1 << 30, groups=())
+    for now in (500, 1_000):  # node 4 is alive but has not opened the replica yet
+        scheduler.heartbeat(empty, now)
+        assert cluster.beat(scheduler, now) == []
+    cluster.nodes.append(4)
+    cluster.applied[1][4] = 5  # it opened the replica and caught up
+    changes = cluster.beat(scheduler, 1_100)
+    assert changes and changes[0].kind in (ChangeKind.PROMOTE, ChangeKind.TRANSFER_LEADER)

@@ -245,3 +245,59 @@ def _ledger_many(start: int, count: int, mix: str, jobs: int) -> bool:
         _console.print(f"  replay: quorumlog sim ledger --seed {result.seed} --mix {mix} "
                        "--trace", markup=False, highlight=False)
     return not failures
+
+
+@app.command("table")
+def table(
+    seeds: int = typer.Option(0, "--seeds", min=0, help="Run this many seeds."),
+    start: int = typer.Option(0, "--start", min=0, help="First seed of --seeds."),
+    seed: int | None = typer.Option(None, "--seed", min=0, help="Run (replay) one seed."),
+    jobs: int = typer.Option(2, "--jobs", min=1, max=64, help="Worker processes for --seeds."),
+    trace: bool = typer.Option(False, "--trace", help="With --seed: print the transcript."),
+) -> None:
+    """Run the table scheduler simulator: the production scheduler and partition
+    Raft groups with crashes (one node for good), partitions and scheduler
+    failovers; every group must be back on 3 live voters with every
+    acknowledged write."""
+    from quorumlog.errors import UsageError
+    from quorumlog.sim import run_table_many, run_table_seed
+
+    if (seed is None) == (seeds == 0):
+        raise UsageError("give exactly one of --seed S (replay one) or --seeds N (run many)")
+    if seed is not None:
+        result = run_table_seed(seed, keep_trace=trace)
+        for line in result.trace:
+            _console.print(line, markup=False, highlight=False)
+        _console.print(f"seed {seed} nodes={result.nodes} groups={result.groups}: "
+                       + ("[green]passed[/]" if result.passed
+                          else f"[red]FAILED[/] {result.violation}"))
+        stats = " ".join(f"{k}={v}" for k, v in result.stats.items())
+        _console.print(f"  {stats}", markup=False, highlight=False)
+        if trace:
+            _console.print(f"  trace sha256 {result.trace_hash}", markup=False)
+        if not result.passed:
+            _console.print(f"  {result.detail}", markup=False, highlight=False)
+            _console.print(f"  replay: quorumlog sim table --seed {seed} --trace",
+                           markup=False, highlight=False)
+            raise typer.Exit(1)
+        return
+    if trace:
+        raise UsageError("--trace needs --seed S: transcripts are kept for one seed only")
+    results = run_table_many(range(start, start + seeds), jobs=jobs)
+    failures = [r for r in results if not r.passed]
+    totals = {key: sum(r.stats.get(key, 0) for r in results)
+              for key in ("crashes", "failovers", "changes_applied", "stale_ignored",
+                          "writes_acked")}
+    _console.print(f"quorumlog sim table: seeds {start}..{start + seeds - 1}: "
+                   + " ".join(f"{k}={v}" for k, v in totals.items()), markup=False)
+    verdict = "[green]all passed[/]" if not failures else f"[red]{len(failures)} failed[/]"
+    _console.print(f"{len(results)} seeds: {verdict}")
+    for result in failures:
+        _console.print(f"[red]seed {result.seed}[/] violated [bold]{result.violation}[/]: ",
+                       end="")
+        _console.print(result.detail.splitlines()[0] if result.detail else "",
+                       markup=False, highlight=False)
+        _console.print(f"  replay: quorumlog sim table --seed {result.seed} --trace",
+                       markup=False, highlight=False)
+    if failures:
+        raise typer.Exit(1)

@@ -930,8 +930,14 @@ class RaftNode:
             # not count it as a voter, so we always answer, as the Raft paper does.
             self._send(Message(type=MessageType.APP_RESP, to=m.from_, from_=self._id,
                                term=self._term))
-        elif m.type == MessageType.PRE_VOTE:
-            self._send(Message(type=MessageType.PRE_VOTE_RESP, to=m.from_, from_=self._id,
+        elif m.type in (MessageType.PRE_VOTE, MessageType.VOTE):
+            # A rejection with our term, as the Raft paper answers (etcd ignores a stale
+            # VOTE). Without it a candidate whose only possible voter is a member that
+            # missed configuration changes (it campaigns elsewhere, so it never reaches
+            # the candidate) could lag that voter's term forever (table simulator).
+            response = (MessageType.PRE_VOTE_RESP if m.type == MessageType.PRE_VOTE
+                        else MessageType.VOTE_RESP)
+            self._send(Message(type=response, to=m.from_, from_=self._id,
                                term=self._term, reject=True))
 
     def _send(self, m: Message) -> None:
@@ -1070,6 +1076,10 @@ class RaftNode:
                 self._check_quorum()
             if self._role == Role.LEADER and self._lead_transferee != NO_NODE:
                 self._abort_leader_transfer()  # the transfer did not finish in time
+                # The automatic leave of a joint configuration is refused while a
+                # transfer runs; nothing else would propose it again if no entry
+                # applies later (table simulator, seed 5000546).
+                self._maybe_auto_leave()
         if self._role != Role.LEADER:
             return
         if self._heartbeat_elapsed >= self._config.heartbeat_interval_ticks:

@@ -14,6 +14,9 @@
   bookies and meta (:class:`LedgerWorld`); :func:`run_ledger_seed` /
   :func:`run_ledger_many` check the ledger guarantees under crashes,
   partitions, slow bookies and lost messages.
+- A table simulator: the production table scheduler and the partitions' Raft
+  groups on 5-7 nodes, with crashes (one for good), partitions and scheduler
+  failovers: :func:`run_table_seed` / :func:`run_table_many`.
 
 See docs/sim.md for the invariants, the fault mixes and how to replay a seed.
 """
@@ -46,6 +49,13 @@ from quorumlog.sim._linearizability import (
 )
 from quorumlog.sim._network import Envelope, NetworkStats, SimNetwork
 from quorumlog.sim._runner import RaftSimulation, SimResult, run_seed
+from quorumlog.sim._table_config import TableSimConfig
+from quorumlog.sim._table_runner import (
+    TableSimResult,
+    TableSimulation,
+    run_table_many,
+    run_table_seed,
+)
 from quorumlog.sim._trace import Tracer
 
 __all__ = [
@@ -81,6 +91,9 @@ __all__ = [
     "SimInvariantViolation",
     "SimNetwork",
     "SimResult",
+    "TableSimConfig",
+    "TableSimResult",
+    "TableSimulation",
     "TimerQueue",
     "Tracer",
     "Verdict",
@@ -95,5 +108,7 @@ __all__ = [
     "run_many",
     "run_seed",
     "run_spec",
+    "run_table_many",
+    "run_table_seed",
     "run_virtual",
 ]

@@ -61,7 +61,10 @@ from quorumlog.table._heartbeat import (
     ScheduleRow,
     TableScheduleRequest,
     TableScheduleResponse,
+    change_outcome,
+    conf_change_of,
     fetch_schedule,
+    report_of,
 )
 from quorumlog.table._layout import (
     PartitionRecord,
@@ -72,6 +75,7 @@ from quorumlog.table._layout import (
     UnknownTableError,
     group_id_of,
     is_table_group,
+    keeps_replica,
     partition_of,
     table_node_key,
     table_nodes,
@@ -86,7 +90,7 @@ from quorumlog.table._scheduler import (
     Scheduler,
     SchedulerConfig,
 )
-from quorumlog.table._scheduler_service import SchedulerService
+from quorumlog.table._scheduler_service import SchedulerService, record_needs_update
 from quorumlog.table._service import TableConfig, TableService
 from quorumlog.table._store import SCAN_LIMIT_MAX, ScanItem, ScanPage, TableStore
 from quorumlog.table._timetag import (
@@ -166,14 +170,19 @@ __all__ = [
     "WriteCommand",
     "WriteOutcomeUnknownError",
     "WriteResult",
+    "change_outcome",
     "check_passes",
+    "conf_change_of",
     "decode_entry",
     "encode_entry",
     "fetch_schedule",
     "group_id_of",
     "is_table_group",
+    "keeps_replica",
     "make_timetag",
     "partition_of",
+    "record_needs_update",
+    "report_of",
     "table_node_key",
     "table_nodes",
 ]

@@ -34,7 +34,14 @@ from quorumlog.errors import (
     invariant,
 )
 from quorumlog.log import get_logger
-from quorumlog.raft import ConfChange, ConfChangeSingle, ConfChangeType, RaftHost, Role
+from quorumlog.raft import (
+    ConfChange,
+    ConfChangeSingle,
+    ConfChangeType,
+    RaftHost,
+    RaftNode,
+    Role,
+)
 from quorumlog.table._scheduler import ChangeKind, GroupReport, NodeReport, ScheduledChange
 
 _log = get_logger(__name__)
@@ -127,11 +134,7 @@ class ChangeExecutor:
             node = self.host.group(change.group_id).node
         except UsageError:
             return ChangeOutcome.NOT_HOSTED
-        if node.role is not Role.LEADER:
-            return ChangeOutcome.NOT_LEADER
-        if node.epoch != change.epoch:
-            return ChangeOutcome.STALE_EPOCH
-        return ChangeOutcome.STARTED
+        return change_outcome(node, change)
 
     async def _run(self, change: ScheduledChange) -> None:
         # Checked again: the task starts a moment after submit, the epoch may have moved.
@@ -165,6 +168,19 @@ class ChangeExecutor:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def change_outcome(node: RaftNode | None, change: ScheduledChange) -> ChangeOutcome:
+    """Whether ``change`` may start on this replica of its group (``node``;
+    ``None``: not hosted here): only on the leader, only at the epoch it was
+    decided at. The rule :class:`ChangeExecutor` applies, and the simulator too."""
+    if node is None:
+        return ChangeOutcome.NOT_HOSTED
+    if node.role is not Role.LEADER:
+        return ChangeOutcome.NOT_LEADER
+    if node.epoch != change.epoch:
+        return ChangeOutcome.STALE_EPOCH
+    return ChangeOutcome.STARTED
+
+
 def conf_change_of(change: ScheduledChange) -> ConfChange:
     """The Raft configuration change of a scheduled change (not a leader transfer)."""
     single = ConfChangeSingle
@@ -188,16 +204,23 @@ def conf_change_of(change: ScheduledChange) -> ConfChange:
 def group_report(host: RaftHost, group_id: int, replica_dir: Path) -> GroupReport:
     """What this node reports of one hosted group."""
     node = host.group(group_id).node
+    size_bytes = directory_bytes(replica_dir) if node.role is Role.LEADER else 0
+    return report_of(group_id, node, host.group(group_id).applied_index, size_bytes)
+
+
+def report_of(group_id: int, node: RaftNode, applied_index: int,
+              size_bytes: int) -> GroupReport:
+    """A group's report from its Raft core: membership only from the leader.
+    (``group_report`` for a ``RaftHost``; the simulator calls it directly.)"""
     leader = node.role is Role.LEADER
     cs = node.conf_state
     return GroupReport(
-        group_id=group_id, leader=leader, epoch=node.epoch,
-        applied_index=host.group(group_id).applied_index,
+        group_id=group_id, leader=leader, epoch=node.epoch, applied_index=applied_index,
         voters=tuple(sorted(cs.voters)) if leader else (),
         learners=tuple(sorted(cs.learners)) if leader else (),
         change_in_progress=leader and (bool(cs.voters_outgoing) or bool(cs.learners_next)
                                        or node.lead_transferee != 0),
-        size_bytes=directory_bytes(replica_dir) if leader else 0)
+        size_bytes=size_bytes if leader else 0)
 
 
 def directory_bytes(directory: Path) -> int:

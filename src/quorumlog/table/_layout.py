@@ -85,6 +85,23 @@ class PartitionRecord(msgspec.Struct, frozen=True):
         return self.members + tuple(n for n in self.learners if n not in self.members)
 
 
+def keeps_replica(node_id: int, record: PartitionRecord, *, group_epoch: int,
+                  group_members: frozenset[int]) -> bool:
+    """Whether ``node_id`` keeps its replica of a partition given its record and
+    the replica's own view of the group (its epoch and members).
+
+    The record names the node, or the replica's group has moved past the
+    record's epoch and still has the node: the scheduler writes records from
+    heartbeats, a round behind the group, so a record can still lack a learner
+    the scheduler added a moment ago. Dropping on such a record deleted a
+    replica the group still counted on (found by the table simulator: the
+    learner was wiped, then promoted with no data, or stuck as a learner the
+    leader could never catch up).
+    """
+    return node_id in record.replicas or (group_epoch > record.epoch
+                                          and node_id in group_members)
+
+
 @dataclass(frozen=True, slots=True)
 class TableLayout:
     """A table's record and the members of each partition (index = partition)."""

@@ -165,6 +165,7 @@ class _Move:
     learner: int
     victim: int
     reason: str
+    since_ms: int  # when the learner was added (or found by a new meta leader)
 
 
 class Scheduler:
@@ -305,11 +306,35 @@ class Scheduler:
                                 reason=f"learner on node {learner} is dead")
         if move is None:  # a new meta leader found the learner: pick the voter to go
             victim = self._victim(group, now_ms)
-            move = _Move(learner, victim, f"replica moves from node {victim} to {learner}")
+            move = _Move(learner, victim, f"replica moves from node {victim} to {learner}",
+                         now_ms)
             self._moves[group.group_id] = move
+        elif not self.is_dead(move.victim, now_ms):
+            # A voter died while a move (a balance) was under way: the learner replaces
+            # the dead voter instead. Promoting it in place of a live voter would leave the
+            # group with a dead voter and one live voter fewer (found by the simulator).
+            dead = [v for v in group.voters if self.is_dead(v, now_ms)]
+            if dead:
+                move = _Move(learner, dead[0], f"replace replica on dead node {dead[0]}",
+                             move.since_ms)
+                self._moves[group.group_id] = move
         leader_applied = group.applied.get(group.leader, 0)
-        if group.applied.get(learner, -1) < leader_applied - self.config.catchup_entries_max:
-            return None  # still catching up
+        # A learner that has not reported yet (its node opens the replica once the
+        # record names it) is not caught up, however short the leader's log is: while
+        # the leader's applied index was below catchup_entries_max, -1 passed for caught
+        # up, and an unopened replica was promoted; the group then waited in a joint
+        # configuration for a voter that never came (found by the table simulator).
+        learner_applied = group.applied.get(learner)
+        if (learner_applied is None
+                or learner_applied < leader_applied - self.config.catchup_entries_max):
+            if now_ms - move.since_ms < self.config.change_timeout_ms:
+                return None  # still catching up
+            # It never caught up (a learner whose data vanished - a replica dropped on a
+            # lagging record - can never: the leader does not probe below what it once
+            # matched). Remove it; the policies add a fresh one.
+            self._moves.pop(group.group_id, None)
+            return self._change(group, ChangeKind.REMOVE, learner,
+                                reason=f"learner on node {learner} did not catch up")
         if move.victim == group.leader:
             others = [v for v in group.voters
                       if v != move.victim and not self.is_dead(v, now_ms)]
@@ -345,7 +370,7 @@ class Scheduler:
             return None  # nowhere to go now; the next round looks again
         target = chosen[-1]
         invariant(target not in group.voters, f"placement chose member {target}")
-        self._moves[group.group_id] = _Move(target, victim, reason)
+        self._moves[group.group_id] = _Move(target, victim, reason, now_ms)
         return self._change(group, ChangeKind.ADD_LEARNER, target, reason=reason)
 
     def _change(self, group: GroupView, kind: ChangeKind, node: int, remove: int = 0,

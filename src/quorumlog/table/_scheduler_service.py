@@ -151,7 +151,7 @@ class SchedulerService:
                 gid = group_id_of(layout.record.table_id, partition)
                 known.add(gid)
                 view = scheduler.groups.get(gid)
-                if view is None or not _settled_and_different(view, record):
+                if view is None or not record_needs_update(view, record):
                     continue
                 key = partition_key(layout.name, partition)
                 new = PartitionRecord(members=view.voters, epoch=view.epoch,
@@ -165,7 +165,8 @@ class SchedulerService:
             scheduler.forget_group(gid)
 
 
-def _settled_and_different(view: GroupView, record: PartitionRecord) -> bool:
+def record_needs_update(view: GroupView, record: PartitionRecord) -> bool:
+    """The group's leader reports a settled configuration the record does not have."""
     if not view.leader or view.change_in_progress or not view.voters:
         return False
     return (tuple(sorted(record.members)) != view.voters

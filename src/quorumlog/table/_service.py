@@ -51,11 +51,13 @@ from quorumlog.table._heartbeat import (
 from quorumlog.table._layout import (
     TABLE_NODES_PREFIX,
     TABLES_PREFIX,
+    PartitionRecord,
     TableLayout,
     TableNodeRecord,
     decode_node,
     encode,
     group_id_of,
+    keeps_replica,
     parse_layouts,
     table_node_key,
 )
@@ -288,15 +290,23 @@ class TableService:
         dups, self._flags = parse_table_extras(kvs)
         self.dups.set_dups(dups)
         wanted: set[int] = set()
+        records: dict[int, PartitionRecord] = {}
         for layout in layouts.values():
             for partition, record in enumerate(layout.partitions):
+                gid = group_id_of(layout.record.table_id, partition)
+                records[gid] = record
                 if self.node_id in record.replicas:
-                    gid = group_id_of(layout.record.table_id, partition)
                     wanted.add(gid)
                     if gid not in self._replicas:
                         self._open_replica(layout, partition)
         gone = []
         for gid, replica in self._replicas.items():
+            lagging = records.get(gid)
+            if gid not in wanted and lagging is not None:
+                core = self.host.group(gid).node
+                if keeps_replica(self.node_id, lagging, group_epoch=core.epoch,
+                                 group_members=core.conf_state.members()):
+                    continue  # the record lags the group (keeps_replica)
             if gid not in wanted and not replica.dropped:
                 # The replica stops serving at once; its group and files go next.
                 replica.dropped = True

@@ -1,0 +1,854 @@
+"""The table simulator: the production scheduler and partition Raft groups,
+with crashes, partitions and a scheduler failover, on a virtual clock.
+
+A run is a pure function of ``(seed, config)``. The world:
+
+- N table nodes (5-7), each hosting replicas of G partition groups (3 replicas
+  each). A replica is a :class:`SimRaftHost` (the production ``RaftNode`` and
+  ``ReadyPass`` on a simulated disk, ``_host``), one per (node, group); every
+  group has its own Raft invariants. Raft messages travel between *nodes*
+  through one faulty :class:`SimNetwork`, so a partition or crash of a node
+  hits every group it hosts, as in a multi-raft process.
+- The scheduler is the production :class:`~quorumlog.table.Scheduler` (meta as
+  Curve's MDS) at its own network endpoint. Every node sends it a heartbeat
+  every ``table_heartbeat_interval_ms`` (a ``NodeReport`` made of
+  ``table.report_of`` per replica, as ``TableService.node_report`` does); it
+  folds the report in, plans, and answers with the changes for the groups the
+  node leads, as ``SchedulerService`` does. A failover replaces it with a
+  fresh, empty ``Scheduler`` (what a new meta leader has).
+- Each node carries the changes out like ``ChangeExecutor``: the production
+  rule ``table.change_outcome`` (leader only, epoch must match, one change per
+  group at a time), ``table.conf_change_of`` for the Raft change; a
+  membership change runs until it is applied on the leader, leadership is
+  lost, or the executor timeout passes.
+- Partition records (members, learners, epoch) are kept as the scheduler
+  service keeps them (``table.record_needs_update``, every heartbeat
+  interval); nodes reconcile with them as ``TableService`` does: a node named
+  in a record opens the replica (founding members bootstrap a record of epoch
+  0, later ones join empty), a node no longer named drops it and its files.
+- One writer per group writes unique keys (a meta ``Txn`` put on the group's
+  ``MetaStateMachine``) to the believed leader, retrying elsewhere on
+  rejection or timeout; an acknowledged write must be on every voter at the end.
+
+Timeline: faults during ``[0, active_ms)`` - temporary crashes (disks lose
+unsynced tails), one node crashed for good, partitions (some cut the
+scheduler off), message loss and delays, scheduler failovers, log
+compactions. At ``active_ms`` partitions and message loss end, temporary
+crashes restart, writers stop. Within ``liveness_bound_ms`` every group must
+be back to 3 voters on live nodes with no learners, its record in step, and
+every acknowledged write applied on every voter.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import random
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from quorumlog.errors import InvariantViolation
+from quorumlog.meta import PutOp, Request, Txn
+from quorumlog.raft import (
+    ConfChangeError,
+    ConfChangePendingError,
+    ConfState,
+    Message,
+    ProposalDroppedError,
+    RaftConfig,
+    RaftNode,
+    Role,
+    format_message,
+)
+from quorumlog.sim._client import ClientOp, ClientRequest, ClientResponse
+from quorumlog.sim._clock import TimerQueue, VirtualClock
+from quorumlog.sim._host import Outbox, SimRaftHost
+from quorumlog.sim._invariants import RaftInvariants, SimInvariantViolation, fail
+from quorumlog.sim._network import SimNetwork
+from quorumlog.sim._table_config import TABLE_NETWORK, TableSimConfig
+from quorumlog.sim._trace import Tracer
+from quorumlog.table import (
+    ChangeKind,
+    ChangeOutcome,
+    NodeReport,
+    PartitionRecord,
+    ScheduledChange,
+    Scheduler,
+    SchedulerConfig,
+    change_outcome,
+    conf_change_of,
+    keeps_replica,
+    record_needs_update,
+    report_of,
+)
+
+SCHEDULER_ENDPOINT = 0
+"""The scheduler's network endpoint (table nodes are 1..N)."""
+
+WRITER_ENDPOINT = 10_000
+"""The writers' endpoint; responses carry their group id."""
+
+_ENCODER = msgspec.msgpack.Encoder()
+
+
+# -- what travels on the network ----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _RaftPacket:
+    group_id: int
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    group_id: int
+    request: ClientRequest
+
+
+@dataclass(frozen=True, slots=True)
+class _WriteAnswer:
+    group_id: int
+    response: ClientResponse
+
+
+@dataclass(frozen=True, slots=True)
+class _Heartbeat:
+    report: NodeReport
+
+
+@dataclass(frozen=True, slots=True)
+class _HeartbeatAnswer:
+    changes: tuple[ScheduledChange, ...]
+
+
+_Packet = _RaftPacket | _Write | _WriteAnswer | _Heartbeat | _HeartbeatAnswer
+
+
+# -- the world ----------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Running:
+    """A membership change the node's executor carries out (``ChangeExecutor._run``)."""
+
+    change: ScheduledChange
+    term: int
+    index: int
+    deadline_ms: int
+
+
+@dataclass(slots=True)
+class _TableNode:
+    node_id: int
+    up: bool = True
+    dead_for_good: bool = False
+    replicas: dict[int, SimRaftHost] = field(default_factory=dict)  # group id -> replica
+    running: dict[int, _Running] = field(default_factory=dict)  # group id -> change
+
+
+@dataclass(slots=True)
+class _Writer:
+    """One group's writer: one write at a time, retried until acknowledged."""
+
+    group_id: int
+    seq: int = 0
+    target: int = 0
+    request: ClientRequest | None = None
+    attempt_deadline_ms: int = 0
+    acked: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Stats:
+    events: int = 0
+    crashes: int = 0
+    restarts: int = 0
+    partitions: int = 0
+    failovers: int = 0
+    heartbeats: int = 0
+    changes_issued: int = 0
+    changes_started: int = 0
+    changes_applied: int = 0
+    changes_failed: int = 0
+    stale_ignored: int = 0
+    records_written: int = 0
+    replicas_opened: int = 0
+    replicas_dropped: int = 0
+    writes_acked: int = 0
+    compactions: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TableSimResult:
+    """What one seed did: passed, or which check failed and how."""
+
+    seed: int
+    nodes: int
+    groups: int
+    violation: str | None
+    detail: str
+    end_ms: int
+    fingerprint: str
+    trace_hash: str
+    stats: dict[str, int]
+    trace: tuple[str, ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        return self.violation is None
+
+
+class TableSimulation:
+    """One run; ``run()`` returns a :class:`TableSimResult` and never raises for a bug."""
+
+    def __init__(self, seed: int, config: TableSimConfig | None = None, *,
+                 keep_trace: bool = False) -> None:
+        config = config or TableSimConfig()
+        config.validate()
+        self.seed = seed
+        self.config = config
+        root = random.Random(seed)
+        self._nemesis = random.Random(root.getrandbits(64))
+        self._disk_rng = random.Random(root.getrandbits(64))
+        network_rng = random.Random(root.getrandbits(64))
+        self._raft_seed = root.getrandbits(64)
+        self._writer_rng = random.Random(root.getrandbits(64))
+        self._pre_vote = root.random() < 0.7
+        self._check_quorum = root.random() < 0.7
+        self.node_count = config.nodes or 5 + root.randrange(3)
+        self.clock = VirtualClock()
+        self.timers = TimerQueue()
+        self.network: SimNetwork[_Packet] = SimNetwork(network_rng, TABLE_NETWORK)
+        self.tracer = Tracer(keep_lines=keep_trace)
+        self.stats = _Stats()
+        self.scheduler_config = SchedulerConfig(
+            node_dead_after_ms=config.node_dead_after_ms,
+            replace_dead_after_ms=config.replace_dead_after_ms,
+            catchup_entries_max=config.catchup_entries_max,
+            changes_per_node_max=config.changes_per_node_max,
+            change_timeout_ms=config.change_timeout_ms,
+        )
+        self.scheduler = Scheduler(self.scheduler_config, started_ms=0)
+        self.nodes = {n: _TableNode(n) for n in range(1, self.node_count + 1)}
+        self.invariants: dict[int, RaftInvariants] = {}
+        self.records: dict[int, PartitionRecord] = {}
+        self.writers: dict[int, _Writer] = {}
+        for gid in range(1, config.groups + 1):
+            members = tuple(sorted(root.sample(sorted(self.nodes), config.replicas)))
+            self.records[gid] = PartitionRecord(members=members)
+            self.invariants[gid] = RaftInvariants()
+            self.writers[gid] = _Writer(gid, target=members[0])
+        self._healed = False
+        self._heal_ms = -1
+        self._partition_active = False
+        self._done = False
+        for node in self.nodes.values():
+            self._reconcile(node)
+
+    # == the loop =============================================================
+
+    def run(self) -> TableSimResult:
+        try:
+            self._schedule()
+            self._loop()
+        except SimInvariantViolation as exc:
+            return self._result(exc.name, exc.detail)
+        except InvariantViolation as exc:
+            return self._result("internal-invariant", f"{exc.message} (at {_where(exc)})")
+        except Exception as exc:  # the code under test crashed: a failing seed
+            return self._result("exception", f"{type(exc).__name__}: {exc} (at {_where(exc)})")
+        return self._result(None, "")
+
+    def _schedule(self) -> None:
+        config, rng = self.config, self._nemesis
+        for node in self.nodes.values():
+            self.timers.schedule(rng.randrange(config.tick_interval_ms),
+                                 functools.partial(self._tick_node, node))
+            self.timers.schedule(rng.randrange(config.table_heartbeat_interval_ms),
+                                 functools.partial(self._heartbeat_timer, node))
+        for gid in sorted(self.writers):
+            self.timers.schedule(rng.randrange(config.write_interval_ms) + 1,
+                                 functools.partial(self._writer_timer, gid))
+        self.timers.schedule(config.tick_interval_ms, self._nemesis_tick)
+        self.timers.schedule(config.table_heartbeat_interval_ms, self._sync_records)
+        for _ in range(config.permanent_crashes):
+            at = rng.randint(config.active_ms // 10, config.active_ms // 2)
+            self.timers.schedule(at, self._crash_for_good)
+        self.timers.schedule(config.active_ms, self._heal)
+
+    def _loop(self) -> None:
+        end_ms = self.config.active_ms + self.config.liveness_bound_ms
+        clock, timers, network, stats = self.clock, self.timers, self.network, self.stats
+        while not self._done:
+            due_timer, due_message = timers.next_due_ms(), network.next_delivery_ms()
+            candidates = [t for t in (due_timer, due_message) if t is not None]
+            if not candidates:
+                break
+            next_ms = min(candidates)
+            if next_ms >= end_ms:
+                break
+            clock.advance_to(next_ms)
+            while (callback := timers.pop_due(next_ms)) is not None:
+                stats.events += 1
+                callback()
+            for envelope in network.pop_due(next_ms):
+                stats.events += 1
+                self._deliver(envelope.source, envelope.target, envelope.payload)
+            if stats.events >= self.config.run_events_max:
+                fail("run-bounded", f"more than {self.config.run_events_max} events")
+        if not self._done:
+            fail("liveness-replicas",
+                 f"{self.config.liveness_bound_ms} ms after the heal: {self._unsettled()}")
+
+    # == replicas =============================================================
+
+    def _open_replica(self, node: _TableNode, gid: int, record: PartitionRecord) -> None:
+        """``TableService._open_replica``: founding members of an epoch-0 record
+        bootstrap the group, every later replica joins empty."""
+        joining = record.epoch > 0 or node.node_id not in record.members
+        bootstrap = None if joining else ConfState(voters=frozenset(record.members))
+        invariants = self.invariants[gid]
+        # A replica dropped earlier and assigned again starts from nothing (its files
+        # were deleted): a new life for the checks that follow one node's history.
+        invariants.nodes.pop(node.node_id, None)
+        raft_config = RaftConfig(
+            node_id=node.node_id,
+            election_timeout_ticks=self.config.election_timeout_ticks,
+            heartbeat_interval_ticks=self.config.heartbeat_interval_ticks,
+            pre_vote=self._pre_vote, check_quorum=self._check_quorum)
+        outbox = Outbox(
+            send_raft=functools.partial(self._send_raft, gid),
+            send_client=functools.partial(self._send_write_answer, node.node_id, gid),
+            on_sent=_nothing_on_sent,
+            dies_before_send=_never_dies,
+            trace=functools.partial(self._trace_group, gid) if self.tracer.enabled else None)
+        host = SimRaftHost(
+            node_id=node.node_id, raft_config=raft_config, bootstrap=bootstrap,
+            invariants=invariants, outbox=outbox,
+            rng=random.Random(self._raft_seed ^ (gid << 16) ^ node.node_id
+                              ^ (self.stats.replicas_opened << 32)))
+        node.replicas[gid] = host
+        self.stats.replicas_opened += 1
+        host.start()
+        self._trace(f"OPEN replica g{gid} on node {node.node_id}"
+                    + (" (joining)" if joining else " (founding)"))
+
+    def _drop_replica(self, node: _TableNode, gid: int) -> None:
+        host = node.replicas.pop(gid)
+        node.running.pop(gid, None)
+        if host.up:
+            host.crash(self._disk_rng, TABLE_NETWORK)
+        host.decommissioned = True
+        self.stats.replicas_dropped += 1
+        self._trace(f"DROP replica g{gid} on node {node.node_id}")
+
+    def _reconcile(self, node: _TableNode) -> None:
+        """``TableService._reconcile``: open what the records name, drop the rest."""
+        if not node.up:
+            return
+        for gid, record in sorted(self.records.items()):
+            if node.node_id in record.replicas and gid not in node.replicas:
+                self._open_replica(node, gid, record)
+        for gid in sorted(node.replicas):
+            record, host = self.records[gid], node.replicas[gid]
+            if node.node_id in record.replicas:
+                continue
+            if host.up and keeps_replica(node.node_id, record, group_epoch=host.raft.epoch,
+                                         group_members=host.raft.conf_state.members()):
+                continue  # the record lags the group
+            self._drop_replica(node, gid)
+
+    def _tick_node(self, node: _TableNode) -> None:
+        if node.dead_for_good:
+            return
+        self.timers.schedule(self.clock.now_ms + self.config.tick_interval_ms,
+                             functools.partial(self._tick_node, node))
+        if not node.up:
+            return
+        for gid in sorted(node.replicas):
+            host = node.replicas.get(gid)
+            if host is not None and host.up:
+                host.tick()
+        self._check_running(node)
+
+    def _deliver(self, source: int, target: int, payload: _Packet) -> None:
+        if target == WRITER_ENDPOINT:
+            if isinstance(payload, _WriteAnswer):
+                self._on_write_answer(payload)
+            return
+        if target == SCHEDULER_ENDPOINT:
+            if isinstance(payload, _Heartbeat):
+                self._on_heartbeat(source, payload.report)
+            return
+        node = self.nodes[target]
+        if not node.up:
+            return
+        if isinstance(payload, _HeartbeatAnswer):
+            for change in payload.changes:
+                self._submit(node, change)
+            return
+        gid = payload.group_id if isinstance(payload, _RaftPacket | _Write) else 0
+        host = node.replicas.get(gid)
+        if host is None or not host.up:
+            return  # not hosted (yet, or any more): production answers "not hosted"
+        if isinstance(payload, _RaftPacket):
+            host.deliver(payload.message)
+        elif isinstance(payload, _Write):
+            host.on_client_request(payload.request)
+        self._check_running(node)
+
+    def _send_raft(self, gid: int, message: Message) -> None:
+        if self.tracer.enabled:
+            self._trace(f"g{gid} {format_message(message)}")
+        self.network.send(self.clock.now_ms, message.from_, message.to,
+                          _RaftPacket(gid, message))
+
+    # == heartbeats and the scheduler =========================================
+
+    def _heartbeat_timer(self, node: _TableNode) -> None:
+        if node.dead_for_good:
+            return
+        self.timers.schedule(self.clock.now_ms + self.config.table_heartbeat_interval_ms,
+                             functools.partial(self._heartbeat_timer, node))
+        if not node.up:
+            return
+        groups = tuple(report_of(gid, host.raft, host.applied_index, 0)
+                       for gid, host in sorted(node.replicas.items()) if host.up)
+        report = NodeReport(node_id=node.node_id, address=f"sim:{node.node_id}",
+                            zone=f"zone-{node.node_id}", disk_free_bytes=0, groups=groups)
+        self.stats.heartbeats += 1
+        self.network.send(self.clock.now_ms, node.node_id, SCHEDULER_ENDPOINT,
+                          _Heartbeat(report))
+
+    def _on_heartbeat(self, source: int, report: NodeReport) -> None:
+        """``SchedulerService._on_heartbeat``, with checks on what the scheduler decides."""
+        scheduler, now = self.scheduler, self.clock.now_ms
+        scheduler.heartbeat(report, now)
+        pending_before = set(scheduler.pending)
+        issued = scheduler.plan(now)
+        for change in issued:
+            self.stats.changes_issued += 1
+            self._trace(f"SCHEDULE g{change.group_id} {change.kind.value} node={change.node_id}"
+                        f" remove={change.remove_node_id} epoch={change.epoch}: {change.reason}")
+            self._check_decision(change)
+            if change.group_id in pending_before:
+                fail("scheduler-one-change-per-group",
+                     f"group {change.group_id}: {change.kind.value} issued while another "
+                     "change of the group is pending")
+        busy: dict[int, int] = {}
+        for pending in scheduler.pending.values():
+            for n in pending.change.touches():
+                busy[n] = busy.get(n, 0) + 1
+        over = {n: c for n, c in busy.items() if c > self.scheduler_config.changes_per_node_max}
+        if over:
+            fail("scheduler-rate-limit", f"changes in flight per node over the limit: {over}")
+        changes = tuple(scheduler.changes_for(report.node_id))
+        self.network.send(now, SCHEDULER_ENDPOINT, source, _HeartbeatAnswer(changes))
+
+    def _sync_records(self) -> None:
+        """``SchedulerService.sync_records``: settled configurations go into the records."""
+        self.timers.schedule(self.clock.now_ms + self.config.table_heartbeat_interval_ms,
+                             self._sync_records)
+        changed = False
+        for gid, record in sorted(self.records.items()):
+            view = self.scheduler.groups.get(gid)
+            if view is None or not record_needs_update(view, record):
+                continue
+            self.records[gid] = PartitionRecord(members=view.voters, epoch=view.epoch,
+                                                learners=view.learners)
+            self.stats.records_written += 1
+            changed = True
+            self._trace(f"RECORD g{gid} members={list(view.voters)} "
+                        f"learners={list(view.learners)} epoch={view.epoch}")
+        if changed:  # the nodes' watches fire
+            for node in self.nodes.values():
+                self._reconcile(node)
+
+    # == the executor =========================================================
+
+    def _submit(self, node: _TableNode, change: ScheduledChange) -> None:
+        """``ChangeExecutor.submit`` on a simulated node."""
+        gid = change.group_id
+        if gid in node.running:
+            return  # ChangeOutcome.BUSY
+        host = node.replicas.get(gid)
+        raft = host.raft if host is not None and host.up else None
+        outcome = change_outcome(raft, change)
+        if outcome is ChangeOutcome.STALE_EPOCH:
+            self.stats.stale_ignored += 1
+            self._trace(f"node {node.node_id} ignores stale g{gid} {change.kind.value} "
+                        f"epoch={change.epoch}")
+        if outcome is not ChangeOutcome.STARTED or host is None or raft is None:
+            return
+        self._check_change(node, raft, change)
+        self.stats.changes_started += 1
+        self._trace(f"node {node.node_id} starts g{gid} {change.kind.value} "
+                    f"node={change.node_id} remove={change.remove_node_id}")
+        if change.kind is ChangeKind.TRANSFER_LEADER:
+            raft.transfer_leader(change.node_id)
+            host.flush()
+            return
+        try:
+            term, index = raft.propose_conf_change(conf_change_of(change))
+        except (ProposalDroppedError, ConfChangePendingError, ConfChangeError) as exc:
+            self.stats.changes_failed += 1
+            self._trace(f"node {node.node_id} g{gid} change failed: {exc.message}")
+            return
+        node.running[gid] = _Running(change, term, index,
+                                     self.clock.now_ms + self.config.executor_change_timeout_ms)
+        host.flush()
+
+    def _check_change(self, node: _TableNode, raft: RaftNode, change: ScheduledChange) -> None:
+        """What a started change must respect, checked against the simulator's truth."""
+        if raft.epoch != change.epoch:
+            fail("stale-epoch-applied",
+                 f"node {node.node_id} starts g{change.group_id} {change.kind.value} of epoch "
+                 f"{change.epoch} at epoch {raft.epoch}")
+
+    def _check_decision(self, change: ScheduledChange) -> None:
+        """A change that removes a voter, judged by what the scheduler knew: it never
+        removes a live voter while a dead one stays, nor below a live quorum."""
+        scheduler, now = self.scheduler, self.clock.now_ms
+        removed = change.remove_node_id if change.kind is ChangeKind.PROMOTE else (
+            change.node_id if change.kind is ChangeKind.REMOVE else 0)
+        view = scheduler.groups.get(change.group_id)
+        if not removed or view is None or removed not in view.voters:
+            return
+        if scheduler.is_dead(removed, now):
+            return
+        voters = set(view.voters) - {removed}
+        if change.kind is ChangeKind.PROMOTE:
+            voters.add(change.node_id)
+        dead = sorted(v for v in view.voters if v != removed and scheduler.is_dead(v, now))
+        if dead:
+            fail("scheduler-removes-live-voter",
+                 f"g{change.group_id}: {change.kind.value} removes live voter {removed} and "
+                 f"keeps voters {dead}, dead in the scheduler's own view")
+        alive = {v for v in voters if not scheduler.is_dead(v, now)}
+        if len(alive) < len(voters) // 2 + 1:
+            fail("scheduler-quorum",
+                 f"g{change.group_id}: {change.kind.value} removes live voter {removed}, "
+                 f"leaving voters {sorted(voters)} with {sorted(alive)} alive: below a quorum")
+
+    def _check_running(self, node: _TableNode) -> None:
+        """A membership change ends when applied on the leader, when leadership is
+        lost (production: the proposal's outcome is unknown) or at its timeout."""
+        now = self.clock.now_ms
+        for gid, running in sorted(node.running.items()):
+            host = node.replicas.get(gid)
+            if host is None or not host.up:
+                del node.running[gid]
+                continue
+            raft = host.raft
+            if raft.role is not Role.LEADER or raft.term != running.term:
+                del node.running[gid]
+            elif host.applied_index >= running.index:
+                self.stats.changes_applied += 1
+                del node.running[gid]
+            elif now >= running.deadline_ms:
+                self.stats.changes_failed += 1
+                del node.running[gid]
+
+    # == writers ==============================================================
+
+    def _writer_timer(self, gid: int) -> None:
+        writer, now = self.writers[gid], self.clock.now_ms
+        if self._healed:
+            return
+        self.timers.schedule(now + self.config.write_interval_ms,
+                             functools.partial(self._writer_timer, gid))
+        if writer.request is None:
+            writer.seq += 1
+            key, value = f"g{gid}.w{writer.seq}", f"{gid}.{writer.seq}"
+            payload = _ENCODER.encode(Request(
+                command=Txn(success=(PutOp(key=key, value=value.encode()),))))
+            writer.request = ClientRequest(WRITER_ENDPOINT, writer.seq, ClientOp.PUT, key,
+                                           payload, value=value)
+        elif now < writer.attempt_deadline_ms:
+            return
+        else:
+            writer.target = self._next_replica(gid, writer.target)
+        self._send_write(writer)
+
+    def _send_write(self, writer: _Writer) -> None:
+        if writer.request is None:
+            return
+        writer.attempt_deadline_ms = self.clock.now_ms + self.config.write_attempt_timeout_ms
+        self.network.send(self.clock.now_ms, WRITER_ENDPOINT, writer.target,
+                          _Write(writer.group_id, writer.request))
+
+    def _next_replica(self, gid: int, current: int) -> int:
+        members = list(self.records[gid].members)
+        if current in members:
+            return members[(members.index(current) + 1) % len(members)]
+        return members[self._writer_rng.randrange(len(members))]
+
+    def _send_write_answer(self, node_id: int, gid: int, _client: int,
+                           response: ClientResponse) -> None:
+        self.network.send(self.clock.now_ms, node_id, WRITER_ENDPOINT,
+                          _WriteAnswer(gid, response))
+
+    def _on_write_answer(self, answer: _WriteAnswer) -> None:
+        writer = self.writers[answer.group_id]
+        request, response = writer.request, answer.response
+        if request is None or response.seq != writer.seq:
+            return  # a late or duplicated answer
+        if response.ok:
+            writer.acked.append((request.key, str(request.value)))
+            self.stats.writes_acked += 1
+            writer.request = None
+        elif not self._healed:
+            writer.target = response.leader_hint or self._next_replica(
+                answer.group_id, writer.target)
+            self._send_write(writer)
+
+    # == the nemesis ==========================================================
+
+    def _nemesis_tick(self) -> None:
+        if self._healed:
+            return
+        config, rng = self.config, self._nemesis
+        self.timers.schedule(self.clock.now_ms + config.tick_interval_ms, self._nemesis_tick)
+        for host in self._running_hosts():
+            if rng.random() < TABLE_NETWORK.background_flush_probability_per_tick:
+                host.sync()
+        if rng.random() < config.crash_probability_per_tick:
+            self._random_crash()
+        if rng.random() < config.partition_probability_per_tick and not self._partition_active:
+            self._start_partition()
+        if rng.random() < config.failover_probability_per_tick:
+            self._failover()
+        if rng.random() < config.compaction_probability_per_tick:
+            hosts = self._running_hosts()
+            if hosts:
+                host = hosts[rng.randrange(len(hosts))]
+                keep = rng.randint(0, config.compaction_keep_entries_max)
+                if host.compact(min_entries=config.snapshot_min_entries, keep_entries=keep):
+                    self.stats.compactions += 1
+
+    def _running_hosts(self) -> list[SimRaftHost]:
+        return [host for _, node in sorted(self.nodes.items()) if node.up
+                for _, host in sorted(node.replicas.items()) if host.up]
+
+    def _crash(self, node: _TableNode, reason: str) -> None:
+        node.up = False
+        node.running.clear()
+        for _, host in sorted(node.replicas.items()):
+            if host.up:
+                host.crash(self._disk_rng, TABLE_NETWORK)
+        self.network.set_down(node.node_id, True)
+        self.stats.crashes += 1
+        self._trace(f"CRASH node {node.node_id} ({reason})")
+
+    def _random_crash(self) -> None:
+        down = sum(1 for n in self.nodes.values() if not n.up and not n.dead_for_good)
+        if down >= self.config.temporary_crashed_nodes_max:
+            return
+        up = [n for _, n in sorted(self.nodes.items()) if n.up]
+        if not up:
+            return
+        node = up[self._nemesis.randrange(len(up))]
+        self._crash(node, "temporary")
+        downtime = self._nemesis.randint(self.config.downtime_ms_min,
+                                         self.config.downtime_ms_max)
+        self.timers.schedule(self.clock.now_ms + downtime,
+                             functools.partial(self._restart, node))
+
+    def _crash_for_good(self) -> None:
+        candidates = [n for _, n in sorted(self.nodes.items()) if not n.dead_for_good]
+        node = candidates[self._nemesis.randrange(len(candidates))]
+        if node.up:
+            self._crash(node, "for good")
+        node.dead_for_good = True
+        self._trace(f"node {node.node_id} stays dead")
+
+    def _restart(self, node: _TableNode) -> None:
+        if node.up or node.dead_for_good:
+            return
+        node.up = True
+        self.network.set_down(node.node_id, False)
+        for _, host in sorted(node.replicas.items()):
+            host.start()
+        self.stats.restarts += 1
+        self._trace(f"RESTART node {node.node_id}")
+        self._reconcile(node)
+
+    def _start_partition(self) -> None:
+        rng = self._nemesis
+        endpoints = sorted(self.nodes)
+        rng.shuffle(endpoints)
+        side = sorted(endpoints[: rng.randint(1, len(endpoints) - 1)])
+        rest = sorted(n for n in self.nodes if n not in side)
+        if rng.random() < self.config.partition_scheduler_probability:
+            (side if rng.random() < 0.5 else rest).append(SCHEDULER_ENDPOINT)
+        else:  # the scheduler (meta) reaches everyone: heartbeats and writes still flow
+            pass
+        self.network.partition([side, rest])
+        self._partition_active = True
+        self.stats.partitions += 1
+        self._trace(f"PARTITION {side} | {rest}")
+        duration = rng.randint(self.config.partition_duration_ms_min,
+                               self.config.partition_duration_ms_max)
+        self.timers.schedule(self.clock.now_ms + duration, self._heal_partition)
+
+    def _heal_partition(self) -> None:
+        if self._partition_active:
+            self.network.heal()
+            self._partition_active = False
+            self._trace("PARTITION healed")
+
+    def _failover(self) -> None:
+        """A new meta leader: a fresh scheduler, empty view, waiting one dead interval."""
+        self.scheduler = Scheduler(self.scheduler_config, started_ms=self.clock.now_ms)
+        self.stats.failovers += 1
+        self._trace("FAILOVER: a new scheduler starts with an empty view")
+
+    # == heal and liveness ====================================================
+
+    def _heal(self) -> None:
+        self._healed = True
+        self._heal_ms = self.clock.now_ms
+        self.network.heal()
+        self.network.heal_faults()
+        self._partition_active = False
+        self._trace("HEAL: partitions and message loss end, crashed nodes restart")
+        for _, node in sorted(self.nodes.items()):
+            self._restart(node)
+        if self._nemesis.random() < self.config.failover_at_heal_probability:
+            self._failover()
+        self._liveness_tick()
+
+    def _liveness_tick(self) -> None:
+        self.timers.schedule(self.clock.now_ms + self.config.tick_interval_ms,
+                             self._liveness_tick)
+        if not self._unsettled():
+            self._done = True
+
+    def _live_nodes(self) -> set[int]:
+        return {n for n, node in self.nodes.items() if node.up}
+
+    def _unsettled(self) -> str:
+        """Why the cluster has not settled yet ('' once it has); fails if a settled
+        group lacks an acknowledged write."""
+        live = self._live_nodes()
+        for gid in sorted(self.records):
+            reason = self._group_unsettled(gid, live)
+            if reason:
+                return f"group {gid}: {reason}"
+        return ""
+
+    def _group_unsettled(self, gid: int, live: set[int]) -> str:
+        hosts = [node.replicas[gid] for _, node in sorted(self.nodes.items())
+                 if node.up and gid in node.replicas and node.replicas[gid].up]
+        leaders = [h for h in hosts if h.raft.role is Role.LEADER]
+        if not leaders:
+            return "no leader"
+        leader = max(leaders, key=lambda h: h.raft.term)
+        raft = leader.raft
+        conf = raft.conf_state
+        voters = sorted(conf.voters)
+        if conf.is_joint or conf.learners or len(voters) != self.config.replicas:
+            return f"configuration {conf} is not {self.config.replicas} settled voters"
+        if not set(voters) <= live:
+            return f"voters {voters} not all on live nodes {sorted(live)}"
+        record = self.records[gid]
+        if tuple(voters) != tuple(sorted(record.members)) or record.learners:
+            return f"record {record} behind the configuration {voters}"
+        if raft.commit_index != raft.last_index:
+            return f"leader {leader.node_id} committed {raft.commit_index} of {raft.last_index}"
+        by_node = {h.node_id: h for h in hosts}
+        for voter in voters:
+            host = by_node.get(voter)
+            if host is None or host.applied_index != raft.commit_index:
+                return f"voter {voter} has not applied {raft.commit_index}"
+        for voter in voters:
+            machine = by_node[voter].machine
+            for key, value in self.writers[gid].acked:
+                kv = machine.get(key)
+                if kv is None or kv.value != value.encode():
+                    has = "nothing" if kv is None else repr(kv.value)
+                    fail("acknowledged-write-lost",
+                         f"group {gid}: write {key}={value} was acknowledged but voter "
+                         f"{voter} (applied {raft.commit_index}) has {has} there")
+        return ""
+
+    # == results ==============================================================
+
+    def _result(self, violation: str | None, detail: str) -> TableSimResult:
+        stats = {name: getattr(self.stats, name) for name in _Stats.__slots__}
+        stats["nodes"] = self.node_count
+        stats["messages_sent"] = self.network.stats.sent
+        fingerprint = hashlib.sha256(repr((
+            violation, detail, self.clock.now_ms, sorted(stats.items()),
+            sorted((gid, tuple(w.acked)) for gid, w in self.writers.items()),
+            sorted((gid, r.members, r.learners, r.epoch) for gid, r in self.records.items()),
+        )).encode()).hexdigest()
+        if violation is not None:
+            self._trace(f"VIOLATION {violation}: {detail}")
+        return TableSimResult(
+            seed=self.seed, nodes=self.node_count, groups=self.config.groups,
+            violation=violation, detail=detail, end_ms=self.clock.now_ms,
+            fingerprint=fingerprint, trace_hash=self.tracer.digest(), stats=stats,
+            trace=tuple(self.tracer.lines))
+
+    def _trace(self, text: str) -> None:
+        self.tracer.event(self.clock.now_ms, text)
+
+    def _trace_group(self, gid: int, text: str) -> None:
+        self.tracer.event(self.clock.now_ms, f"g{gid} {text}")
+
+
+def _nothing_on_sent(_node: int, _message: Message) -> None:
+    """No targeted crashes in table runs (the Raft simulator covers those)."""
+
+
+def _never_dies(_node: int, _message: Message) -> bool:
+    return False
+
+
+def _where(exc: BaseException) -> str:
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.endswith("quorumlog/errors.py")]
+    if not frames:
+        return "?"
+    path = frames[-1].filename
+    short = path[path.rfind("quorumlog/"):] if "quorumlog/" in path else path
+    return f"{short}:{frames[-1].lineno} in {frames[-1].name}"
+
+
+def run_table_seed(seed: int, config: TableSimConfig | None = None, *,
+                   keep_trace: bool = False) -> TableSimResult:
+    """Run one seed of the table simulator (never raises for a bug it finds)."""
+    return TableSimulation(seed, config, keep_trace=keep_trace).run()
+
+
+def _run_one(seed: int) -> TableSimResult:
+    return run_table_seed(seed)
+
+
+def run_table_many(
+    seeds: Iterable[int], *, jobs: int = 1,
+    on_result: Callable[[TableSimResult], None] | None = None,
+) -> list[TableSimResult]:
+    """Run many seeds (in ``jobs`` processes), results in seed order."""
+    seeds = list(seeds)
+    results: list[TableSimResult] = []
+    if jobs <= 1:
+        for seed in seeds:
+            result = _run_one(seed)
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
+        return results
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+        for result in pool.imap(_run_one, seeds, chunksize=1):
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
+    return results
