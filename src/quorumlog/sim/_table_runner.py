@@ -323,6 +323,7 @@ class TableSimulation:
         outbox = Outbox(
             send_raft=functools.partial(self._send_raft, gid),
             send_client=functools.partial(self._send_write_answer, node.node_id, gid),
+            send_beat=_no_beat,  # table groups here run without quiescence
             on_sent=_nothing_on_sent,
             dies_before_send=_never_dies,
             trace=functools.partial(self._trace_group, gid) if self.tracer.enabled else None)
@@ -800,6 +801,10 @@ class TableSimulation:
 
     def _trace_group(self, gid: int, text: str) -> None:
         self.tracer.event(self.clock.now_ms, f"g{gid} {text}")
+
+
+def _no_beat(peer: int) -> None:
+    """Process beats are for quiescent runs (``RaftConfig.quiesce_idle``)."""
 
 
 def _nothing_on_sent(_node: int, _message: Message) -> None:
