@@ -7,10 +7,8 @@ test runs last (it restarts the killed node at the end).
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from quorumlog import node as cluster
-from quorumlog.errors import DeadlineExceededError
 from quorumlog.table import (
     BlockingTableClient,
     CheckType,
@@ -30,6 +27,8 @@ from quorumlog.table import (
     ValueTooLargeError,
     partition_of,
 )
+
+from .kill_writer import write_through_kill
 
 PARTITIONS = 8
 REPLICAS = 3
@@ -168,34 +167,9 @@ def test_leader_killed_while_writing_loses_no_acknowledged_write(
     tables.set("kill", b"k", b"0", b"0")
     leader_address = tables._client._leaders[(tables.table_info("kill").record.table_id, 0)]
     victim = next(n for n in cluster.load(cluster_dir) if n.address == leader_address)
-    acknowledged: list[int] = []
-    stop = threading.Event()
-    errors: list[Exception] = []
-
-    def writer() -> None:
-        i = 1
-        while not stop.is_set():
-            try:
-                tables.set("kill", b"k", b"%d" % i, b"%d" % i)
-            except DeadlineExceededError as exc:
-                errors.append(exc)
-                return
-            acknowledged.append(i)
-            i += 1
-
-    thread = threading.Thread(target=writer)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while len(acknowledged) < 20 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.kill(victim.pid, signal.SIGKILL)
-    killed_at = len(acknowledged)
-    while len(acknowledged) < killed_at + 20 and time.monotonic() < deadline + 20:
-        time.sleep(0.05)
-    stop.set()
-    thread.join()
-    assert not errors
-    assert len(acknowledged) >= killed_at + 20, "writes did not continue after re-election"
+    acknowledged = write_through_kill(
+        lambda i: tables.set("kill", b"k", b"%d" % i, b"%d" % i), victim.pid,
+        before=20, after=20, deadline_s=20)
     stored = dict(tables.scan("kill", b"k"))
     missing = [i for i in acknowledged if stored.get(b"%d" % i) != b"%d" % i]
     assert not missing

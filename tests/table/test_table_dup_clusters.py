@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -25,7 +24,6 @@ import msgspec
 import pytest
 
 from quorumlog import node as cluster
-from quorumlog.errors import DeadlineExceededError
 from quorumlog.meta import MetaClient
 from quorumlog.table import (
     BlockingTableClient,
@@ -35,6 +33,8 @@ from quorumlog.table import (
     NonIdempotentWriteRefusedError,
     TableFlags,
 )
+
+from .kill_writer import write_through_kill
 
 CONVERGE_DEADLINE_S = 60.0
 POLL_INTERVAL_S = 0.2
@@ -196,34 +196,9 @@ def test_source_leader_killed_mid_stream_loses_nothing(clusters: Clusters) -> No
         one.set("kill", b"k", b"0", b"0")
         leader = one._client._leaders[(one.table_info("kill").record.table_id, 0)]
         victim = next(n for n in cluster.load(clusters.one) if n.address == leader)
-        acknowledged: list[int] = []
-        stop = threading.Event()
-        errors: list[Exception] = []
-
-        def writer() -> None:
-            i = 1
-            while not stop.is_set():
-                try:
-                    one.set("kill", b"k%d" % (i % 7), b"%d" % i, b"%d" % i)
-                except DeadlineExceededError as exc:
-                    errors.append(exc)
-                    return
-                acknowledged.append(i)
-                i += 1
-
-        thread = threading.Thread(target=writer)
-        thread.start()
-        deadline = time.monotonic() + 30
-        while len(acknowledged) < 100 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        os.kill(victim.pid, signal.SIGKILL)
-        killed_at = len(acknowledged)
-        while len(acknowledged) < killed_at + 100 and time.monotonic() < deadline + 30:
-            time.sleep(0.05)
-        stop.set()
-        thread.join()
-        assert not errors
-        assert len(acknowledged) >= killed_at + 100, "writes did not continue"
+        acknowledged = write_through_kill(
+            lambda i: one.set("kill", b"k%d" % (i % 7), b"%d" % i, b"%d" % i), victim.pid,
+            before=100, after=100, deadline_s=30)
         both = wait_converged(one, two, "kill", expect=len(acknowledged) + 1)
         missing = [i for i in acknowledged if (b"k%d" % (i % 7), b"%d" % i) not in both]
         assert not missing
