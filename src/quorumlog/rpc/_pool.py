@@ -82,12 +82,20 @@ class Pool:
         call's timeout bounds connecting too, so a caller that tries members in
         turn (meta clients) moves on from a silent one within its own budget
         instead of waiting out ``connect_timeout_s``."""
+        connection = self.get_nowait(address)
+        if connection is not None:
+            return connection, timeout_s  # the common case: no wrapping, no task
         if timeout_s is None:
             return await self.get(address), None
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
-            connection = await asyncio.wait_for(self.get(address), timeout_s)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow
+            # the caller's cancellation when the connect finishes at the same
+            # moment, and a cancelled reader then runs on (a stream reader's
+            # close waited forever for its long-poll loop).
+            async with asyncio.timeout(timeout_s):
+                connection = await self.get(address)
         except TimeoutError:
             raise ConnectFailedError(
                 f"connect to {address} did not finish within the call's {timeout_s:.1f}s"
