@@ -216,11 +216,17 @@ def _check_cli(meta: list[str], table: str, dead: int, scheduler: int) -> None:
     (the history is the scheduler's memory: checked when the meta leader that
     made the changes still leads; a new one starts with none, as Curve's MDS)."""
     members = ",".join(meta)
-    info = _cli("table", "info", table, "--members", members)
-    groups = info["partition_groups"]
+
+    def settled_view() -> list[dict[str, Any]] | None:
+        # Leaders may still move (leader balancing) or be unknown to a scheduler
+        # that just took over: wait until every group shows one of its members.
+        groups: list[dict[str, Any]] = _cli("table", "info", table, "--members",
+                                            members)["partition_groups"]
+        return groups if all(g["leader"] in g["members"] for g in groups) else None
+
+    groups = _until(settled_view, "every partition's leader among its members")
     assert len(groups) == PARTITIONS
     assert all(len(g["members"]) == REPLICAS and dead not in g["members"] for g in groups)
-    assert all(g["leader"] in g["members"] for g in groups)
     schedule = _cli("table", "schedule", "--members", members)
     assert {n["node"]: n["alive"] for n in schedule["nodes"]}.get(dead) is False
     if schedule["meta_leader"] == scheduler:

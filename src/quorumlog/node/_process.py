@@ -212,22 +212,37 @@ class _Roles:
 
 def _raft_router(meta_handler: Any, table_handler: Any) -> Any:
     """One handler for a Raft request type served by both the meta host and the
-    table host: messages and snapshot transfers go by group id (``is_table_group``)."""
+    table host: messages, coalesced heartbeat rows and snapshot transfers go by
+    group id (``is_table_group``); an empty request (a peer's sign of life)
+    goes to both hosts."""
 
     async def route(request: Any, ctx: rpc.RequestContext) -> Any:
         messages = getattr(request, "messages", None)
         if messages is None:  # a snapshot transfer request: one group
             handler = table_handler if is_table_group(request.group_id) else meta_handler
             return await handler(request, ctx)
-        table = [m for m in messages if is_table_group(m[0])]
-        meta = [m for m in messages if not is_table_group(m[0])]
-        if not table:
-            return await meta_handler(request, ctx)
-        if not meta:
-            return await table_handler(request, ctx)
-        first = await meta_handler(msgspec.structs.replace(request, messages=meta), ctx)
-        second = await table_handler(msgspec.structs.replace(request, messages=table), ctx)
-        return msgspec.structs.replace(second, accepted=first.accepted + second.accepted)
+        parts = {}
+        for name in ("messages", "heartbeats", "heartbeat_responses"):
+            rows = getattr(request, name)
+            parts[name] = ([r for r in rows if not is_table_group(r[0])],
+                           [r for r in rows if is_table_group(r[0])])
+        has_meta = any(meta for meta, _ in parts.values())
+        has_table = any(table for _, table in parts.values())
+        if not has_meta and not has_table:  # a sign of life: both hosts track it
+            first = await meta_handler(request, ctx)
+            await table_handler(request, ctx)
+            return first
+        answers = []
+        if has_meta:
+            answers.append(await meta_handler(msgspec.structs.replace(
+                request, **{name: meta for name, (meta, _) in parts.items()}), ctx))
+        if has_table:
+            answers.append(await table_handler(msgspec.structs.replace(
+                request, **{name: table for name, (_, table) in parts.items()}), ctx))
+        if len(answers) == 1:
+            return answers[0]
+        return msgspec.structs.replace(answers[1],
+                                       accepted=answers[0].accepted + answers[1].accepted)
 
     return route
 
