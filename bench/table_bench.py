@@ -50,7 +50,13 @@ from pathlib import Path
 from typing import Any
 
 from _loadgen import KEY_NAMES, VALUE, VALUE_BYTES, Put, RunResult, measure
-from meta_vs_etcd import REQUEST_TIMEOUT_S, EtcdSystem, SetupError, ensure_etcd
+from meta_vs_etcd import (
+    REQUEST_TIMEOUT_S,
+    EtcdSystem,
+    QuorumlogSystem,
+    SetupError,
+    ensure_etcd,
+)
 
 BENCH = "table_bench"
 CONCURRENCIES = (64, 256)
@@ -66,39 +72,19 @@ Close = Callable[[], Awaitable[None]]
 Ops = dict[str, Put]
 
 
-class TableSystem:
+class TableSystem(QuorumlogSystem):
+    """The same 3-node local cluster as the meta benchmark's, with a table."""
+
     name = "table"
 
-    def __init__(self, tasks_per_client: int) -> None:
-        self.tasks_per_client = tasks_per_client
-        self.directory: Path | None = None
-        self.addresses: list[str] = []
-        self._pids: list[int] = []
-
     def start(self, root: Path) -> None:
-        from quorumlog import node as cluster
         from quorumlog.table import BlockingTableClient
 
-        self.directory = root / "quorumlog"
-        try:
-            cluster.up(self.directory, 3)
-        except Exception as exc:
-            raise SetupError(f"quorumlog cluster did not start: {exc}") from exc
-        self.addresses = cluster.meta_addresses(self.directory)
-        self._pids = [info.pid for info in cluster.load(self.directory)]
+        super().start(root)
         with BlockingTableClient(self.addresses) as tables:
             tables.create_table(TABLE, partitions=PARTITIONS, replicas=3)
 
-    def stop(self) -> None:
-        from quorumlog import node as cluster
-
-        if self.directory is not None and (self.directory / "cluster.json").exists():
-            cluster.down(self.directory)
-
-    def pids(self) -> list[int]:
-        return self._pids
-
-    async def connect(self, clients: int) -> tuple[Ops, Close]:
+    async def connect(self, clients: int) -> tuple[Ops, Close]:  # type: ignore[override]
         from quorumlog.table import TableClient
 
         per = self.tasks_per_client
