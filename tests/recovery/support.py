@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 
 from quorumlog import node as cluster
-from quorumlog.ledger import LedgerMetadata
+from quorumlog.ledger import LedgerClient, LedgerMetadata
 from quorumlog.meta import MetaClient
 from quorumlog.proto import ledger_key
 
@@ -68,3 +68,20 @@ async def poll(condition: Callable[[], Awaitable[bool]], deadline_s: float, what
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {deadline_s} s")
         await asyncio.sleep(interval_s)
+
+
+async def write_ledgers(meta: list[str], count: int, entries: int, *, ensemble: int = 3,
+                        quorum: int = 2, mixed_digests: bool = False) -> list[int]:
+    """``count`` closed ledgers (E=ensemble, Qw=Qa=quorum) of ``entries`` entries
+    each (``payload``); with ``mixed_digests`` every other one uses HMAC."""
+    async with LedgerClient.connect(meta) as client:
+        ids = []
+        for i in range(count):
+            digest = "hmac-sha256" if mixed_digests and i % 2 else "crc32c"
+            handle = await client.create_ledger(ensemble, quorum, quorum, password=b"pw",
+                                                digest=digest)
+            for e in range(entries):
+                await handle.append(payload(handle.id, e))
+            await handle.close()
+            ids.append(handle.id)
+        return ids

@@ -24,7 +24,7 @@ from quorumlog.meta import MetaClient
 from quorumlog.proto import FLAG_RECOVERY
 from quorumlog.recovery import TASK_PREFIX
 
-from .support import RECOVERY_ENV, cli, metadata_of, payload, poll, running_cluster
+from .support import RECOVERY_ENV, cli, metadata_of, poll, running_cluster, write_ledgers
 
 ENTRIES = 20
 DEADLINE_S = 60.0
@@ -35,19 +35,6 @@ AUDIT_ENV = {**RECOVERY_ENV, "QUORUMLOG_RECOVERY__LOST_BOOKIE_RECOVERY_DELAY_MS"
 def audited_cluster(tmp_path: Path) -> Iterator[Path]:
     with running_cluster(tmp_path / "cluster", 4, AUDIT_ENV) as directory:
         yield directory
-
-
-async def _write(meta: list[str], count: int) -> list[int]:
-    async with LedgerClient.connect(meta) as client:
-        ids = []
-        for i in range(count):
-            handle = await client.create_ledger(3, 2, 2, password=b"pw",
-                                                digest="hmac-sha256" if i % 2 else "crc32c")
-            for e in range(ENTRIES):
-                await handle.append(payload(handle.id, e))
-            await handle.close()
-            ids.append(handle.id)
-        return ids
 
 
 async def _ensembles(meta: list[str], ledgers: list[int]) -> dict[int, tuple[str, ...]]:
@@ -78,7 +65,7 @@ def test_audit_reports_and_repairs(audited_cluster: Path, tmp_path: Path) -> Non
     infos = cluster.load(directory)
     meta = cluster.meta_addresses(directory)
     assert cli("recovery", "disable", "--dir", str(directory)).returncode == 0
-    ledgers = rpc.run(_write(meta, 6))
+    ledgers = rpc.run(write_ledgers(meta, 6, ENTRIES, mixed_digests=True))
     ensembles = rpc.run(_ensembles(meta, ledgers))
     # An HMAC ledger: a bookie cannot check a MAC (it has no key), so a tampered
     # envelope reaches its storage, as a bit flip on disk would.

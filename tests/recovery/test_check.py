@@ -17,7 +17,7 @@ from quorumlog.meta import MetaClient
 from quorumlog.proto import NoSuchEntryError, NoSuchLedgerError, ledger_key
 from quorumlog.recovery import TASK_PREFIX
 
-from .support import RECOVERY_ENV, cli, metadata_of, payload, poll, running_cluster
+from .support import RECOVERY_ENV, cli, metadata_of, payload, poll, running_cluster, write_ledgers
 
 ENTRIES = 30
 DEADLINE_S = 60.0
@@ -36,24 +36,12 @@ def checked_cluster(tmp_path: Path) -> Iterator[Path]:
         yield directory
 
 
-async def _write(meta: list[str], count: int) -> list[int]:
-    async with LedgerClient.connect(meta) as client:
-        ids = []
-        for _ in range(count):
-            handle = await client.create_ledger(3, 2, 2, password=b"pw")
-            for e in range(ENTRIES):
-                await handle.append(payload(handle.id, e))
-            await handle.close()
-            ids.append(handle.id)
-        return ids
-
-
 def test_check_finds_entries_lost_on_a_live_bookie(checked_cluster: Path) -> None:
     directory = checked_cluster
     infos = cluster.load(directory)
     meta = cluster.meta_addresses(directory)
     assert cli("recovery", "disable", "--dir", str(directory)).returncode == 0
-    ledgers = rpc.run(_write(meta, 4))
+    ledgers = rpc.run(write_ledgers(meta, 4, ENTRIES))
 
     async def versions() -> dict[int, tuple[int, tuple[str, ...]]]:
         async with MetaClient(meta) as client:

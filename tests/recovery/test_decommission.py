@@ -20,7 +20,7 @@ from quorumlog.ledger import LedgerClient
 from quorumlog.meta import MetaClient
 from quorumlog.proto import BOOKIE_DRAINING_PREFIX
 
-from .support import cli, metadata_of, payload, poll, running_cluster
+from .support import cli, metadata_of, payload, poll, running_cluster, write_ledgers
 
 ENTRIES = 30
 DRAIN_DEADLINE_S = 60.0
@@ -30,19 +30,6 @@ DRAIN_DEADLINE_S = 60.0
 def four_nodes(tmp_path: Path) -> Iterator[Path]:
     with running_cluster(tmp_path / "cluster", 4) as directory:
         yield directory
-
-
-async def _write(meta: list[str], count: int, ensemble: int, quorum: int) -> list[int]:
-    async with LedgerClient.connect(meta) as client:
-        ids = []
-        for i in range(count):
-            handle = await client.create_ledger(ensemble, quorum, quorum, password=b"pw",
-                                                digest="hmac-sha256" if i % 2 else "crc32c")
-            for e in range(ENTRIES):
-                await handle.append(payload(handle.id, e))
-            await handle.close()
-            ids.append(handle.id)
-        return ids
 
 
 async def _naming(meta_addresses: list[str], ledgers: list[int], bookie: str) -> list[int]:
@@ -79,8 +66,9 @@ def test_decommission_drains_a_bookie(four_nodes: Path) -> None:
     victim_info = infos[3]  # node 4: a bookie, no meta member
     victim = victim_info.address
     meta = cluster.meta_addresses(four_nodes)
-    ledgers = rpc.run(_write(meta, 6, 3, 2))
-    wide = rpc.run(_write(meta, 1, 4, 2))[0]  # E=4: on every bookie, the victim too
+    ledgers = rpc.run(write_ledgers(meta, 6, ENTRIES, mixed_digests=True))
+    # E=4: on every bookie, the victim too.
+    wide = rpc.run(write_ledgers(meta, 1, ENTRIES, ensemble=4))[0]
 
     refused = cli("bookie", "decommission", victim, "--dir", str(four_nodes))
     assert refused.returncode == 1
@@ -101,7 +89,7 @@ def test_decommission_drains_a_bookie(four_nodes: Path) -> None:
 
         rpc.run(poll(draining, DRAIN_DEADLINE_S, "draining key written"))
         # New ledgers avoid the draining bookie (3 others remain for E=3).
-        fresh = rpc.run(_write(meta, 4, 3, 2))
+        fresh = rpc.run(write_ledgers(meta, 4, ENTRIES, mixed_digests=True))
         assert rpc.run(_naming(meta, fresh, victim)) == []
         out, _ = drain.communicate(timeout=DRAIN_DEADLINE_S)
     finally:
@@ -125,7 +113,7 @@ def test_decommission_no_wait_and_cancel(four_nodes: Path) -> None:
     assert "recovery is disabled" in started.stdout
     status = json.loads(cli("recovery", "status", "--json", "--dir", str(four_nodes)).stdout)
     assert victim in status["draining"]
-    fresh = rpc.run(_write(meta, 3, 3, 2))
+    fresh = rpc.run(write_ledgers(meta, 3, ENTRIES, mixed_digests=True))
     assert rpc.run(_naming(meta, fresh, victim)) == []
     cancelled = cli("bookie", "decommission", victim, "--cancel", "--dir", str(four_nodes))
     assert cancelled.returncode == 0 and "cancelled" in cancelled.stdout, cancelled
