@@ -264,3 +264,24 @@ def test_lease_keeper_expires_and_refreshes() -> None:
     assert keeper.keepalive(99, now_ms=0) is None
     keeper.demote()
     assert keeper.keepalive(1, now_ms=0) is None and keeper.expired(10**9) == []
+
+
+def test_lease_keeper_refuses_a_keepalive_once_the_session_has_expired() -> None:
+    """A keep-alive that arrives after the deadline (swept or not) must not answer
+    "alive": the revoke may already be in the log, and a bookie told "alive"
+    would believe in a registration whose key is about to vanish (found with a
+    meta process stopped for longer than a TTL and resumed)."""
+    from quorumlog.meta._leases import LeaseKeeper
+
+    keeper = LeaseKeeper()
+    keeper.promote(now_ms=0, sessions={1: 1000, 2: 1000, 3: 1000})
+    assert keeper.keepalive(1, now_ms=1000) is None  # at its deadline, not yet swept
+    assert keeper.expired(1500) == [1, 2, 3]
+    assert keeper.keepalive(2, now_ms=1501) is None  # swept: its revoke is on the way
+    keeper.revoked(1)
+    keeper.revoked(2)
+    assert keeper.keepalive(3, now_ms=1600) is None  # still expiring until revoked
+    # A new leader grants every session a full TTL again (expiry late, never early).
+    keeper.demote()
+    keeper.promote(now_ms=2000, sessions={3: 1000})
+    assert keeper.keepalive(3, now_ms=2500) == 1000

@@ -91,8 +91,9 @@ def test_isolated_meta_leader_is_replaced_and_rejoins_after_heal(
 class LineReader:
     """JSON lines of a workload's stdout, each awaited with a deadline."""
 
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
+    def __init__(self, proc: subprocess.Popen[str], cluster: NetnsCluster) -> None:
         self.proc = proc
+        self.cluster = cluster
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -106,9 +107,22 @@ class LineReader:
         line = self.lines.get(timeout=timeout_s)
         if line is None:
             stderr = self.proc.stderr.read() if self.proc.stderr else ""
-            raise AssertionError(f"workload ended early: {stderr[-3000:]}")
+            raise AssertionError(f"workload ended early: {stderr[-3000:]}\n"
+                                 f"{self.cluster_events()}")
         record: dict[str, Any] = json.loads(line)
         return record
+
+    def cluster_events(self) -> str:
+        """The nodes' warnings and leadership/registration events, for a failure."""
+        keep = ("warning", "error", "raft_leader_changed", "bookie_registered",
+                "bookie_session")
+        out = []
+        for node_id in self.cluster.node_ids:
+            lines = [line[:300] for line in
+                     self.cluster.log_path(node_id).read_text(errors="replace").splitlines()
+                     if any(k in line for k in keep)]
+            out.append(f"node {node_id}:\n" + "\n".join(lines[-30:]))
+        return "\n".join(out)
 
 
 def test_isolated_bookie_ensemble_change_loses_no_acknowledged_entry(
@@ -117,10 +131,15 @@ def test_isolated_bookie_ensemble_change_loses_no_acknowledged_entry(
     stop = tmp_path / "stop"
     proc = c.client_process([str(WORKLOAD), "ledger", c.meta_members, str(stop)])
     try:
-        out = LineReader(proc)
+        out = LineReader(proc, c)
         first = out.next()
         ledger_id, ensemble = first["ledger"], first["ensemble"]
-        victim = next(i for i in c.node_ids if c.rpc_address(i) in ensemble)
+        # The hard case when it is in the ensemble: the meta leader, so that the
+        # other bookies' sessions and the writer's ensemble change must ride
+        # through an election while their first member may be the one cut off.
+        leader = c.leader()
+        in_ensemble = [i for i in c.node_ids if c.rpc_address(i) in ensemble]
+        victim = leader if leader in in_ensemble else in_ensemble[0]
         acked = [out.next()["acked"] for _ in range(ENTRIES_BEFORE_FAULT)]
         c.isolate(victim)
         acked += [out.next()["acked"] for _ in range(ENTRIES_AFTER_FAULT)]

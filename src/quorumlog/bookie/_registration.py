@@ -11,7 +11,12 @@ written until either
 - no keep-alive has succeeded for a whole TTL (meta unreachable: the session
   may have expired there without us hearing it),
 
-and then refuses adds until it has registered again with a new session.
+and then refuses adds until a keep-alive confirms the session again or, once
+meta answers that it is gone, a new session is registered. An unconfirmed
+session is not given up: revoking it would delete the key while meta may still
+hold it (a meta leader cut off by a partition leaves every bookie unconfirmed
+for an election), and the bookie would vanish from the candidates of every
+ensemble change in the meantime.
 Read-only changes are published by rewriting the key under the same session.
 """
 
@@ -158,6 +163,7 @@ class Registration:
     async def _keep_alive(self) -> None:
         """Until the session is lost: keep-alives, and republish read-only changes."""
         interval = self._ttl_s / 3
+        unconfirmed = False  # logged once per stretch without a keep-alive
         while True:
             # Due a third of a TTL after the last successful keep-alive (or the
             # session's creation), however long publishing took.
@@ -171,10 +177,11 @@ class Registration:
             try:
                 alive = await self._meta.keepalive(self._session_id)
             except QuorumlogError as exc:
-                if not self.registered:
-                    _log.warning("bookie_session_lost", bookie=self.bookie_id,
+                if not self.registered and not unconfirmed:
+                    unconfirmed = True
+                    _log.warning("bookie_session_unconfirmed", bookie=self.bookie_id,
+                                 session=self._session_id,
                                  reason=f"no keep-alive for a TTL: {exc.message}")
-                    return
                 await asyncio.sleep(self._retry_s)
                 continue
             if not alive:
@@ -183,6 +190,10 @@ class Registration:
                 self._registered = False
                 return
             self._last_keepalive = sent
+            if unconfirmed:
+                unconfirmed = False
+                _log.info("bookie_session_confirmed", bookie=self.bookie_id,
+                          session=self._session_id)
             self._confirmed.set()
             if self._read_only() != self._published_read_only:
                 await self._publish()

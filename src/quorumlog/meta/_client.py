@@ -105,6 +105,7 @@ class MetaClient:
         self._pool = pool if pool is not None else rpc.Pool()  # an empty Pool is falsy (len 0)
         self._own_pool = pool is None
         self._leader: str | None = None
+        self._cursor = 0  # the member tried first while no leader is known
         self._deadline_s = deadline_s
         self._request_timeout_s = request_timeout_s
         self._rng = random.Random()
@@ -147,24 +148,31 @@ class MetaClient:
         self, attempt: Callable[[str], Awaitable[T]], *, leader: bool,
         deadline_s: float | None = None,
     ) -> T:
+        """Attempts until one succeeds or the deadline passes. The deadline bounds
+        each attempt too: a member that does not answer (partitioned, hung) costs
+        at most what is left of the operation, not a whole request timeout."""
         loop = asyncio.get_running_loop()
         budget_s = self._deadline_s if deadline_s is None else deadline_s
         deadline = loop.time() + budget_s
         backoff = BACKOFF_INITIAL_S
-        tried = 0
         while True:
-            address = self._pick(leader, tried)
-            tried += 1
+            address = self._pick(leader)
             try:
-                return await attempt(address)
+                async with asyncio.timeout_at(deadline):
+                    return await attempt(address)
+            except TimeoutError:
+                self._failed(address)
+                error: QuorumlogError = DeadlineExceededError(
+                    f"{address} did not answer within the operation's deadline")
             except NotLeaderError as exc:
                 self._leader = exc.leader_hint
-                error: QuorumlogError = exc
+                if exc.leader_hint is None:
+                    self._failed(address)
+                error = exc
             except QuorumlogError as exc:
                 if not exc.retriable:
                     raise
-                if self._leader == address:
-                    self._leader = None
+                self._failed(address)
                 error = exc
             if loop.time() + backoff > deadline:
                 raise DeadlineExceededError(
@@ -175,10 +183,19 @@ class MetaClient:
                 await asyncio.sleep(backoff * (0.5 + self._rng.random()))
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
 
-    def _pick(self, leader: bool, tried: int) -> str:
+    def _pick(self, leader: bool) -> str:
         if leader and self._leader is not None:
             return self._leader
-        return self.addresses[tried % len(self.addresses)]
+        return self.addresses[self._cursor % len(self.addresses)]
+
+    def _failed(self, address: str) -> None:
+        """Move on from a member that failed an attempt. The cursor outlives the
+        operation: the next one starts at the member after it, so a member that
+        stays unreachable does not cost every later operation an attempt."""
+        if self._leader == address:
+            self._leader = None
+        if self.addresses[self._cursor % len(self.addresses)] == address:
+            self._cursor += 1
 
     async def _send(
         self, request: Request, *, deadline_s: float | None = None
@@ -193,8 +210,10 @@ class MetaClient:
                 response = await self._pool.call(
                     address, MetaWriteRequest(request=data), timeout_s=self._request_timeout_s
                 )
-            except QuorumlogError:
-                failed = True  # it may have reached the log: its outcome is unknown
+            except (QuorumlogError, asyncio.CancelledError):
+                # It may have reached the log (also when the operation's deadline
+                # cut the attempt short): its outcome is unknown.
+                failed = True
                 raise
             result: Result = RESULT_DECODER.decode(response.result)
             return result
@@ -384,7 +403,10 @@ class MetaClient:
             )
             return response.events, response.revision
 
-        return await self._retrying(attempt, leader=False)
+        # A long poll: its attempt may take wait_ms on top of a request.
+        return await self._retrying(
+            attempt, leader=False,
+            deadline_s=max(self._deadline_s, self._request_timeout_s + wait_ms / 1000))
 
     async def watch(self, key: str, *, prefix: bool = False, start_revision: int) -> Any:
         """Async iterator of events in revision order, resuming across reconnects."""

@@ -20,12 +20,17 @@ class LeaseKeeper:
         self._deadline_ms: dict[int, int] = {}
         self._ttl_ms: dict[int, int] = {}
         self._heap: list[tuple[int, int]] = []  # (deadline, session); stale rows skipped
+        # Reported by expired() and not yet revoked: a keep-alive is too late for
+        # them (the revoke may already be in the log), so it is refused rather
+        # than answered "alive" for a session whose keys are about to vanish.
+        self._expiring: set[int] = set()
         self.active = False
 
     def promote(self, now_ms: int, sessions: dict[int, int]) -> None:
         """Become the keeper: every session gets a full TTL from ``now_ms``."""
         self.active = True
         self._deadline_ms.clear()
+        self._expiring.clear()
         self._ttl_ms = dict(sessions)
         self._heap = []
         for session_id, ttl_ms in sorted(sessions.items()):
@@ -34,6 +39,7 @@ class LeaseKeeper:
     def demote(self) -> None:
         self.active = False
         self._deadline_ms.clear()
+        self._expiring.clear()
         self._ttl_ms.clear()
         self._heap = []
 
@@ -45,11 +51,15 @@ class LeaseKeeper:
     def revoked(self, session_id: int) -> None:
         self._deadline_ms.pop(session_id, None)
         self._ttl_ms.pop(session_id, None)
+        self._expiring.discard(session_id)
 
     def keepalive(self, session_id: int, now_ms: int) -> int | None:
-        """Refresh a session; returns its TTL, or None if unknown/expired here."""
+        """Refresh a session; returns its TTL, or None if unknown/expired here
+        (past its deadline counts as expired, swept or not)."""
         ttl = self._ttl_ms.get(session_id)
-        if not self.active or ttl is None:
+        if not self.active or ttl is None or session_id in self._expiring:
+            return None
+        if self._deadline_ms.get(session_id, now_ms + 1) <= now_ms:
             return None
         self._set(session_id, now_ms + ttl)
         return ttl
@@ -61,6 +71,7 @@ class LeaseKeeper:
             deadline, session_id = heapq.heappop(self._heap)
             if self._deadline_ms.get(session_id) == deadline:
                 out.append(session_id)
+                self._expiring.add(session_id)
                 # keep reporting until the revoke applies: re-arm shortly after
                 self._set(session_id, now_ms + 1)
         return sorted(out)
