@@ -20,6 +20,7 @@ from quorumlog.raft._errors import (
 )
 from quorumlog.raft._file_snapshot import FileSnapshotMachine, StateMachine
 from quorumlog.raft._liveness import PeerLiveness
+from quorumlog.raft._log_tail import LOG_TAIL_FILE_NAME
 from quorumlog.raft._node import QUIESCE_CONTEXT, RaftNode, fold_epoch
 from quorumlog.raft._ready_pass import (
     MemoryReadyStorage,
@@ -63,6 +64,7 @@ from quorumlog.raft._wal_storage import SNAPSHOT_FILES_KEPT, WalRaftStorage
 __all__ = [
     "BOOTSTRAP_INDEX",
     "BOOTSTRAP_TERM",
+    "LOG_TAIL_FILE_NAME",
     "NO_NODE",
     "QUIESCE_CONTEXT",
     "SNAPSHOT_FILES_KEPT",

@@ -57,7 +57,7 @@ from quorumlog.errors import (
 )
 from quorumlog.log import get_logger
 from quorumlog.raft._config import MIB, RaftConfig
-from quorumlog.raft._errors import ProposalDroppedError
+from quorumlog.raft._errors import CompactedError, ProposalDroppedError
 from quorumlog.raft._file_snapshot import (
     AnyStateMachine,
     Checkpoints,
@@ -66,8 +66,10 @@ from quorumlog.raft._file_snapshot import (
     restore_machine,
 )
 from quorumlog.raft._liveness import PeerLiveness
+from quorumlog.raft._log_tail import read_log_tail
 from quorumlog.raft._node import QUIESCE_CONTEXT, RaftNode
 from quorumlog.raft._ready_pass import AfterAdvance, ReadyPass
+from quorumlog.raft._size import entries_size_bytes, limit_size
 from quorumlog.raft._snapshot_transfer import (
     FileSource,
     ReceiveStats,
@@ -147,6 +149,12 @@ class HostConfig(Config, frozen=True):
     # leader within an election timeout or two) or is a member of; 0 means
     # election_timeout_ticks (what a follower would wait for a heartbeat).
     peer_dead_after_ticks: int = 0
+    # A file snapshot of a group with a compaction floor keeps the log after
+    # the floor up to its index (``_log_tail``: Pegasus's learn step back) if
+    # those entries take at most this many bytes; a longer tail is left out
+    # (logged), and a duplication that needs it resyncs its partition. The
+    # file is written with every snapshot, so this also bounds that cost.
+    snapshot_log_tail_bytes_max: int = 64 * MIB
     # The WAL of each group: a process hosting 1,000 groups preallocates one
     # segment per group, so the segment size bounds its disk use at rest.
     wal: WalConfig = msgspec.field(default_factory=WalConfig)
@@ -156,6 +164,7 @@ class HostConfig(Config, frozen=True):
         require(self.peer_dead_after_ticks >= 0, "peer_dead_after_ticks must be >= 0")
         self.wal.validate()
         require(self.snapshot_entries >= 1, "snapshot_entries must be >= 1")
+        require(self.snapshot_log_tail_bytes_max >= 0, "snapshot_log_tail_bytes_max must be >= 0")
         require(self.rejected_message_log_interval_ms >= 0,
                 "rejected_message_log_interval_ms must be >= 0")
         require(self.compaction_margin_entries >= 0, "compaction_margin_entries must be >= 0")
@@ -308,6 +317,9 @@ class _Group:
     waiting_reads: list[tuple[int, asyncio.Future[int]]] = field(default_factory=list)
     role: Role = Role.FOLLOWER
     leader_id: int = 0
+    # The log tail of the current snapshot (``_log_tail``), read on first use:
+    # (snapshot index, entries).
+    log_tail: tuple[int, list[Entry]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -479,6 +491,60 @@ class RaftHost:
         if group is None:
             raise UsageError(f"raft group {group_id} is not hosted on node {self.node_id}")
         return group
+
+    def retained_entries(self, group_id: int, lo: int, hi: int, max_bytes: int) -> list[Entry]:
+        """Entries [lo, hi) of the group's log, at most ``max_bytes`` (at least
+        one entry): from the Raft log, or below its first index from the log
+        tail kept with the current snapshot (``_log_tail``), which holds the
+        entries after the compaction floor that the snapshot covers. May
+        return fewer than asked (the tail's part first); CompactedError if
+        ``lo`` is in neither."""
+        group = self.group(group_id)
+        first = group.storage.first_index()
+        if lo >= first:
+            return group.storage.entries(lo, hi, max_bytes)
+        tail = self._log_tail(group)
+        if not tail or not tail[0].index <= lo <= tail[-1].index:
+            raise CompactedError(
+                f"entries from {lo} of group {group_id}: the log starts at {first} and the "
+                f"snapshot's log tail holds "
+                f"{f'{tail[0].index}..{tail[-1].index}' if tail else 'nothing'}")
+        base = tail[0].index
+        return limit_size(tail[lo - base:min(hi, tail[-1].index + 1) - base], max_bytes)
+
+    def _log_tail(self, group: _Group) -> list[Entry]:
+        snapshot = group.storage.snapshot()
+        index = snapshot.meta.index
+        if group.log_tail is None or group.log_tail[0] != index:
+            entries: list[Entry] = []
+            if snapshot.data and isinstance(group.machine, FileSnapshotMachine):
+                entries = read_log_tail(Checkpoints(group.storage.directory).path(index))
+            group.log_tail = (index, entries)
+        return group.log_tail[1]
+
+    def _snapshot_tail(self, group: _Group, index: int) -> list[Entry] | None:
+        """The entries after the compaction floor up to ``index`` to keep with a
+        snapshot at ``index``; None without a floor below it, or if they are
+        gone already or longer than ``snapshot_log_tail_bytes_max`` (logged)."""
+        floor = None if self.compaction_floor is None else self.compaction_floor(group.group_id)
+        if floor is None or floor >= index:
+            return None
+        bound = self.config.snapshot_log_tail_bytes_max
+        tail: list[Entry] = []
+        lo = floor + 1
+        try:
+            while lo <= index:
+                part = self.retained_entries(group.group_id, lo, index + 1,
+                                             bound - entries_size_bytes(tail))
+                tail.extend(part)
+                lo = part[-1].index + 1
+                if entries_size_bytes(tail) >= bound and lo <= index:
+                    raise CompactedError(f"over snapshot_log_tail_bytes_max ({bound} bytes)")
+        except CompactedError as exc:
+            _log.warning("raft_snapshot_log_tail_left_out", node=self.node_id,
+                         group=group.group_id, floor=floor, index=index, reason=exc.message)
+            return None
+        return tail
 
     def address_of(self, node_id: int) -> str | None:
         address = self.addresses.get(node_id)
@@ -992,7 +1058,8 @@ class RaftHost:
         machine = group.machine
         if isinstance(machine, FileSnapshotMachine):
             checkpoints = Checkpoints(group.storage.directory)
-            temp, data = checkpoints.take(machine, index)
+            temp, data = checkpoints.take(machine, index,
+                                          log_tail=self._snapshot_tail(group, index))
             await loop.run_in_executor(self._io, checkpoints.seal, temp, index)
         else:
             data = machine.snapshot()

@@ -35,7 +35,8 @@ from typing import Any, Protocol, runtime_checkable
 import msgspec
 
 from quorumlog.errors import CorruptionError, ProtocolError, StorageError
-from quorumlog.raft._types import Snapshot
+from quorumlog.raft._log_tail import write_log_tail
+from quorumlog.raft._types import Entry, Snapshot
 
 CHECKPOINTS_DIR_NAME = "checkpoints"
 """Checkpoint directories of a group, under the group's storage directory."""
@@ -71,7 +72,8 @@ class FileSnapshotMachine(Protocol):
     (hard links), and returns small metadata (bytes) that ``restore_files``
     gets back. ``restore_files(directory, metadata)`` makes the machine's state
     that of the checkpoint, unless it already holds everything in it (a
-    restart); it must leave ``directory`` as it found it (it stays the
+    restart), skipping ``LOG_TAIL_FILE_NAME`` (the driver's, see
+    ``_log_tail``); it must leave ``directory`` as it found it (it stays the
     group's snapshot, sent to other members later): link or copy its files,
     never move or change them.
     """
@@ -163,13 +165,17 @@ class Checkpoints:
     def path(self, index: int) -> Path:
         return self.directory / f"{index:016x}"
 
-    def take(self, machine: FileSnapshotMachine, index: int) -> tuple[Path, bytes]:
+    def take(self, machine: FileSnapshotMachine, index: int, *,
+             log_tail: list[Entry] | None = None) -> tuple[Path, bytes]:
         """Have the machine checkpoint into a temporary directory (event loop:
-        the cut must be consistent with ``index``); return it and the manifest."""
+        the cut must be consistent with ``index``), with ``log_tail`` as one
+        more file (``_log_tail``); return it and the manifest."""
         self.directory.mkdir(parents=True, exist_ok=True)
         temp = self.directory / f"{index:016x}{TEMP_SUFFIX}"
         shutil.rmtree(temp, ignore_errors=True)
         metadata = machine.snapshot_files(temp)
+        if log_tail:
+            write_log_tail(temp, log_tail)
         manifest = FileSnapshotManifest(metadata=metadata, files=list_files(temp))
         return temp, encode_manifest(manifest)
 

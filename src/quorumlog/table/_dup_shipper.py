@@ -267,10 +267,10 @@ class Shipper:
             await self._report(force=False)
             return False
         try:
-            if self.confirmed_decree + 1 < group.storage.first_index():
-                raise CompactedError("compacted")
-            entries = group.storage.entries(
-                self.confirmed_decree + 1,
+            # The Raft log, or below it the tail kept with the snapshot (a
+            # replica rebuilt from a snapshot, or restarted: "learn step back").
+            entries = self.manager.host.retained_entries(
+                self.hosted.group_id, self.confirmed_decree + 1,
                 min(applied, self.confirmed_decree + settings.block_entries_max) + 1,
                 settings.block_bytes_max)
         except CompactedError:
@@ -290,9 +290,10 @@ class Shipper:
         return True
 
     async def _log_lost(self, first_index: int) -> None:
-        """The entries after confirmed_decree are gone on this leader: it was
-        rebuilt from a snapshot past them (the article's "learn step back"), or
-        compacted before it knew of the duplication. Never skipped silently:
+        """The entries after confirmed_decree are gone on this leader: in
+        neither its Raft log nor the log tail kept with its snapshot (the tail
+        was longer than ``snapshot_log_tail_bytes_max``, or the log was
+        compacted before this node knew of the duplication). Never skipped silently:
         the partition resyncs — shipping starts again at its applied index,
         after a copy of every record its store holds (what those entries left,
         with their timetags; last-writer-wins on the remote) — and says so:

@@ -21,6 +21,7 @@ from pathlib import Path
 import msgspec
 
 from quorumlog.errors import StorageError, invariant
+from quorumlog.raft import LOG_TAIL_FILE_NAME
 from quorumlog.table._commands import DuplicateCommand, WriteCommand, WriteResult, decode_entry
 from quorumlog.table._store import TableStore
 from quorumlog.table._timetag import TimetagClock
@@ -75,7 +76,8 @@ class PartitionMachine:
             target = temp / "checkpoint"
             target.mkdir()
             for source in sorted(directory.iterdir()):
-                _link_or_copy(source, target / source.name)
+                if source.name != LOG_TAIL_FILE_NAME:  # the Raft host's, not RocksDB's
+                    _link_or_copy(source, target / source.name)
             _fsync(target)  # the new names survive a crash once the store points at them
             self.store.restore(target)
         finally:

@@ -1,0 +1,70 @@
+"""The log tail of a file snapshot: the entries after the compaction floor up
+to the snapshot's index, kept with the snapshot (Pegasus's "learn step back").
+
+A group with a compaction floor (``RaftHost.compaction_floor``: table
+duplication keeps the log its shippers have not confirmed) must keep its log
+after the floor on every member, also on one rebuilt from a snapshot and on
+one restarted (the WAL replays only the entries after the newest snapshot).
+Raft itself never needs those entries, so they stay out of the Raft log: the
+driver writes them into the snapshot's checkpoint directory as one more file,
+``LOG_TAIL_FILE_NAME``, when it takes the snapshot. The file is then part of
+the snapshot: it is listed in the manifest, streamed to a follower with the
+checkpoint's other files, CRC-checked on arrival, and stays on disk with the
+checkpoint. ``RaftHost.retained_entries`` reads the Raft log and, below its
+first index, the tail of the group's current snapshot.
+
+Format: ``MAGIC``, CRC32C of the body (4 bytes, little endian), body = the
+msgpack list of the entries (consecutive indexes).
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+from pathlib import Path
+
+import msgspec
+from crc32c import crc32c
+
+from quorumlog.errors import CorruptionError, invariant
+from quorumlog.raft._types import Entry
+
+LOG_TAIL_FILE_NAME = "raft-log-tail"
+"""The tail's file in a checkpoint directory; a FileSnapshotMachine skips it."""
+
+MAGIC = b"QLTAIL1\n"
+_CRC = struct.Struct("<I")
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(list[Entry])
+
+
+def write_log_tail(directory: Path, entries: list[Entry]) -> None:
+    """Write ``entries`` (consecutive) as the tail file of a checkpoint being taken."""
+    for before, after in itertools.pairwise(entries):
+        invariant(after.index == before.index + 1, "a log tail is consecutive")
+    body = _ENCODER.encode(entries)
+    (directory / LOG_TAIL_FILE_NAME).write_bytes(MAGIC + _CRC.pack(crc32c(body)) + body)
+
+
+def read_log_tail(checkpoint: Path) -> list[Entry]:
+    """The tail kept with a checkpoint; [] if it has none."""
+    path = checkpoint / LOG_TAIL_FILE_NAME
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    header = len(MAGIC) + _CRC.size
+    if not data.startswith(MAGIC) or len(data) < header:
+        raise CorruptionError(f"{path} is not a log tail file (bad header)")
+    (crc,) = _CRC.unpack_from(data, len(MAGIC))
+    body = memoryview(data)[header:]
+    if crc32c(body) != crc:
+        raise CorruptionError(f"{path}: CRC mismatch; the log tail is damaged")
+    try:
+        entries = _DECODER.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise CorruptionError(f"{path}: malformed log tail: {exc}") from None
+    for before, after in itertools.pairwise(entries):
+        if after.index != before.index + 1:
+            raise CorruptionError(f"{path}: log tail skips from {before.index} to {after.index}")
+    return entries
