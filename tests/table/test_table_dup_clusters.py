@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -32,6 +33,7 @@ from quorumlog.table import (
     FailMode,
     NonIdempotentWriteRefusedError,
     TableFlags,
+    group_id_of,
 )
 
 from .kill_writer import write_through_kill
@@ -331,3 +333,53 @@ def test_a_leader_without_the_log_to_ship_resyncs_loudly(clusters: Clusters) -> 
             assert time.monotonic() < deadline, progress
             time.sleep(POLL_INTERVAL_S)
         assert progress.checkpoint_records >= HELD_WRITES
+
+
+def leader_of(client: BlockingTableClient, table: str) -> str:
+    """The address of partition 0's leader, as the client found it by writing."""
+    client.set(table, b"probe", b"leader", b"v")
+    return client._client._leaders[(client.table_info(table).record.table_id, 0)]
+
+
+@pytest.mark.slow
+def test_a_replica_rebuilt_from_a_snapshot_leads_and_ships_without_a_resync(
+        clusters: Clusters) -> None:
+    """Learn step back with real processes: a follower's replica is wiped and
+    rebuilt from the leader's snapshot (past confirmed_decree) while the remote
+    is down; then it becomes leader and the remote comes back. Every write
+    reaches the remote from the log (the tail kept with the snapshot), with no
+    resync. Without the tail, its log starts at the snapshot and it resyncs."""
+    env = clusters.env(1, "two", clusters.two)
+    with BlockingTableClient(clusters.meta(clusters.one)) as one:
+        one.create_table("learn", partitions=1, replicas=3)
+        with BlockingTableClient(clusters.meta(clusters.two)) as two:
+            two.create_table("learn", partitions=1, replicas=3)
+        dup = one.add_dup("learn", "two")
+        cluster.down(clusters.two)
+        nodes = cluster.load(clusters.one)
+        leader = leader_of(one, "learn")
+        wiped = next(n for n in nodes if n.address != leader)
+        group = group_id_of(one.table_info("learn").record.table_id, 0)
+        cluster.stop_node(clusters.one, wiped.id)
+        data = Path(wiped.config).parent / "data" / "table"
+        shutil.rmtree(data / "raft" / f"group-{group:016x}")
+        shutil.rmtree(data / "replicas" / f"{group:016x}")
+        write_spread(one, "learn", HELD_WRITES)
+        with environment(env):
+            cluster.restart_node(clusters.one, wiped.id, serving_timeout_s=60)
+        deadline = time.monotonic() + CONVERGE_DEADLINE_S
+        while (leader := leader_of(one, "learn")) != wiped.address:
+            # Stop the leader until the rebuilt replica is elected (it can be
+            # only once it holds the snapshot and the log after it).
+            assert time.monotonic() < deadline, "the rebuilt replica never led"
+            stopped = next(n for n in nodes if n.address == leader)
+            cluster.stop_node(clusters.one, stopped.id)
+            leader_of(one, "learn")
+            with environment(env):
+                cluster.restart_node(clusters.one, stopped.id, serving_timeout_s=60)
+        with environment(clusters.env(2, "one", clusters.one)):
+            cluster.up(clusters.two, 3)
+        with BlockingTableClient(clusters.meta(clusters.two)) as two:
+            wait_converged(one, two, "learn", expect=HELD_WRITES + 1)
+        progress = one.dup_progress("learn", dup.dup_id)[0]
+        assert progress.resyncs == 0 and not progress.log_lost, progress
