@@ -18,6 +18,11 @@
 # prometheus when it is missing (the test runs its own instance on a free port
 # with a temporary storage directory, beside any packaged service);
 # otherwise that test skips with a reason.
+#
+# The web console's browser test (tests/console, marked slow) drives Debian's
+# chromium through chromedriver with selenium (the dev extra): as root with
+# apt-get, this installs chromium and chromium-driver when missing; otherwise
+# that test skips with a reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v nft >/dev/null 2>&1; then
@@ -38,6 +43,16 @@ if ! command -v prometheus >/dev/null 2>&1; then
   else
     echo "setup: no 'prometheus' on PATH: the dashboard test (tests/observability/test_prometheus.py)" \
          "skips (Debian: apt-get install prometheus, as root)" >&2
+  fi
+fi
+if ! command -v chromedriver >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing chromium and chromium-driver for the console's browser test ..."
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 \
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
+  else
+    echo "setup: no 'chromedriver' on PATH: the console's browser test (tests/console) skips" \
+         "(Debian: apt-get install chromium chromium-driver, as root)" >&2
   fi
 fi
 extras=(--extra dev)

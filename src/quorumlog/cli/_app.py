@@ -63,9 +63,10 @@ def _register() -> None:
     app.add_typer(__import__("quorumlog.cli._dup", fromlist=["app"]).app, name="dup")
     app.add_typer(__import__("quorumlog.cli._recovery", fromlist=["app"]).app, name="recovery")
     app.command("audit")(__import__("quorumlog.cli._recovery", fromlist=["app"]).audit_command)
-    from quorumlog.cli import _cluster, _meta
+    from quorumlog.cli import _cluster, _console, _meta
 
     _cluster.register(app)
+    _console.register(app)
     app.add_typer(_meta.app, name="meta")
 
 
