@@ -88,7 +88,7 @@ def test_every_listing_has_the_four_outputs(meta: str, args: tuple[str, ...], ke
     # The same rows (indexes and revisions may have moved on between the calls).
     assert [sorted(row) for row in again] == [sorted(row) for row in rows]
     bad = cli(*args, "-o", "xml", "--members", meta)
-    assert bad.returncode == 1 and "expected one of" in bad.stderr
+    assert bad.returncode == 2 and "expected one of" in bad.stderr
 
 
 def test_listings_show_human_units_and_keep_raw_values_in_json(meta: str) -> None:
@@ -124,3 +124,16 @@ def test_stream_info_is_human_in_tables_and_raw_in_json(meta: str) -> None:
     assert "[" not in text.split("subscription")[-1]  # no raw position arrays
     assert yaml.safe_load(ok("stream", "info", "orders", "-o", "yaml",
                              "--members", meta)) == data
+
+
+def test_ledger_delete_asks_unless_yes(meta: str) -> None:
+    created = ok("ledger", "create", "-e", "1", "-w", "1", "-a", "1", "--members", meta)
+    ledger_id = created.split()[-1]
+    refused = subprocess.run([sys.executable, "-m", "quorumlog", "ledger", "delete", ledger_id,
+                              "--members", meta], input="n\n", capture_output=True,
+                             text=True, timeout=CLI_TIMEOUT_S, check=False)
+    assert refused.returncode == 1 and "delete ledger" in refused.stdout, refused
+    assert '"state"' in ok("ledger", "info", ledger_id, "--json", "--members", meta)
+    assert "deleted" in ok("ledger", "delete", ledger_id, "--yes", "--members", meta)
+    gone = cli("ledger", "info", ledger_id, "--members", meta)
+    assert gone.returncode == 1 and "Traceback" not in gone.stderr

@@ -13,12 +13,21 @@ import quorumlog
 from quorumlog.errors import QuorumlogError
 from quorumlog.log import configure
 
+EXIT_CODES_HELP = (
+    "Exit codes: 0 success; 1 the command failed (an error line says why), the thing "
+    "asked for is absent (meta get, table get, meta del of nothing), a compare failed "
+    "(meta txn, meta put --expect-version) or a confirmation was declined; 2 bad "
+    "command line (unknown command or option, bad option value). Destructive commands "
+    "ask first unless --yes: ledger delete, stream delete, stream unsubscribe, table drop, "
+    "meta del --prefix.")
+
 app = typer.Typer(
     name="quorumlog",
     help="quorumlog: replicated durable logs and key-value tables.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    epilog=EXIT_CODES_HELP,
 )
 
 err_console = Console(stderr=True)

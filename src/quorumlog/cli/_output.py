@@ -19,8 +19,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from quorumlog.errors import UsageError
-
 FORMATS = ("table", "wide", "json", "yaml")
 WIDE_WIDTH_MAX = 400  # characters: -o wide lines may exceed the terminal, not this
 
@@ -54,8 +52,8 @@ def field(name: str, fmt: Callable[[Any], str] = str, *, header: str | None = No
 
 def output_format(output: str, as_json: bool = False) -> str:
     chosen = "json" if as_json else output.strip().lower()
-    if chosen not in FORMATS:
-        raise UsageError(f"-o {output!r}: expected one of {', '.join(FORMATS)}")
+    if chosen not in FORMATS:  # exit code 2, as for every bad option value
+        raise typer.BadParameter(f"-o {output!r}: expected one of {', '.join(FORMATS)}")
     return chosen
 
 

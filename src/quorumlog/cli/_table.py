@@ -170,8 +170,12 @@ def schedule(members: str | None = MembersOption, directory: Path | None = DirOp
 
 @app.command()
 def drop(name: str, members: str | None = MembersOption,
-         directory: Path | None = DirOption) -> None:
-    """Drop a table (its replicas stop serving it)."""
+         directory: Path | None = DirOption,
+         yes: bool = typer.Option(False, "--yes", "-y",
+                                  help="Do not ask for confirmation.")) -> None:
+    """Drop a table (its replicas stop serving it and its data goes)."""
+    if not yes:
+        typer.confirm(f"drop table {name!r} and all its records?", abort=True)
     with _client(members, directory) as client:
         client.drop_table(name)
     console.print(f"dropped table {name!r}")
