@@ -9,9 +9,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-import quorumlog
 from quorumlog.errors import QuorumlogError
-from quorumlog.log import configure
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 success; 1 the command failed (an error line says why), the thing "
@@ -35,7 +33,9 @@ err_console = Console(stderr=True)
 
 def _version_callback(value: bool) -> None:
     if value:
-        typer.echo(f"quorumlog {quorumlog.__version__}")
+        from quorumlog import __version__
+
+        typer.echo(f"quorumlog {__version__}")
         raise typer.Exit()
 
 
@@ -53,6 +53,10 @@ def _root(
     ),
 ) -> None:
     """quorumlog: replicated durable logs and key-value tables."""
+    if "--help" in sys.argv[1:]:
+        return  # click runs this before a subcommand's --help: nothing to set up for help
+    from quorumlog.log import configure  # structlog: loaded by commands, not by --help
+
     configure(log_level)
     if security is not None:
         from quorumlog import config, rpc

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 from pathlib import Path
@@ -199,6 +198,8 @@ def watch(
                 seen += 1
                 if count and seen >= count:
                     return
+
+    import asyncio
 
     asyncio.run(main())
 
