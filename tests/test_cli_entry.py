@@ -29,3 +29,38 @@ def test_error_lines_keep_bracketed_config_sections(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False)
     assert result.returncode == 1
     assert "[security]" in result.stderr and "bogus" in result.stderr, result.stderr
+
+
+# Modules a command loads when it runs, never for --version or --help (issue 18:
+# every command took 0.9-1.3 s, --version 0.5 s, most of it these imports).
+HEAVY_MODULES = ("structlog", "msgspec", "rocksdict", "pyspark", "uvloop", "asyncio",
+                 "prometheus_client", "quorumlog.log", "quorumlog.wal",
+                 "quorumlog.rpc", "quorumlog.meta", "quorumlog.ledger", "quorumlog.stream",
+                 "quorumlog.table", "quorumlog.node", "quorumlog.bookie", "quorumlog.raft")
+CLI_FRAMEWORK = ("typer", "rich", "click")
+
+
+def imported_modules(*args: str) -> set[str]:
+    """Every module ``python -X importtime -m quorumlog ARGS`` imports (not a timing:
+    the names only)."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "quorumlog", *args],
+                          capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=True)
+    return {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines()
+            if line.startswith("import time:") and line.count("|") == 2} - {"package"}
+
+
+def loaded(modules: set[str], names: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if any(m == n or m.startswith(n + ".") for n in names))
+
+
+def test_version_and_help_load_no_component_or_heavy_library() -> None:
+    version = imported_modules("--version")
+    assert "quorumlog.cli" in version  # the parse found the module lines
+    # (importlib.metadata is not in the list: --version reads the version from it,
+    # and typer 0.29's pydantic adapter loads it for a subcommand's --help.)
+    assert loaded(version, HEAVY_MODULES + CLI_FRAMEWORK) == []
+    for args in (("--help",), ("status", "--help"), ("stream", "list", "--help"),
+                 ("wal", "inspect", "--help")):
+        modules = imported_modules(*args)
+        assert "typer" in modules, args
+        assert loaded(modules, HEAVY_MODULES) == [], args

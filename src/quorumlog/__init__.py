@@ -4,13 +4,23 @@ Public API of the top-level package: the version and the error tree.
 Components live in their own packages (``quorumlog.wal``, ``quorumlog.raft``, ...).
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from quorumlog.errors import InvariantViolation, QuorumlogError, invariant
 
-try:
-    __version__ = version("quorumlog")
-except PackageNotFoundError:  # running from a source tree without install
-    __version__ = "0.0.0+unknown"
+
+def __getattr__(name: str) -> Any:
+    """``__version__`` is read from the installed metadata on first use:
+    importlib.metadata costs about 50 ms, which every CLI command paid."""
+    if name != "__version__":
+        raise AttributeError(f"module 'quorumlog' has no attribute {name!r}")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        found = version("quorumlog")
+    except PackageNotFoundError:  # running from a source tree without install
+        found = "0.0.0+unknown"
+    globals()["__version__"] = found
+    return found
 
 __all__ = ["InvariantViolation", "QuorumlogError", "__version__", "invariant"]

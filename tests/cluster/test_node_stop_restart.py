@@ -93,3 +93,23 @@ def test_stop_one_node(one_node: tuple[Path, NodeInfo]) -> None:
 def test_stop_has_help() -> None:
     out = cli("stop", "--help")
     assert out.returncode == 0 and "--node" in out.stdout and "Stop one node" in out.stdout, out
+
+
+def test_node_stop_id_and_node_restart_id(one_node: tuple[Path, NodeInfo]) -> None:
+    """``quorumlog node stop ID`` / ``node restart ID`` beside ``stop --node ID``
+    (issue 18), while ``node --config FILE`` still runs a node."""
+    directory, node = one_node
+    stopped = cli("node", "stop", str(node.id), "--dir", str(directory))
+    assert stopped.returncode == 0 and f"node {node.id} stopped" in stopped.stdout, stopped
+    assert not alive(node.pid)
+    restarted = cli("node", "restart", str(node.id), "--dir", str(directory))
+    assert restarted.returncode == 0 and "serving" in restarted.stdout, restarted
+    assert cluster.status(directory)[0]["alive"]
+    unknown = cli("node", "stop", "9", "--dir", str(directory))
+    assert unknown.returncode == 1 and "no node 9" in unknown.stderr, unknown
+    bare = cli("node")
+    assert bare.returncode == 2 and "--config" in bare.stderr, bare
+    both = cli("node", "--config", "x.toml", "stop", "1")
+    assert both.returncode == 2 and "does not go with" in both.stderr, both
+    usage = cli("node", "--help").stdout
+    assert "--config" in usage and "stop" in usage and "restart" in usage, usage

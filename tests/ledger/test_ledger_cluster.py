@@ -339,6 +339,7 @@ def test_ledger_cli(four_nodes: Path) -> None:
     assert '"state": "CLOSED"' in result.stdout and '"last_entry_id": 2' in result.stdout
     result = _cli(four_nodes, "list", "--json")
     assert f'"id": {ledger_id},' in result.stdout
-    assert _cli(four_nodes, "delete", ledger_id).exit_code == 0
+    assert _cli(four_nodes, "delete", ledger_id).exit_code == 1  # asks; no answer: aborted
+    assert _cli(four_nodes, "delete", ledger_id, stdin="y\n").exit_code == 0
     result = _cli(four_nodes, "info", ledger_id)
     assert isinstance(result.exception, NoSuchLedgerError)

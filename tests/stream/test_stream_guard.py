@@ -251,7 +251,7 @@ def test_deleting_a_stream_ledger_needs_force(meta: list[str]) -> None:
 
     ledger_id = rpc.run(setup())
     members = ",".join(meta)
-    result = quorumlog("ledger", "delete", str(ledger_id), "--meta", members)
+    result = quorumlog("ledger", "delete", str(ledger_id), "--yes", "--meta", members)
     assert result.returncode == 1
     assert "stream 'owned'" in result.stderr and "--force" in result.stderr
 
@@ -261,7 +261,8 @@ def test_deleting_a_stream_ledger_needs_force(meta: list[str]) -> None:
             assert await values(client, "owned", 1) == [b"keep"]
 
     rpc.run(still_there())
-    result = quorumlog("ledger", "delete", str(ledger_id), "--meta", members, "--force")
+    result = quorumlog("ledger", "delete", str(ledger_id), "--yes", "--meta", members,
+                       "--force")
     assert result.returncode == 0, result.stderr
 
     async def gone() -> None:

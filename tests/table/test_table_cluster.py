@@ -140,7 +140,7 @@ def test_drop_removes_every_replica_group_and_its_files(cluster_dir: Path,
 def _cli(cluster_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "quorumlog", "table", *args, "--dir",
                            str(cluster_dir)], capture_output=True, text=True, timeout=60,
-                          check=False)
+                          check=False, stdin=subprocess.DEVNULL)
 
 
 def test_cli_commands(cluster_dir: Path) -> None:
@@ -157,7 +157,9 @@ def test_cli_commands(cluster_dir: Path) -> None:
     missing = _cli(cluster_dir, "get", "nope", "h", "s")
     assert missing.returncode == 1 and "no table 'nope'" in missing.stderr
     assert "Traceback" not in missing.stderr
-    assert _cli(cluster_dir, "drop", "cli").returncode == 0
+    refused = _cli(cluster_dir, "drop", "cli")  # no --yes and no answer on stdin
+    assert refused.returncode == 1 and "cli" in _cli(cluster_dir, "list").stdout
+    assert _cli(cluster_dir, "drop", "cli", "--yes").returncode == 0
     assert "cli" not in _cli(cluster_dir, "list").stdout.split()
 
 

@@ -9,9 +9,15 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-import quorumlog
 from quorumlog.errors import QuorumlogError
-from quorumlog.log import configure
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 success; 1 the command failed (an error line says why), the thing "
+    "asked for is absent (meta get, table get, meta del of nothing), a compare failed "
+    "(meta txn, meta put --expect-version) or a confirmation was declined; 2 bad "
+    "command line (unknown command or option, bad option value). Destructive commands "
+    "ask first unless --yes: ledger delete, stream delete, stream unsubscribe, table drop, "
+    "meta del --prefix.")
 
 app = typer.Typer(
     name="quorumlog",
@@ -19,6 +25,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    epilog=EXIT_CODES_HELP,
 )
 
 err_console = Console(stderr=True)
@@ -26,7 +33,9 @@ err_console = Console(stderr=True)
 
 def _version_callback(value: bool) -> None:
     if value:
-        typer.echo(f"quorumlog {quorumlog.__version__}")
+        from quorumlog import __version__
+
+        typer.echo(f"quorumlog {__version__}")
         raise typer.Exit()
 
 
@@ -44,6 +53,10 @@ def _root(
     ),
 ) -> None:
     """quorumlog: replicated durable logs and key-value tables."""
+    if "--help" in sys.argv[1:]:
+        return  # click runs this before a subcommand's --help: nothing to set up for help
+    from quorumlog.log import configure  # structlog: loaded by commands, not by --help
+
     configure(log_level)
     if security is not None:
         from quorumlog import config, rpc

@@ -34,11 +34,48 @@ def _dir(directory: Path | None) -> Path:
     return directory or DEFAULT_DIR
 
 
-def node(config: Path = typer.Option(..., "--config", help="The node's TOML config file.")) -> None:
-    """Run one node process (roles from its config) until SIGTERM."""
+node_app = typer.Typer(
+    help="Run a node process (--config), or stop/restart one node of the local cluster.",
+    invoke_without_command=True)
+
+
+@node_app.callback()
+def node(
+    ctx: typer.Context,
+    config: Path | None = typer.Option(None, "--config", help="The node's TOML config file."),
+) -> None:
+    """Run one node process (roles from its config) until SIGTERM:
+    ``quorumlog node --config node.toml``; ``node stop ID`` and ``node restart ID``
+    act on a node of the local cluster."""
+    if ctx.invoked_subcommand is not None:
+        if config is not None:
+            raise typer.BadParameter(f"--config runs a node; it does not go with "
+                                     f"'node {ctx.invoked_subcommand}'")
+        return
+    if config is None:
+        raise typer.BadParameter("give --config FILE to run a node, or a command: "
+                                 "node stop ID, node restart ID")
     from quorumlog.node import load_node_config, run_node
 
     run_node(load_node_config(config))
+
+
+@node_app.command("stop")
+def node_stop(
+    node_id: int = typer.Argument(..., help="The node id to stop."),
+    directory: Path | None = DirOption,
+) -> None:
+    """Stop one node of the local cluster (same as ``quorumlog stop --node ID``)."""
+    _stop(node_id, directory)
+
+
+@node_app.command("restart")
+def node_restart(
+    node_id: int = typer.Argument(..., help="The node id to start again."),
+    directory: Path | None = DirOption,
+) -> None:
+    """Start a stopped node again (same as ``quorumlog restart --node ID``)."""
+    _restart(node_id, directory)
 
 
 def up(
@@ -145,6 +182,10 @@ def restart(
     Waits until every role of the node answers; a node that exits during
     start-up is reported with its error line and a non-zero exit code.
     """
+    _restart(node_id, directory)
+
+
+def _restart(node_id: int, directory: Path | None) -> None:
     from quorumlog import node as cluster
 
     with console.status(f"starting node {node_id}, waiting until it serves..."):
@@ -160,7 +201,13 @@ def stop(
     """Stop one node of the local cluster (SIGTERM, then SIGKILL after a deadline).
 
     Its config and data stay; `quorumlog restart --node ID` starts it again.
+    Stopping a node that is not running is not an error (exit code 0), as with
+    `systemctl stop`.
     """
+    _stop(node_id, directory)
+
+
+def _stop(node_id: int, directory: Path | None) -> None:
     from quorumlog import node as cluster
 
     if cluster.stop_node(_dir(directory), node_id):
@@ -182,7 +229,7 @@ def register(app: typer.Typer) -> None:
     app.command("add-node")(add_node)
     app.command("restart")(restart)
     app.command("stop")(stop)
-    app.command("node")(node)
+    app.add_typer(node_app, name="node")
     app.command("up")(up)
     app.command("down")(down)
     app.command("status")(status)

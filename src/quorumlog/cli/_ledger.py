@@ -309,6 +309,7 @@ def delete(
     ledger_id: int = typer.Argument(..., help="The ledger to delete."),
     force: bool = typer.Option(False, "--force", help="Delete it even if it belongs to a "
                                "stream (the stream loses that data)."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
     meta: str | None = MembersOption,
     directory: Path | None = DirOption,
 ) -> None:
@@ -317,6 +318,8 @@ def delete(
     A ledger that belongs to a stream is refused (naming the stream) unless
     ``--force``: use ``quorumlog stream trim`` or ``stream delete`` instead.
     """
+    if not yes:
+        typer.confirm(f"delete ledger {ledger_id} and its entries?", abort=True)
     with _client(meta, directory) as client:
         client.delete_ledger(ledger_id, force=force)
     typer.echo(f"deleted ledger {ledger_id}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 from pathlib import Path
@@ -10,7 +9,15 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
+
+from quorumlog.cli._output import (
+    Column,
+    OutputOption,
+    emit,
+    field,
+    human_bytes,
+    output_format,
+)
 
 app = typer.Typer(help="Read and write the metadata service.", no_args_is_help=True)
 console = Console()
@@ -49,11 +56,6 @@ def _value_fields(value: bytes, encoding: str) -> dict[str, str]:
     if encoding == "hex":
         return {"value_hex": value.hex()}
     return {"value_base64": base64.b64encode(value).decode()}
-
-
-def _value_cell(value: bytes, encoding: str, width: int = 60) -> str:
-    (name, text), = _value_fields(value[:width], encoding).items()
-    return text if name == "value" else f"{name.removeprefix('value_')}:{text}"
 
 
 @app.command()
@@ -123,6 +125,25 @@ def put(
             console.print(f"ok, revision {meta.put(key, value.encode())}")
 
 
+def _kv_row(kv: Any, encoding: str) -> dict[str, Any]:
+    return {"key": kv.key, **_value_fields(kv.value, encoding), "version": kv.version,
+            "create_revision": kv.create_revision, "mod_revision": kv.mod_revision,
+            "session_id": kv.session_id, "size_bytes": len(kv.value)}
+
+
+def _value_column(encoding: str) -> Column:
+    def show(row: dict[str, Any]) -> str:
+        (name, text), = ((k, v) for k, v in row.items() if k.startswith("value"))
+        shown = text if len(text) <= VALUE_CELL_CHARS_MAX else text[:VALUE_CELL_CHARS_MAX] + "..."
+        return shown if name == "value" else f"{name.removeprefix('value_')}:{shown}"
+
+    return Column("value", show)
+
+
+# Characters of a value a table shows, "..." marking the cut (-o json has it all).
+VALUE_CELL_CHARS_MAX = 40
+
+
 @app.command("list")
 def list_(
     prefix: str,
@@ -130,19 +151,24 @@ def list_(
     directory: Path | None = DirOption,
     limit: int = typer.Option(1000, help="At most this many keys."),
     encoding: str = EncodingOption,
+    output: str = OutputOption,
 ) -> None:
-    """List keys under a prefix."""
+    """List keys under a prefix: value, version, size (-o wide|json|yaml for revisions
+    and sessions; json and yaml carry whole values)."""
     from quorumlog.meta import BlockingMetaClient
 
+    fmt = output_format(output)
     with BlockingMetaClient(_members(members, directory)) as meta:
         kvs = meta.list_keys(prefix, limit=limit)
-    table = Table(title=f"keys under {prefix!r}")
-    for col in ("key", "value", "version", "mod_revision", "session"):
-        table.add_column(col)
-    for kv in kvs:
-        table.add_row(kv.key, _value_cell(kv.value, encoding), str(kv.version),
-                      str(kv.mod_revision), str(kv.session_id or ""))
-    console.print(table)
+    rows = [_kv_row(kv, encoding) for kv in kvs]
+    columns = (
+        field("key", no_wrap=True), _value_column(encoding), field("version"),
+        field("size_bytes", human_bytes, header="size"),
+        field("create_revision", header="created rev", wide_only=True),
+        field("mod_revision", header="modified rev", wide_only=True),
+        field("session_id", lambda v: str(v or "-"), header="session", wide_only=True),
+    )
+    emit(console, fmt, "kvs", rows, columns, title=f"keys under {prefix!r}")
 
 
 @app.command()
@@ -173,6 +199,8 @@ def watch(
                 if count and seen >= count:
                     return
 
+    import asyncio
+
     asyncio.run(main())
 
 
@@ -193,7 +221,9 @@ def _change(action: str, node_id: int, address: str, members: str | None,
 def member_list(
     members: str | None = MembersOption,
     directory: Path | None = DirOption,
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    output: str = OutputOption,
+    as_json: bool = typer.Option(False, "--json", help="Print the JSON list it printed "
+                                 "before -o (-o json: under a \"members\" key)."),
 ) -> None:
     """List the meta members (voters and learners) with their state, as each one reports it.
 
@@ -205,6 +235,7 @@ def member_list(
     from quorumlog.errors import QuorumlogError
     from quorumlog.meta import MetaClient
 
+    fmt = output_format(output)
     addresses = _members(members, directory)
 
     async def main() -> list[dict[str, object]]:
@@ -239,15 +270,24 @@ def member_list(
     if as_json:
         typer.echo(json.dumps(rows))
         return
-    table = Table(title="meta members")
-    for col in ("id", "address", "kind", "role", "term", "applied", "revision"):
-        table.add_column(col, overflow="fold")
-    for row in rows:
-        role = str(row["role"]) + (" *" if row.get("leader") else "")
-        table.add_row(str(row["id"]), str(row["address"]), str(row["kind"]), role,
-                      str(row.get("term", "-")), str(row.get("applied_index", "-")),
-                      str(row.get("revision", "-")))
-    console.print(table)
+    emit(console, fmt, "members", rows, MEMBER_COLUMNS, title="meta members")
+
+
+def _role_cell(row: dict[str, Any]) -> str:
+    return str(row["role"]) + (" *" if row.get("leader") else "")
+
+
+MEMBER_COLUMNS = (
+    field("id", no_wrap=True),
+    field("address", no_wrap=True),
+    field("kind"),
+    Column("role", _role_cell),
+    field("term"),
+    field("applied_index", header="applied"),
+    field("commit_index", header="commit", wide_only=True),
+    field("revision", wide_only=True),
+    field("error", wide_only=True),
+)
 
 
 @member_app.command("add")

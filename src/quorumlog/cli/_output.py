@@ -19,8 +19,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from quorumlog.errors import UsageError
-
 FORMATS = ("table", "wide", "json", "yaml")
 WIDE_WIDTH_MAX = 400  # characters: -o wide lines may exceed the terminal, not this
 
@@ -54,8 +52,8 @@ def field(name: str, fmt: Callable[[Any], str] = str, *, header: str | None = No
 
 def output_format(output: str, as_json: bool = False) -> str:
     chosen = "json" if as_json else output.strip().lower()
-    if chosen not in FORMATS:
-        raise UsageError(f"-o {output!r}: expected one of {', '.join(FORMATS)}")
+    if chosen not in FORMATS:  # exit code 2, as for every bad option value
+        raise typer.BadParameter(f"-o {output!r}: expected one of {', '.join(FORMATS)}")
     return chosen
 
 
@@ -85,6 +83,17 @@ def emit(console: Console, fmt: str, key: str, rows: list[dict[str, Any]],
         console = Console(width=WIDE_WIDTH_MAX, force_terminal=console.is_terminal,
                           no_color=console.no_color)
     console.print(table)
+
+
+def emit_document(fmt: str, document: dict[str, Any]) -> None:
+    """Print one object (``info`` commands) as json or yaml, raw values."""
+    if fmt == "yaml":
+        import yaml
+
+        typer.echo(yaml.safe_dump(json.loads(json.dumps(document, default=str)),
+                                  sort_keys=False).rstrip())
+        return
+    typer.echo(json.dumps(document, default=str))
 
 
 def human_bytes(value: Any) -> str:
@@ -118,3 +127,59 @@ def human_age_ms(epoch_ms: Any, *, now_s: float | None = None) -> str:
 def joined(value: Any) -> str:
     """A list as ``a, b, c`` (a narrow column wraps between the items)."""
     return ", ".join(str(v) for v in value) if isinstance(value, list | tuple) else str(value)
+
+
+def human_duration_ms(value: Any) -> str:
+    """A duration in ms -> ``750 ms`` / ``45 s`` / ``10 min`` / ``4 h`` / ``7 d``;
+    negative -> ``no limit`` (retention's -1), ``0`` -> ``off``."""
+    ms = int(value)
+    if ms < 0:
+        return "no limit"
+    if ms == 0:
+        return "off"
+    for limit, unit, div in ((1000, "ms", 1), (120_000, "s", 1000), (7_200_000, "min", 60_000),
+                             (172_800_000, "h", 3_600_000)):
+        if ms < limit:
+            return f"{ms / div:g} {unit}" if ms % div == 0 else f"{ms / div:.1f} {unit}"
+    return f"{ms / 86_400_000:g} d" if ms % 86_400_000 == 0 else f"{ms / 86_400_000:.1f} d"
+
+
+def human_time_ms(epoch_ms: Any, *, now_s: float | None = None) -> str:
+    """Milliseconds since the epoch -> ``2024-05-01 12:00:03 (3 min ago)`` in local time;
+    0 (never) -> ``-``."""
+    if not epoch_ms:
+        return "-"
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(int(epoch_ms) / 1000))
+    return f"{stamp} ({human_age_ms(epoch_ms, now_s=now_s)})"
+
+
+def human_rate(value: Any, unit: str) -> str:
+    """``1234.5`` msg/s -> ``1,234.5 msg/s``; bytes -> ``1.2 MiB/s``."""
+    rate = float(value)
+    if unit == "B":
+        return f"{human_bytes(rate)}/s"
+    return f"{rate:,.1f} {unit}/s"
+
+
+def position_text(position: Any) -> str:
+    """A stream position as ``ledger:entry`` (``:batch`` when inside a batch), from a
+    Position/SeqPosition, its JSON dict, or the array a cursor state is stored as
+    (``[seq, entry, batch, ledger]``); None -> ``-``."""
+    if position is None:
+        return "-"
+    if isinstance(position, dict):
+        ledger, entry, batch = position["ledger"], position["entry"], position.get("batch", 0)
+    elif isinstance(position, list | tuple):
+        _, entry, batch, ledger = position
+    else:
+        ledger, entry, batch = position.ledger_id, position.entry_id, position.batch_index
+    return f"{ledger}:{entry}" + (f":{batch}" if batch else "")
+
+
+def position_json(position: Any) -> dict[str, int] | None:
+    """The stored array of a cursor position (``[seq, entry, batch, ledger]``) as
+    named fields for json/yaml output."""
+    if position is None:
+        return None
+    seq, entry, batch, ledger = position
+    return {"ledger": ledger, "entry": entry, "batch": batch, "seq": seq}

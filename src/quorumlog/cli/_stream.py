@@ -10,9 +10,24 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
 
 from quorumlog.cli._meta import DirOption, MembersOption, _members
+from quorumlog.cli._output import (
+    Column,
+    JsonFlag,
+    OutputOption,
+    emit,
+    emit_document,
+    field,
+    human_age_ms,
+    human_bytes,
+    human_duration_ms,
+    human_time_ms,
+    output_format,
+    position_json,
+    position_text,
+)
 
 app = typer.Typer(help="Streams made of ledgers (Pulsar-style topics).", no_args_is_help=True)
 console = Console()
@@ -72,19 +87,90 @@ def create(
     console.print(f"created stream {name!r} with {partitions} partition(s)")
 
 
+def _stream_row(record: Any) -> dict[str, Any]:
+    config = record.config
+    return {"name": record.name, "partitions": config.partitions,
+            "ensemble_size": config.ensemble_size, "write_quorum": config.write_quorum,
+            "ack_quorum": config.ack_quorum, "created_ms": record.created_ms,
+            "state": str(record.state.value),
+            "retention_time_ms": config.retention.time_ms,
+            "retention_size_bytes": config.retention.size_bytes,
+            "message_ttl_ms": config.retention.message_ttl_ms,
+            "rollover_entries": config.rollover.max_entries,
+            "rollover_bytes": config.rollover.max_bytes}
+
+
+def _size_limit(value: Any) -> str:
+    return "no limit" if int(value) < 0 else human_bytes(value)
+
+
+LIST_COLUMNS = (
+    field("name", no_wrap=True),
+    field("partitions", header="parts"),
+    Column("E/Qw/Qa", lambda r: f"{r['ensemble_size']}/{r['write_quorum']}/{r['ack_quorum']}"),
+    field("retention_time_ms", human_duration_ms, header="retention"),
+    field("created_ms", human_age_ms, header="created"),
+    field("state", wide_only=True),
+    field("retention_size_bytes", _size_limit, header="retention size", wide_only=True),
+    field("message_ttl_ms", human_duration_ms, header="ttl", wide_only=True),
+    field("rollover_entries", lambda v: f"{v:,}", header="rollover entries", wide_only=True),
+    field("rollover_bytes", human_bytes, header="rollover size", wide_only=True),
+)
+
+
 @app.command("list")
 def list_(
     members: str | None = MembersOption,
     directory: Path | None = DirOption,
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    output: str = OutputOption,
+    as_json: bool = typer.Option(False, "--json", help="Print the names as a JSON list "
+                                 "(the shape it had before -o; -o json has every field)."),
 ) -> None:
-    """List the streams."""
-    names: list[str] = _run(members, directory, lambda c: c.list_streams())
+    """List the streams: partitions, quorums, retention, age (-o wide|json|yaml for more)."""
+    fmt = output_format(output)
+
+    async def body(client: Any) -> list[dict[str, Any]]:
+        from quorumlog.stream import StreamNotFoundError
+
+        rows = []
+        for stream in await client.list_streams():
+            try:
+                rows.append(_stream_row(await client.get_stream(stream)))
+            except StreamNotFoundError:
+                continue  # deleted between the list and the get
+        return rows
+
+    rows: list[dict[str, Any]] = _run(members, directory, body)
     if as_json:
-        typer.echo(json.dumps(names))
+        typer.echo(json.dumps([row["name"] for row in rows]))
         return
-    for name in names:
-        typer.echo(name)
+    emit(console, fmt, "streams", rows, LIST_COLUMNS, title=f"{len(rows)} stream(s)")
+
+
+def _readable_info(data: dict[str, Any]) -> dict[str, Any]:
+    """``stream info`` data with cursor positions as named fields instead of the
+    arrays they are stored as (times stay in ms, sizes in bytes)."""
+    subscriptions = {
+        sub: {p: {**state, "mark_delete": position_json(state.get("mark_delete")),
+                  "start": position_json(state.get("start")),
+                  "ranges": [[position_json(a), position_json(b)]
+                             for a, b in state.get("ranges", [])]}
+              for p, state in per.items()}
+        for sub, per in data["subscriptions"].items()}
+    return {**data, "subscriptions": subscriptions}
+
+
+LEDGER_COLUMNS = (
+    field("partition", header="part"),
+    field("ledger_id", header="ledger", no_wrap=True),
+    field("status", missing="open"),
+    Column("entries", lambda r: f"{r.get('entries', 0):,}" if r.get("status") else "-"),
+    Column("size", lambda r: human_bytes(r.get("size_bytes", 0)) if r.get("status") else "-"),
+    field("last_publish_ms", human_age_ms, header="last publish"),
+    field("seq", wide_only=True),
+    field("first_publish_ms", human_time_ms, header="first publish", wide_only=True),
+    field("created_ms", human_time_ms, header="created", wide_only=True),
+)
 
 
 @app.command()
@@ -92,37 +178,47 @@ def info(
     name: str,
     members: str | None = MembersOption,
     directory: Path | None = DirOption,
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    output: str = OutputOption,
+    as_json: bool = JsonFlag,
 ) -> None:
-    """Show a stream's config, ledgers per partition and subscriptions."""
-    data: dict[str, Any] = _run(members, directory, lambda c: c.stream_info(name))
-    if as_json:
-        typer.echo(json.dumps(data, default=str))
+    """Show a stream's config, ledgers per partition and subscriptions.
+
+    Tables show sizes in KiB/MiB, times as ages and positions as
+    ``ledger:entry``; ``-o json``/``yaml`` keep bytes and ms.
+    """
+    fmt = output_format(output, as_json)
+    data: dict[str, Any] = _readable_info(_run(members, directory,
+                                               lambda c: c.stream_info(name)))
+    if fmt in ("json", "yaml"):
+        emit_document(fmt, data)
         return
     config = data["config"]
-    console.print(f"[bold]{name}[/]: {config['partitions']} partition(s), ledgers "
-                  f"E/Qw/Qa={config['ensemble_size']}/{config['write_quorum']}/"
-                  f"{config['ack_quorum']}, rollover {config['rollover']}, "
-                  f"retention {config['retention']}")
-    table = Table(title="ledgers")
-    for col in ("partition", "seq", "ledger", "status", "entries", "bytes", "first publish",
-                "last publish"):
-        table.add_column(col)
+    retention, rollover = config["retention"], config["rollover"]
+    console.print(
+        f"[bold]{escape(name)}[/]: {config['partitions']} partition(s), created "
+        f"{human_age_ms(data['created_ms'])}; ledgers E/Qw/Qa={config['ensemble_size']}/"
+        f"{config['write_quorum']}/{config['ack_quorum']}; rollover at "
+        f"{rollover['max_entries']:,} entries or {human_bytes(rollover['max_bytes'])} or "
+        f"{human_duration_ms(rollover['max_time_ms'])}; retention "
+        f"{human_duration_ms(retention['time_ms'])} / "
+        f"{_size_limit(retention['size_bytes'])}, ttl "
+        f"{human_duration_ms(retention['message_ttl_ms'])}")
     for part in data["partitions"]:
-        for ledger in part["ledgers"]:
-            table.add_row(str(part["partition"]), str(ledger["seq"]), str(ledger["ledger_id"]),
-                          ledger.get("status", "open"), str(ledger.get("entries", 0)),
-                          str(ledger.get("size_bytes", 0)),
-                          str(ledger.get("first_publish_ms", "")),
-                          str(ledger.get("last_publish_ms", "")))
-    console.print(table)
+        console.print(f"partition {part['partition']}: {part['ledger_count']} ledger(s), "
+                      f"{part['entries']:,} closed entries ({human_bytes(part['size_bytes'])})"
+                      f", {part['trimmed_entries']:,} trimmed, writer "
+                      f"{'connected' if part['writer'] else 'none'}")
+    rows = [{"partition": part["partition"], **ledger}
+            for part in data["partitions"] for ledger in part["ledgers"]]
+    emit(console, fmt, "ledgers", rows, LEDGER_COLUMNS, title="ledgers")
     for part in data["partitions"]:
         if part["ledger_count"] > len(part["ledgers"]):
             console.print(f"partition {part['partition']}: the last {len(part['ledgers'])} of "
                           f"{part['ledger_count']} ledgers shown")
     for sub, per in data["subscriptions"].items():
-        console.print(f"subscription {sub!r}: " + ", ".join(
-            f"p{p} mark-delete={state.get('mark_delete')}" for p, state in per.items()))
+        console.print(f"subscription {escape(sub)!r}: " + ", ".join(
+            f"p{p} mark-delete {position_text(state['mark_delete'])}, updated "
+            f"{human_age_ms(state.get('updated_ms'))}" for p, state in per.items()))
 
 
 @app.command()
@@ -290,9 +386,38 @@ def delete(
 
 
 def _position_text(position: Any) -> str:
-    if position is None:
-        return "-"
-    return f"{position.ledger_id}:{position.entry_id}:{position.batch_index}"
+    return position_text(None if position is None else position.position)
+
+
+def _subscription_row(sub: Any) -> dict[str, Any]:
+    return {"name": sub.name, "connected": sub.connected, "backlog_entries": sub.backlog_entries,
+            "updated_ms": max((p.updated_ms for p in sub.partitions), default=0),
+            "partitions": [{"partition": p.partition, "backlog_entries": p.backlog_entries,
+                            "mark_delete": None if p.mark_delete is None
+                            else p.mark_delete.position.to_json(),
+                            "start": None if p.start is None else p.start.position.to_json(),
+                            "updated_ms": p.updated_ms} for p in sub.partitions]}
+
+
+def _per_partition(show: Callable[[dict[str, Any]], str]) -> Callable[[Any], str]:
+    def cell(parts: Any) -> str:
+        return ", ".join(f"p{p['partition']} {show(p)}" for p in parts) or "-"
+
+    return cell
+
+
+SUBSCRIPTION_COLUMNS = (
+    field("name", header="subscription", no_wrap=True),
+    field("connected", lambda v: "yes" if v else "no"),
+    field("backlog_entries", lambda v: f"{v:,}", header="backlog"),
+    field("partitions", _per_partition(lambda p: position_text(p["mark_delete"])),
+          header="mark-delete"),
+    field("updated_ms", human_age_ms, header="acked"),
+    field("partitions", _per_partition(lambda p: f"{p['backlog_entries']:,}"),
+          header="backlog per partition", wide_only=True),
+    field("partitions", _per_partition(lambda p: position_text(p["start"])),
+          header="start", wide_only=True),
+)
 
 
 @app.command()
@@ -300,30 +425,23 @@ def subscriptions(
     name: str,
     members: str | None = MembersOption,
     directory: Path | None = DirOption,
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    output: str = OutputOption,
+    as_json: bool = typer.Option(False, "--json", help="Print the JSON list it printed "
+                                 "before -o (-o json: under a \"subscriptions\" key)."),
 ) -> None:
-    """List a stream's subscriptions: connected or not, backlog (entries), cursors."""
+    """List a stream's subscriptions: connected or not, backlog (entries), mark-delete
+    position per partition (ledger:entry), last acknowledgement."""
+    fmt = output_format(output)
     subs: list[Any] = _run(members, directory, lambda c: c.subscriptions(name))
+    rows = [_subscription_row(s) for s in subs]
     if as_json:
-        typer.echo(json.dumps([{
-            "name": s.name, "connected": s.connected, "backlog_entries": s.backlog_entries,
-            "partitions": [{"partition": p.partition, "backlog_entries": p.backlog_entries,
-                            "mark_delete": None if p.mark_delete is None
-                            else p.mark_delete.position.to_json(),
-                            "updated_ms": p.updated_ms} for p in s.partitions],
-        } for s in subs]))
+        typer.echo(json.dumps(rows))
         return
-    if not subs:
+    if not rows and fmt in ("table", "wide"):
         console.print(f"stream {name!r} has no subscriptions")
         return
-    table = Table(title=f"subscriptions of {name}")
-    for col in ("subscription", "connected", "backlog", "mark-delete (ledger:entry:batch)"):
-        table.add_column(col, overflow="fold")
-    for s in subs:
-        marks = ", ".join(f"p{p.partition} {_position_text(p.mark_delete)}"
-                          for p in s.partitions)
-        table.add_row(s.name, "yes" if s.connected else "no", f"{s.backlog_entries:,}", marks)
-    console.print(table)
+    emit(console, fmt, "subscriptions", rows, SUBSCRIPTION_COLUMNS,
+         title=f"subscriptions of {name}")
 
 
 @app.command()

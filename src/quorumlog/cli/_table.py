@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from quorumlog.cli._meta import DirOption, MembersOption, _members
+from quorumlog.cli._output import OutputOption as ListOutputOption
+from quorumlog.cli._output import emit, field, human_age_ms, human_time_ms, output_format
 
 if TYPE_CHECKING:
     from quorumlog.table import BlockingTableClient, TableLayout, TableScheduleResponse
@@ -49,17 +51,27 @@ def create(
                   f"{partitions} partition(s) x {replicas} replica(s)")
 
 
+LIST_COLUMNS = (
+    field("name", no_wrap=True),
+    field("table_id", header="id"),
+    field("partitions"),
+    field("replicas"),
+    field("created_ms", human_age_ms, header="created"),
+    field("created_ms", human_time_ms, header="created at", wide_only=True),
+)
+
+
 @app.command("list")
-def list_(members: str | None = MembersOption, directory: Path | None = DirOption) -> None:
-    """List the tables."""
+def list_(members: str | None = MembersOption, directory: Path | None = DirOption,
+          output: str = ListOutputOption) -> None:
+    """List the tables: id, partitions, replicas, age (-o wide|json|yaml)."""
+    fmt = output_format(output)
     with _client(members, directory) as client:
         layouts = client.list_tables()
-    table = Table("name", "id", "partitions", "replicas", "created_ms")
-    for layout in layouts:
-        r = layout.record
-        table.add_row(layout.name, str(r.table_id), str(r.partitions), str(r.replicas),
-                      str(r.created_ms))
-    console.print(table)
+    rows = [{"name": layout.name, "table_id": layout.record.table_id,
+             "partitions": layout.record.partitions, "replicas": layout.record.replicas,
+             "created_ms": layout.record.created_ms} for layout in layouts]
+    emit(console, fmt, "tables", rows, LIST_COLUMNS, title=f"{len(rows)} table(s)")
 
 
 OutputOption = typer.Option("table", "-o", "--output", help="table (rich, 80 columns) or json.")
@@ -158,8 +170,12 @@ def schedule(members: str | None = MembersOption, directory: Path | None = DirOp
 
 @app.command()
 def drop(name: str, members: str | None = MembersOption,
-         directory: Path | None = DirOption) -> None:
-    """Drop a table (its replicas stop serving it)."""
+         directory: Path | None = DirOption,
+         yes: bool = typer.Option(False, "--yes", "-y",
+                                  help="Do not ask for confirmation.")) -> None:
+    """Drop a table (its replicas stop serving it and its data goes)."""
+    if not yes:
+        typer.confirm(f"drop table {name!r} and all its records?", abort=True)
     with _client(members, directory) as client:
         client.drop_table(name)
     console.print(f"dropped table {name!r}")

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from quorumlog.errors import QuorumlogError
-from quorumlog.wal import RECORDS_LIMIT_DEFAULT, RecordInfo, WalReport, inspect, repair, verify
+
+if TYPE_CHECKING:  # imported by each command: `quorumlog --help` does not load the WAL
+    from quorumlog.wal import RecordInfo, WalReport
 
 app = typer.Typer(
     name="wal",
@@ -39,14 +42,19 @@ def _fail(message: str) -> typer.Exit:
 def inspect_command(
     directory: Path = _DIRECTORY,
     records: bool = typer.Option(False, "--records", help="Also list the records."),
-    limit: int = typer.Option(
-        RECORDS_LIMIT_DEFAULT, "--limit", min=1, help="List at most this many records."
-    ),
+    limit: int | None = typer.Option(
+        None, "--limit", min=1, show_default=False,
+        help="List at most this many records (default: quorumlog.wal.RECORDS_LIMIT_DEFAULT, "
+        "1,000)."),
 ) -> None:
     """Show each segment: records by type, first/last entry index, bytes, status.
 
     Read-only (no lock is taken). Exits 1 if the WAL does not verify.
     """
+    from quorumlog.wal import RECORDS_LIMIT_DEFAULT, inspect
+
+    if limit is None:
+        limit = RECORDS_LIMIT_DEFAULT
     report = inspect(directory, records_limit=limit if records else 0)
     if not report.segments:
         raise _fail(f"{directory} holds no WAL (no *.wal segment files)")
@@ -98,6 +106,8 @@ def verify_command(directory: Path = _DIRECTORY) -> None:
 
     Exit 0 if clean; exit 1 with the damaged file and byte offset otherwise.
     """
+    from quorumlog.wal import verify
+
     try:
         summary = verify(directory)
     except QuorumlogError as exc:
@@ -121,6 +131,8 @@ def repair_command(directory: Path = _DIRECTORY) -> None:
     Takes the WAL lock, so it fails while a process has the WAL open. Damage
     elsewhere cannot be repaired: exit 1 with the file and byte offset.
     """
+    from quorumlog.wal import repair
+
     try:
         report = repair(directory)
     except QuorumlogError as exc:
