@@ -4,14 +4,13 @@ shippers have not confirmed), and compaction resumes once the floor goes."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from quorumlog.raft import Entry
 from quorumlog.raft._driver import HostConfig
 
 from .driver_support import GROUP, Member, propose_retrying, run_cluster, wait_leader, wait_until
-from .test_driver_file_snapshots import group_dir, run_file_cluster
+from .test_driver_file_snapshots import run_file_cluster
 
 HELD_AT = 7
 
@@ -56,11 +55,15 @@ def retained(member: Member, lo: int, hi: int) -> list[Entry]:
 
 
 def test_a_member_rebuilt_from_a_snapshot_gets_the_log_after_the_floor(tmp_path: Path) -> None:
-    """Learn step back: a wiped member is sent the leader's snapshot (its log
-    starts past the floor) and still reads every entry after the floor, from
-    the log tail that came with the snapshot, also after a restart. Without
-    the tail its log starts at the snapshot index and the entries between the
-    floor and it are gone (CompactedError)."""
+    """Learn step back: a member that fell behind the floor is sent the leader's
+    snapshot (the leader's log starts after the floor) and still reads every
+    entry after the floor, from the log tail that came with the snapshot, also
+    after a restart. Without the tail its log starts at the snapshot index and
+    the entries between the floor and it are gone (CompactedError).
+
+    The member is stopped, not wiped: a wiped member that rejoins under its old
+    id is refused by design (the leader's commit is past its empty log: it lost
+    acknowledged entries, docs/meta.md), which made this test flaky."""
     floors: dict[int, int | None] = {GROUP: HELD_AT}
 
     async def body(members: list[Member]) -> None:
@@ -68,11 +71,11 @@ def test_a_member_rebuilt_from_a_snapshot_gets_the_log_after_the_floor(tmp_path:
             assert member.host is not None
             member.host.compaction_floor = floors.get
         leader = await wait_leader(members)
-        wiped = next(m for m in members if m is not leader)
-        await wiped.stop()
-        shutil.rmtree(group_dir(wiped))
-        shutil.rmtree(wiped.root / f"machine-{wiped.node_id}")
-        up = [m for m in members if m is not wiped]
+        behind = next(m for m in members if m is not leader)
+        assert behind.host is not None
+        assert behind.host.group(GROUP).storage.last_index() < HELD_AT
+        await behind.stop()
+        up = [m for m in members if m is not behind]
         for i in range(60):
             await propose_retrying(up, b"%d" % i)
         leader = await wait_leader(up)
@@ -80,21 +83,21 @@ def test_a_member_rebuilt_from_a_snapshot_gets_the_log_after_the_floor(tmp_path:
         await wait_until(lambda: leader.host is not None
                          and leader.host.group(GROUP).snapshot_index >= 40,
                          timeout_s=30, what="the leader took snapshots")
-        await wiped.start(None)
-        assert wiped.host is not None
-        wiped.host.compaction_floor = floors.get
-        await wait_until(lambda: wiped.host is not None
-                         and wiped.host.group(GROUP).snapshot_index >= 40,
-                         timeout_s=30, what="the wiped member installed a snapshot")
+        await behind.start(None)
+        assert behind.host is not None
+        behind.host.compaction_floor = floors.get
+        await wait_until(lambda: behind.host is not None
+                         and behind.host.group(GROUP).snapshot_index >= 40,
+                         timeout_s=30, what="the member behind installed a snapshot")
         for _ in range(2):  # as installed, then after a restart
-            assert wiped.host is not None
-            snapshot_index = wiped.host.group(GROUP).snapshot_index
-            assert wiped.host.group(GROUP).storage.first_index() > HELD_AT + 1
-            got = retained(wiped, HELD_AT + 1, snapshot_index + 1)
+            assert behind.host is not None
+            snapshot_index = behind.host.group(GROUP).snapshot_index
+            assert behind.host.group(GROUP).storage.first_index() > HELD_AT + 1
+            got = retained(behind, HELD_AT + 1, snapshot_index + 1)
             assert [e.index for e in got] == list(range(HELD_AT + 1, snapshot_index + 1))
             assert got == retained(leader, HELD_AT + 1, snapshot_index + 1)
-            await wiped.stop()
-            await wiped.start(None)
-            wiped.host.compaction_floor = floors.get  # type: ignore[union-attr]
+            await behind.stop()
+            await behind.start(None)
+            behind.host.compaction_floor = floors.get  # type: ignore[union-attr]
 
     run_file_cluster(tmp_path, body)
