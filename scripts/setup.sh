@@ -29,7 +29,8 @@ if ! command -v nft >/dev/null 2>&1; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     echo "setup: installing nftables (nft) for the network-namespace tests ..."
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >/dev/null 2>&1 \
-      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >/dev/null; }
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >/dev/null; } \
+      || echo "setup: could not install nftables: the network-namespace tests skip" >&2
   else
     echo "setup: no 'nft' on PATH: the network-namespace tests (tests/netns) skip" \
          "(Debian: apt-get install nftables, as root)" >&2
@@ -39,7 +40,8 @@ if ! command -v prometheus >/dev/null 2>&1; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     echo "setup: installing prometheus for the dashboard test (tests/observability) ..."
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null 2>&1 \
-      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; } \
+      || echo "setup: could not install prometheus: the dashboard test skips" >&2
   else
     echo "setup: no 'prometheus' on PATH: the dashboard test (tests/observability/test_prometheus.py)" \
          "skips (Debian: apt-get install prometheus, as root)" >&2
@@ -49,7 +51,8 @@ if ! command -v chromedriver >/dev/null 2>&1; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     echo "setup: installing chromium and chromium-driver for the console's browser test ..."
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 \
-      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } \
+      || echo "setup: could not install chromium chromium-driver: the console's browser test skips" >&2
   else
     echo "setup: no 'chromedriver' on PATH: the console's browser test (tests/console) skips" \
          "(Debian: apt-get install chromium chromium-driver, as root)" >&2
