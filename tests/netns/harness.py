@@ -32,12 +32,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -58,6 +60,7 @@ CLI_TIMEOUT_S = 60.0
 UP_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 10.0
 POLL_INTERVAL_S = 0.2
+DEADLINE_S = 60.0  # a test's wait for one state or one workload line
 FAULT_TABLE = "qlfault"
 # Small bookies and a short session TTL: the local cluster's settings.
 BOOKIE_TOML = LOCAL_BOOKIE_TOML
@@ -273,8 +276,13 @@ class NetnsCluster:
 
     def client_process(self, argv: Sequence[str]) -> subprocess.Popen[str]:
         """A Python program (``argv`` after the interpreter) started on the client host."""
+        return self.process_on(CLIENT, argv)
+
+    def process_on(self, host: int, argv: Sequence[str]) -> subprocess.Popen[str]:
+        """A Python program started on ``host`` (a node's namespace: a client beside
+        that node, on its side of a partition)."""
         return subprocess.Popen(
-            ["ip", "netns", "exec", self.namespace(CLIENT), sys.executable, *argv],
+            ["ip", "netns", "exec", self.namespace(host), sys.executable, *argv],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def status(self) -> list[dict[str, Any]]:
@@ -350,3 +358,49 @@ class NetnsCluster:
             script = (f"table inet {FAULT_TABLE}\ndelete table inet {FAULT_TABLE}\n"
                       f"table inet {FAULT_TABLE} {{\n{''.join(chains)}}}\n")
             run(["ip", "netns", "exec", self.namespace(host), "nft", "-f", "-"], stdin=script)
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = DEADLINE_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(POLL_INTERVAL_S)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+class LineReader:
+    """JSON lines of a workload's stdout, each awaited with a deadline."""
+
+    def __init__(self, proc: subprocess.Popen[str], cluster: NetnsCluster) -> None:
+        self.proc = proc
+        self.cluster = cluster
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def next(self, timeout_s: float = DEADLINE_S) -> dict[str, Any]:
+        line = self.lines.get(timeout=timeout_s)
+        if line is None:
+            stderr = self.proc.stderr.read() if self.proc.stderr else ""
+            raise AssertionError(f"workload ended early: {stderr[-3000:]}\n"
+                                 f"{self.cluster_events()}")
+        record: dict[str, Any] = json.loads(line)
+        return record
+
+    def cluster_events(self) -> str:
+        """The nodes' warnings and leadership/registration events, for a failure."""
+        keep = ("warning", "error", "raft_leader_changed", "bookie_registered",
+                "bookie_session")
+        out = []
+        for node_id in self.cluster.node_ids:
+            lines = [line[:300] for line in
+                     self.cluster.log_path(node_id).read_text(errors="replace").splitlines()
+                     if any(k in line for k in keep)]
+            out.append(f"node {node_id}:\n" + "\n".join(lines[-30:]))
+        return "\n".join(out)
