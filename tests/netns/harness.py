@@ -393,6 +393,18 @@ class LineReader:
         record: dict[str, Any] = json.loads(line)
         return record
 
+    def rest(self, timeout_s: float = DEADLINE_S) -> list[dict[str, Any]]:
+        """The lines up to the workload's end; it must exit 0 within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        records = []
+        while (line := self.lines.get(timeout=max(0.0, deadline - time.monotonic()))):
+            records.append(json.loads(line))
+        returncode = self.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        if returncode != 0:
+            stderr = self.proc.stderr.read() if self.proc.stderr else ""
+            raise AssertionError(f"workload exited {returncode}: {stderr[-3000:]}")
+        return records
+
     def cluster_events(self) -> str:
         """The nodes' warnings and leadership/registration events, for a failure."""
         keep = ("warning", "error", "raft_leader_changed", "bookie_registered",

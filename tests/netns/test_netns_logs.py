@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from .checker import LedgerHistory, check_ledger
+from .checker import LedgerHistory, StreamHistory, check_ledger, check_stream
 from .harness import CLIENT, LineReader, NetnsCluster
 
 WORKLOAD = str(Path(__file__).with_name("workload.py"))
@@ -119,8 +119,9 @@ def run_ledger(c: NetnsCluster, tmp_path: Path, faults: list[Fault]) -> None:
         out = LineReader(writer, c)
         first = out.next()
         ledger_id, run.ensemble = first["ledger"], first["ensemble"]
+        # The reader ends by itself once the ledger is closed and read to its end.
         reader = c.client_process([WORKLOAD, "ledger-reader", c.meta_members, str(ledger_id),
-                                   str(stop)])
+                                   str(tmp_path / "reader-never-stops")])
         procs.append(reader)
         run.wait_acks(out, ENTRIES_BETWEEN_FAULTS)
         for fault in faults:
@@ -141,7 +142,8 @@ def run_ledger(c: NetnsCluster, tmp_path: Path, faults: list[Fault]) -> None:
             run.take(out.next())
         c.heal()
         stop.touch()
-        assert writer.wait(timeout=PROCESS_EXIT_TIMEOUT_S) == 0
+        for line in out.rest(PROCESS_EXIT_TIMEOUT_S):
+            run.take(line)
         seen_lines = finish(reader)
         final_lines = finish(c.client_process([WORKLOAD, "ledger-final", c.meta_members,
                                                str(ledger_id)]))
@@ -180,3 +182,107 @@ def test_partitioned_ledger_writer_is_fenced_and_loses_nothing(
 def test_ledger_through_bookie_writer_and_meta_partitions(
         netns_cluster: NetnsCluster, tmp_path: Path) -> None:
     run_ledger(netns_cluster, tmp_path, faults=FAULTS * FAULT_ROUNDS)
+
+
+# -- streams ------------------------------------------------------------------
+
+@dataclass
+class ProducerRun:
+    """What one producer's lines said: sequence numbers acked / with unknown outcome."""
+
+    name: str
+    acked: list[int] = field(default_factory=list)
+    unknown: list[int] = field(default_factory=list)
+    fenced: bool = False
+
+    def take(self, record: dict[str, Any]) -> None:
+        if "acked" in record:
+            self.acked.append(record["acked"])
+        elif "unknown" in record:
+            self.unknown.append(record["unknown"])
+        if "fenced" in record:
+            self.fenced = True
+
+    def wait_acks(self, out: LineReader, count: int) -> None:
+        goal = len(self.acked) + count
+        while len(self.acked) < goal:
+            self.take(out.next())
+            assert not self.fenced, f"producer {self.name} fenced without a takeover"
+
+
+def parse_message(value: str) -> tuple[str, int]:
+    producer, seq = value.rsplit("-", 1)
+    return producer, int(seq)
+
+
+def run_stream(c: NetnsCluster, tmp_path: Path, faults: list[Fault]) -> None:
+    created = c.cli("stream", "create", STREAM, "--members", c.meta_members)
+    assert created.returncode == 0, created.stderr
+    stop = tmp_path / "stop"
+    first = c.client_process([WORKLOAD, "stream-producer", c.meta_members, STREAM, "p",
+                              str(stop)])
+    reader = c.client_process([WORKLOAD, "stream-reader", c.meta_members, STREAM, str(stop)])
+    procs = [first, reader]
+    p, q = ProducerRun("p"), ProducerRun("q")
+    try:
+        out = LineReader(first, c)
+        p.wait_acks(out, ENTRIES_BETWEEN_FAULTS)
+        for fault in faults:
+            fault.inject(c, stream_ensemble(c))
+            p.wait_acks(out, ENTRIES_BETWEEN_FAULTS)
+            c.heal()
+            p.wait_acks(out, ENTRIES_BETWEEN_FAULTS)
+        # The takeover: p is cut from a bookie of its ledger, and a producer
+        # beside that bookie steals the stream.
+        far = takeover_node(c, stream_ensemble(c))
+        c.partition([CLIENT], [far])
+        second = c.process_on(far, [WORKLOAD, "stream-producer", c.meta_members, STREAM, "q",
+                                    str(stop), "steal"])
+        procs.append(second)
+        q_out = LineReader(second, c)
+        q.wait_acks(q_out, ENTRIES_BETWEEN_FAULTS)
+        while not p.fenced:
+            p.take(out.next())
+        c.heal()
+        stop.touch()
+        for line in q_out.rest(PROCESS_EXIT_TIMEOUT_S):
+            q.take(line)
+        for line in out.rest(PROCESS_EXIT_TIMEOUT_S):
+            p.take(line)
+        reader_lines = finish(reader)
+        final = finish(c.client_process([WORKLOAD, "stream-final", c.meta_members, STREAM]))
+    finally:
+        kill(procs)
+    consumed = [parse_message(v) for v in final[-1]["consumed"]]
+    views: dict[int, list[tuple[str, int]]] = {}
+    for r in reader_lines:
+        if "seen" in r:
+            views.setdefault(r["reader"], []).append(parse_message(r["seen"]))
+    print(f"netns stream: p acked {len(p.acked)} ({len(p.unknown)} unknown), q acked "
+          f"{len(q.acked)} ({len(q.unknown)} unknown), {len(consumed)} consumed, readers saw "
+          f"{[len(v) for v in views.values()]}, {len(faults)} faults + takeover")
+    anomalies = check_stream(StreamHistory(
+        acked={"p": p.acked, "q": q.acked}, unknown={"p": p.unknown, "q": q.unknown},
+        consumed=consumed, seen=list(views.values())))
+    assert anomalies == [], anomalies
+    assert p.fenced and sum(len(v) for v in views.values()) > 0
+
+
+def stream_ensemble(c: NetnsCluster) -> list[str]:
+    """The bookies of the stream's last ledger (its open one)."""
+    info = c.cli("stream", "info", STREAM, "--members", c.meta_members, "--json")
+    assert info.returncode == 0, info.stderr
+    ledgers = json.loads(info.stdout)["partitions"][0]["ledgers"]
+    return current_ensemble(c, int(ledgers[-1]["ledger_id"]), [])
+
+
+def test_partitioned_producer_is_fenced_and_stream_loses_nothing(
+        netns_cluster: NetnsCluster, tmp_path: Path) -> None:
+    run_stream(netns_cluster, tmp_path, faults=[])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_stream_through_bookie_writer_and_meta_partitions(
+        netns_cluster: NetnsCluster, tmp_path: Path) -> None:
+    run_stream(netns_cluster, tmp_path, faults=FAULTS * FAULT_ROUNDS)
