@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .harness import DEADLINE_S, LineReader, NetnsCluster, wait_for
+from .harness import CLIENT, DEADLINE_S, LineReader, NetnsCluster, wait_for
 
 WORKLOAD = Path(__file__).with_name("workload.py")
 ENTRIES_BEFORE_FAULT = 30
@@ -105,3 +105,23 @@ def test_isolated_bookie_ensemble_change_loses_no_acknowledged_entry(
     read = c.cli("ledger", "read", str(ledger_id), "--members", c.meta_members)
     assert read.returncode == 0, read.stderr
     assert read.stdout.splitlines() == [f"entry-{i}" for i in acked]
+
+
+def test_client_cut_from_meta_leader_only_is_served_by_followers(
+        netns_cluster: NetnsCluster) -> None:
+    """The leader and its followers see each other; the client sees only the
+    followers (a broken link, a firewall). The followers pass its writes,
+    linearizable reads and keep-alives on to the leader, as ZooKeeper's and
+    etcd's do; before, they answered NotLeaderError pointing at the leader the
+    client cannot reach, and a ledger writer's ensemble change failed after its
+    whole deadline."""
+    c = netns_cluster
+    leader = c.leader()
+    assert leader is not None
+    c.partition([CLIENT], [leader])
+    put = c.cli("meta", "put", "/netns/cut", "v1", "--members", c.meta_members)
+    assert put.returncode == 0, put.stderr
+    got = c.cli("meta", "get", "/netns/cut", "--members", c.meta_members)
+    assert got.returncode == 0 and "v1" in got.stdout, got.stdout + got.stderr
+    c.heal()
+    assert c.leader() == leader, "the leader changed: the test did not test forwarding"
