@@ -61,9 +61,16 @@ def cut_writer_from_node(c: NetnsCluster, ensemble: list[str]) -> None:
     c.partition([CLIENT], [takeover_node(c, ensemble)])
 
 
+def cut_writer_from_meta_leader(c: NetnsCluster, ensemble: list[str]) -> None:
+    leader = c.leader()
+    assert leader is not None, "no meta leader before the fault"
+    c.partition([CLIENT], [leader])
+
+
 FAULTS = [Fault("isolate a bookie of the ensemble", isolate_bookie),
           Fault("isolate the meta leader", isolate_meta_leader),
-          Fault("cut the writer from a bookie of the ensemble", cut_writer_from_node)]
+          Fault("cut the writer from a bookie of the ensemble", cut_writer_from_node),
+          Fault("cut the writer from the meta leader", cut_writer_from_meta_leader)]
 
 
 def finish(proc: subprocess.Popen[str]) -> list[dict[str, Any]]:
@@ -221,7 +228,9 @@ def run_stream(c: NetnsCluster, tmp_path: Path, faults: list[Fault]) -> None:
     stop = tmp_path / "stop"
     first = c.client_process([WORKLOAD, "stream-producer", c.meta_members, STREAM, "p",
                               str(stop)])
-    reader = c.client_process([WORKLOAD, "stream-reader", c.meta_members, STREAM, str(stop)])
+    reader_stop = tmp_path / "reader-stop"
+    reader = c.client_process([WORKLOAD, "stream-reader", c.meta_members, STREAM,
+                               str(reader_stop)])
     procs = [first, reader]
     p, q = ProducerRun("p"), ProducerRun("q")
     try:
@@ -249,7 +258,18 @@ def run_stream(c: NetnsCluster, tmp_path: Path, faults: list[Fault]) -> None:
             q.take(line)
         for line in out.rest(PROCESS_EXIT_TIMEOUT_S):
             p.take(line)
-        reader_lines = finish(reader)
+        # The tailing reader catches up with everything acknowledged, then stops.
+        tail = LineReader(reader, c)
+        reader_lines: list[dict[str, Any]] = []
+        acked = {("p", s) for s in p.acked} | {("q", s) for s in q.acked}
+        seen: set[tuple[str, int]] = set()
+        while not acked <= seen:
+            line = tail.next()
+            reader_lines.append(line)
+            if "seen" in line:
+                seen.add(parse_message(line["seen"]))
+        reader_stop.touch()
+        reader_lines += tail.rest(PROCESS_EXIT_TIMEOUT_S)
         final = finish(c.client_process([WORKLOAD, "stream-final", c.meta_members, STREAM]))
     finally:
         kill(procs)
