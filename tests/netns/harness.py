@@ -138,7 +138,7 @@ def node_address(node_id: int) -> str:
     return SUBNET_PREFIX + str(NODE_ADDRESS_BASE + node_id)
 
 
-def node_toml(node_id: int, data_dir: Path, members: str) -> str:
+def node_toml(node_id: int, data_dir: Path, members: str, bootstrap: bool = True) -> str:
     host = node_address(node_id)
     return (
         f"[node]\nid = {node_id}\ndata_dir = \"{data_dir}\"\n"
@@ -146,7 +146,7 @@ def node_toml(node_id: int, data_dir: Path, members: str) -> str:
         f"metrics_listen = \"0.0.0.0:{METRICS_PORT}\"\n"
         f"metrics_advertise = \"{host}:{METRICS_PORT}\"\n"
         "roles = [\"meta\", \"bookie\"]\n\n"
-        f"[meta]\nmembers = [{members}]\nbootstrap = true\n\n"
+        f"[meta]\nmembers = [{members}]\nbootstrap = {str(bootstrap).lower()}\n\n"
         f"[bookie]\nlabels = {{ rack = \"rack-{node_id}\", zone = \"zone-1\" }}\n"
         + BOOKIE_TOML
     )
@@ -201,13 +201,36 @@ class NetnsCluster:
         run([*br, "link", "set", "br0", "up"])
         for host in [*self.node_ids, CLIENT]:
             self._add_host(host)
-        members = ", ".join(f'"{i}={self.rpc_address(i)}"' for i in self.node_ids)
         for node_id in self.node_ids:
-            node_dir = self.config_path(node_id).parent
-            node_dir.mkdir(parents=True, exist_ok=True)
-            self.config_path(node_id).write_text(node_toml(node_id, node_dir / "data", members))
+            self.write_config(node_id)
             self.start_node(node_id)
         self.wait_healthy(UP_TIMEOUT_S)
+
+    def write_config(self, node_id: int, *, bootstrap: bool = True) -> None:
+        """Node ``node_id``'s TOML, listing every node of the cluster as a meta member."""
+        members = ", ".join(f'"{i}={self.rpc_address(i)}"' for i in self.node_ids)
+        node_dir = self.config_path(node_id).parent
+        node_dir.mkdir(parents=True, exist_ok=True)
+        self.config_path(node_id).write_text(
+            node_toml(node_id, node_dir / "data", members, bootstrap))
+
+    def add_node(self, node_id: int) -> None:
+        """A new host joining a running cluster (docs/deploy.md, "Adding and removing
+        meta members"): its TOML lists the members plus itself, ``bootstrap = false``;
+        started, it waits to be added to the meta group."""
+        if node_id in self.node_ids or not 1 <= node_id <= NODES_MAX:
+            raise ValueError(f"node {node_id} exists or is out of 1..{NODES_MAX}")
+        self.node_ids.append(node_id)
+        self._add_host(node_id)
+        self.write_config(node_id, bootstrap=False)
+        self.start_node(node_id)
+
+    def remove_node(self, node_id: int) -> None:
+        """Stop node ``node_id`` and forget it (its namespace stays until close)."""
+        self.kill(node_id, signal.SIGTERM)
+        self.node_ids.remove(node_id)
+        del self.procs[node_id]
+        self._write_cluster_file()
 
     def _add_namespace(self, name: str) -> None:
         run(["ip", "netns", "add", name])
