@@ -1,4 +1,5 @@
-"""The ``netns_cluster`` fixture: three "hosts" in network namespaces (harness.py)."""
+"""The ``netns_cluster`` fixture: three "hosts" in network namespaces (harness.py);
+``netns_cluster4``: four (a 2|2 split leaves no side a meta majority)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,23 @@ import pytest
 from .harness import NetnsCluster, availability
 
 
-@pytest.fixture
-def netns_cluster(tmp_path: Path) -> Iterator[NetnsCluster]:
+def _cluster(directory: Path, nodes: int) -> Iterator[NetnsCluster]:
     reason = availability()
     if reason is not None:
         pytest.skip(reason)
-    cluster = NetnsCluster(tmp_path / "cluster", nodes=3)
+    cluster = NetnsCluster(directory, nodes=nodes)
     try:
         cluster.start()
         yield cluster
     finally:
         cluster.close()  # also when start() or the test failed
+
+
+@pytest.fixture
+def netns_cluster(tmp_path: Path) -> Iterator[NetnsCluster]:
+    yield from _cluster(tmp_path / "cluster", 3)
+
+
+@pytest.fixture
+def netns_cluster4(tmp_path: Path) -> Iterator[NetnsCluster]:
+    yield from _cluster(tmp_path / "cluster", 4)

@@ -32,12 +32,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -58,6 +60,7 @@ CLI_TIMEOUT_S = 60.0
 UP_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 10.0
 POLL_INTERVAL_S = 0.2
+DEADLINE_S = 60.0  # a test's wait for one state or one workload line
 FAULT_TABLE = "qlfault"
 # Small bookies and a short session TTL: the local cluster's settings.
 BOOKIE_TOML = LOCAL_BOOKIE_TOML
@@ -135,7 +138,7 @@ def node_address(node_id: int) -> str:
     return SUBNET_PREFIX + str(NODE_ADDRESS_BASE + node_id)
 
 
-def node_toml(node_id: int, data_dir: Path, members: str) -> str:
+def node_toml(node_id: int, data_dir: Path, members: str, bootstrap: bool = True) -> str:
     host = node_address(node_id)
     return (
         f"[node]\nid = {node_id}\ndata_dir = \"{data_dir}\"\n"
@@ -143,7 +146,7 @@ def node_toml(node_id: int, data_dir: Path, members: str) -> str:
         f"metrics_listen = \"0.0.0.0:{METRICS_PORT}\"\n"
         f"metrics_advertise = \"{host}:{METRICS_PORT}\"\n"
         "roles = [\"meta\", \"bookie\"]\n\n"
-        f"[meta]\nmembers = [{members}]\nbootstrap = true\n\n"
+        f"[meta]\nmembers = [{members}]\nbootstrap = {str(bootstrap).lower()}\n\n"
         f"[bookie]\nlabels = {{ rack = \"rack-{node_id}\", zone = \"zone-1\" }}\n"
         + BOOKIE_TOML
     )
@@ -198,13 +201,36 @@ class NetnsCluster:
         run([*br, "link", "set", "br0", "up"])
         for host in [*self.node_ids, CLIENT]:
             self._add_host(host)
-        members = ", ".join(f'"{i}={self.rpc_address(i)}"' for i in self.node_ids)
         for node_id in self.node_ids:
-            node_dir = self.config_path(node_id).parent
-            node_dir.mkdir(parents=True, exist_ok=True)
-            self.config_path(node_id).write_text(node_toml(node_id, node_dir / "data", members))
+            self.write_config(node_id)
             self.start_node(node_id)
         self.wait_healthy(UP_TIMEOUT_S)
+
+    def write_config(self, node_id: int, *, bootstrap: bool = True) -> None:
+        """Node ``node_id``'s TOML, listing every node of the cluster as a meta member."""
+        members = ", ".join(f'"{i}={self.rpc_address(i)}"' for i in self.node_ids)
+        node_dir = self.config_path(node_id).parent
+        node_dir.mkdir(parents=True, exist_ok=True)
+        self.config_path(node_id).write_text(
+            node_toml(node_id, node_dir / "data", members, bootstrap))
+
+    def add_node(self, node_id: int) -> None:
+        """A new host joining a running cluster (docs/deploy.md, "Adding and removing
+        meta members"): its TOML lists the members plus itself, ``bootstrap = false``;
+        started, it waits to be added to the meta group."""
+        if node_id in self.node_ids or not 1 <= node_id <= NODES_MAX:
+            raise ValueError(f"node {node_id} exists or is out of 1..{NODES_MAX}")
+        self.node_ids.append(node_id)
+        self._add_host(node_id)
+        self.write_config(node_id, bootstrap=False)
+        self.start_node(node_id)
+
+    def remove_node(self, node_id: int) -> None:
+        """Stop node ``node_id`` and forget it (its namespace stays until close)."""
+        self.kill(node_id, signal.SIGTERM)
+        self.node_ids.remove(node_id)
+        del self.procs[node_id]
+        self._write_cluster_file()
 
     def _add_namespace(self, name: str) -> None:
         run(["ip", "netns", "add", name])
@@ -273,8 +299,13 @@ class NetnsCluster:
 
     def client_process(self, argv: Sequence[str]) -> subprocess.Popen[str]:
         """A Python program (``argv`` after the interpreter) started on the client host."""
+        return self.process_on(CLIENT, argv)
+
+    def process_on(self, host: int, argv: Sequence[str]) -> subprocess.Popen[str]:
+        """A Python program started on ``host`` (a node's namespace: a client beside
+        that node, on its side of a partition)."""
         return subprocess.Popen(
-            ["ip", "netns", "exec", self.namespace(CLIENT), sys.executable, *argv],
+            ["ip", "netns", "exec", self.namespace(host), sys.executable, *argv],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def status(self) -> list[dict[str, Any]]:
@@ -350,3 +381,61 @@ class NetnsCluster:
             script = (f"table inet {FAULT_TABLE}\ndelete table inet {FAULT_TABLE}\n"
                       f"table inet {FAULT_TABLE} {{\n{''.join(chains)}}}\n")
             run(["ip", "netns", "exec", self.namespace(host), "nft", "-f", "-"], stdin=script)
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = DEADLINE_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(POLL_INTERVAL_S)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+class LineReader:
+    """JSON lines of a workload's stdout, each awaited with a deadline."""
+
+    def __init__(self, proc: subprocess.Popen[str], cluster: NetnsCluster) -> None:
+        self.proc = proc
+        self.cluster = cluster
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def next(self, timeout_s: float = DEADLINE_S) -> dict[str, Any]:
+        line = self.lines.get(timeout=timeout_s)
+        if line is None:
+            stderr = self.proc.stderr.read() if self.proc.stderr else ""
+            raise AssertionError(f"workload ended early: {stderr[-3000:]}\n"
+                                 f"{self.cluster_events()}")
+        record: dict[str, Any] = json.loads(line)
+        return record
+
+    def rest(self, timeout_s: float = DEADLINE_S) -> list[dict[str, Any]]:
+        """The lines up to the workload's end; it must exit 0 within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        records = []
+        while (line := self.lines.get(timeout=max(0.0, deadline - time.monotonic()))):
+            records.append(json.loads(line))
+        returncode = self.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        if returncode != 0:
+            stderr = self.proc.stderr.read() if self.proc.stderr else ""
+            raise AssertionError(f"workload exited {returncode}: {stderr[-3000:]}")
+        return records
+
+    def cluster_events(self) -> str:
+        """The nodes' warnings and leadership/registration events, for a failure."""
+        keep = ("warning", "error", "raft_leader_changed", "bookie_registered",
+                "bookie_session")
+        out = []
+        for node_id in self.cluster.node_ids:
+            lines = [line[:300] for line in
+                     self.cluster.log_path(node_id).read_text(errors="replace").splitlines()
+                     if any(k in line for k in keep)]
+            out.append(f"node {node_id}:\n" + "\n".join(lines[-30:]))
+        return "\n".join(out)

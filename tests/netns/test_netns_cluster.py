@@ -4,18 +4,10 @@ and advertising its own 10.77.0.x address, with real network faults."""
 from __future__ import annotations
 
 import json
-import queue
-import subprocess
-import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from .harness import NetnsCluster
+from .harness import CLIENT, DEADLINE_S, LineReader, NetnsCluster, wait_for
 
-DEADLINE_S = 60.0
-POLL_INTERVAL_S = 0.2
 WORKLOAD = Path(__file__).with_name("workload.py")
 ENTRIES_BEFORE_FAULT = 30
 ENTRIES_AFTER_FAULT = 30
@@ -56,15 +48,6 @@ def test_three_hosts_serve_meta_ledgers_and_streams_on_advertised_addresses(
     assert values == ["a", "b", "c"]
 
 
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(POLL_INTERVAL_S)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
 def test_isolated_meta_leader_is_replaced_and_rejoins_after_heal(
         netns_cluster: NetnsCluster) -> None:
     c = netns_cluster
@@ -86,43 +69,6 @@ def test_isolated_meta_leader_is_replaced_and_rejoins_after_heal(
     rows = {r["id"]: r for r in c.status()}
     assert rows[old]["meta_role"] == "follower", rows[old]
     assert len({r["leader"] for r in rows.values()}) == 1, rows
-
-
-class LineReader:
-    """JSON lines of a workload's stdout, each awaited with a deadline."""
-
-    def __init__(self, proc: subprocess.Popen[str], cluster: NetnsCluster) -> None:
-        self.proc = proc
-        self.cluster = cluster
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line)
-        self.lines.put(None)
-
-    def next(self, timeout_s: float = DEADLINE_S) -> dict[str, Any]:
-        line = self.lines.get(timeout=timeout_s)
-        if line is None:
-            stderr = self.proc.stderr.read() if self.proc.stderr else ""
-            raise AssertionError(f"workload ended early: {stderr[-3000:]}\n"
-                                 f"{self.cluster_events()}")
-        record: dict[str, Any] = json.loads(line)
-        return record
-
-    def cluster_events(self) -> str:
-        """The nodes' warnings and leadership/registration events, for a failure."""
-        keep = ("warning", "error", "raft_leader_changed", "bookie_registered",
-                "bookie_session")
-        out = []
-        for node_id in self.cluster.node_ids:
-            lines = [line[:300] for line in
-                     self.cluster.log_path(node_id).read_text(errors="replace").splitlines()
-                     if any(k in line for k in keep)]
-            out.append(f"node {node_id}:\n" + "\n".join(lines[-30:]))
-        return "\n".join(out)
 
 
 def test_isolated_bookie_ensemble_change_loses_no_acknowledged_entry(
@@ -159,3 +105,25 @@ def test_isolated_bookie_ensemble_change_loses_no_acknowledged_entry(
     read = c.cli("ledger", "read", str(ledger_id), "--members", c.meta_members)
     assert read.returncode == 0, read.stderr
     assert read.stdout.splitlines() == [f"entry-{i}" for i in acked]
+
+
+def test_client_cut_from_meta_leader_only_is_served_by_followers(
+        netns_cluster: NetnsCluster) -> None:
+    """The leader and its followers see each other; the client sees only the
+    followers (a broken link, a firewall). The followers pass its writes,
+    linearizable reads and keep-alives on to the leader, as ZooKeeper's and
+    etcd's do; before, they answered NotLeaderError pointing at the leader the
+    client cannot reach, and a ledger writer's ensemble change failed after its
+    whole deadline."""
+    c = netns_cluster
+    leader = c.leader()
+    assert leader is not None
+    c.partition([CLIENT], [leader])
+    # Followers first: the client asks one of them (not a timeout on the leader first).
+    members = ",".join(c.rpc_address(i) for i in sorted(c.node_ids, key=lambda i: i == leader))
+    put = c.cli("meta", "put", "/netns/cut", "v1", "--members", members)
+    assert put.returncode == 0, put.stderr
+    got = c.cli("meta", "get", "/netns/cut", "--members", members)
+    assert got.returncode == 0 and "v1" in got.stdout, got.stdout + got.stderr
+    c.heal()
+    assert c.leader() == leader, "the leader changed: the test did not test forwarding"

@@ -1,19 +1,23 @@
-"""Jepsen-style meta run: concurrent put/get/CAS clients on the client host while
-the meta leader is repeatedly cut off from everyone and healed; the history
-must be linearizable (quorumlog.sim.check_history). Slow: ``pytest -m slow
-tests/netns``."""
+"""Jepsen-style meta runs: concurrent put/get/CAS clients on the client host while
+the meta leader is repeatedly cut off from everyone and healed (three hosts),
+or while four hosts are split 2|2 and the leader goes deaf or mute (one-way
+loss); the history must be linearizable (quorumlog.sim.check_history). Slow:
+``pytest -m slow tests/netns``; docs/jepsen.md."""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from quorumlog.sim import Operation, OpKind, Verdict, check_history
 
-from .harness import NetnsCluster
+from .harness import CLIENT, NetnsCluster
 
 PARTITION_ROUNDS = 4
 PARTITION_HOLD_S = 6.0  # several election timeouts (1 s) inside a partition
@@ -60,5 +64,103 @@ def test_meta_linearizable_through_leader_partitions(netns_cluster: NetnsCluster
           f"{faults} leader partitions")
     assert faults >= PARTITION_ROUNDS - 1
     assert len(known) > 100, f"too few operations completed: {len(known)}"
+    result = check_history(history, time_limit_s=CHECK_TIME_LIMIT_S)
+    assert result.verdict is Verdict.OK, result.explanation
+
+
+# -- 2|2 split and one-way loss on four hosts ----------------------------------
+
+SPLIT_HOLD_S = 8.0
+ONE_WAY_HOLD_S = 10.0
+# After a fault starts, a leader may still serve lease reads (its lease is shorter
+# than an election timeout) and requests already sent may still be answered.
+FAULT_GRACE_S = 3.0
+SPLIT_ROUNDS = 2
+
+
+@dataclass
+class Window:
+    """A fault in force from ``start`` to ``end`` (time.monotonic, shared with the
+    client host: namespaces do not change the monotonic clock)."""
+
+    name: str
+    start: float
+    end: float = 0.0
+
+    def completed_inside(self, history: list[Operation]) -> list[Operation]:
+        """Operations sent after the grace and answered while the fault held (a get
+        is recorded only when answered; a put or CAS has ``ret`` None when not)."""
+        return [op for op in history
+                if op.ret is not None and op.call >= self.start + FAULT_GRACE_S
+                and op.ret <= self.end]
+
+
+def deaf(c: NetnsCluster, node: int) -> None:
+    """``node`` sends to everyone but receives from no one."""
+    for other in [*c.node_ids, CLIENT]:
+        if other != node:
+            c.one_way_loss(other, node)
+
+
+def mute(c: NetnsCluster, node: int) -> None:
+    """``node`` receives from everyone but nothing it sends arrives."""
+    for other in [*c.node_ids, CLIENT]:
+        if other != node:
+            c.one_way_loss(node, other)
+
+
+def hold(c: NetnsCluster, windows: list[Window], name: str, seconds: float,
+         inject: Callable[[], None]) -> None:
+    window = Window(name, time.monotonic())
+    inject()
+    time.sleep(seconds)  # the fault's duration is the run's schedule, not a wait for state
+    c.heal()
+    window.end = time.monotonic()
+    windows.append(window)
+    time.sleep(HEALED_HOLD_S)
+
+
+def leader_of(c: NetnsCluster) -> int:
+    leader = c.leader()
+    assert leader is not None, "no meta leader between faults"
+    return leader
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_meta_through_two_two_split_and_one_way_loss(netns_cluster4: NetnsCluster) -> None:
+    """Four members: a 2|2 split (the client with one half) leaves no side a
+    majority, so nothing succeeds there and nothing is lost; a deaf leader
+    (sends heartbeats, hears nothing) and a mute one (hears, cannot send) are
+    replaced and the group stays available. The history is linearizable."""
+    c = netns_cluster4
+    per_round = (SPLIT_HOLD_S + 2 * ONE_WAY_HOLD_S + 3 * HEALED_HOLD_S) * 1.5
+    seconds = SPLIT_ROUNDS * per_round + HEALED_HOLD_S
+    proc = c.client_process([str(WORKLOAD), "meta", c.meta_members, str(seconds), str(CLIENTS)])
+    windows: list[Window] = []
+    try:
+        time.sleep(HEALED_HOLD_S)
+        for _ in range(SPLIT_ROUNDS):
+            hold(c, windows, "2|2 split", SPLIT_HOLD_S,
+                 lambda: c.partition([1, 2, CLIENT], [3, 4]))
+            hold(c, windows, "deaf leader", ONE_WAY_HOLD_S, partial(deaf, c, leader_of(c)))
+            hold(c, windows, "mute leader", ONE_WAY_HOLD_S, partial(mute, c, leader_of(c)))
+        stdout, stderr = proc.communicate(timeout=seconds + 120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr[-3000:]
+    history = [to_operation(op) for op in json.loads(stdout.splitlines()[-1])["history"]]
+    known = [op for op in history if op.outcome_known]
+    counts = {f"{w.name} #{i}": len(w.completed_inside(history)) for i, w in enumerate(windows)}
+    print(f"netns jepsen meta 4 hosts: {len(history)} operations ({len(known)} with a known "
+          f"outcome), {len(windows)} faults; operations completed inside each: {counts}")
+    for i, window in enumerate(windows):
+        done = window.completed_inside(history)
+        if window.name == "2|2 split":
+            assert done == [], f"{window.name} #{i}: the minority side answered {done[:3]}"
+        else:
+            assert done, f"{window.name} #{i}: meta unavailable while the fault held"
     result = check_history(history, time_limit_s=CHECK_TIME_LIMIT_S)
     assert result.verdict is Verdict.OK, result.explanation

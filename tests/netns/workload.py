@@ -8,11 +8,46 @@ close and print ``{"closed": last_entry_id, "ensembles": [[first, [bookies]]...]
 
 ``meta MEMBERS SECONDS CLIENTS``: concurrent put/get/CAS clients for SECONDS;
 print ``{"history": [...]}`` (quorumlog.sim.Operation fields).
+
+The Jepsen-style ledger and stream runs (test_netns_logs.py, checked by
+checker.py) use:
+
+``ledger-writer MEMBERS STOP_FILE``: like ``ledger``, but prints the content of
+each acknowledged entry (``{"acked": id, "value": ...}``); a failed append
+prints ``{"failed": error class, "message": ...}`` and ends the writing (a
+handle whose append failed takes no more appends), without closing.
+
+``ledger-reader MEMBERS LEDGER STOP_FILE``: tail the open ledger (never with
+recovery) and print ``{"seen": id, "value": ...}`` for every entry, in order,
+until the ledger is closed and read to its end or STOP_FILE exists; an error
+prints ``{"reader_error": ...}`` and the reader opens the ledger again and goes
+on after the last entry it saw.
+
+``ledger-recover MEMBERS LEDGER``: open with recovery (fence, settle, close),
+retrying until it succeeds; print ``{"recovered": last_entry_id}``.
+
+``ledger-final MEMBERS LEDGER``: open with recovery and print
+``{"final": [values...]}``: the whole ledger.
+
+``stream-producer MEMBERS STREAM NAME STOP_FILE [steal]``: (with ``steal``, take
+the stream over from a live producer at once) send ``NAME-SEQ`` messages
+one at a time, printing ``{"acked": seq}`` or ``{"unknown": seq, "error": ...}``
+(never resent); after an error it opens a new producer (``steal=True``),
+except after ProducerFencedError (another producer took the stream over): it
+prints ``{"fenced": seq}`` and sends no more.
+
+``stream-reader MEMBERS STREAM STOP_FILE``: tail from the earliest message,
+printing ``{"seen": value, "reader": n}``; after an error, reader n + 1 starts
+again from the earliest (each reader's view is checked on its own).
+
+``stream-final MEMBERS STREAM``: read everything from the earliest message
+until the stream is quiet; print ``{"consumed": [values...]}``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import sys
@@ -21,13 +56,18 @@ from pathlib import Path
 
 from quorumlog import rpc
 from quorumlog.errors import QuorumlogError
-from quorumlog.ledger import BlockingLedgerClient
+from quorumlog.ledger import BlockingLedgerClient, BlockingReadHandle
 from quorumlog.meta import Compare, CompareTarget, MetaClient, PutOp
+from quorumlog.stream import BlockingProducer, BlockingStreamClient, ProducerFencedError
 
 ENTRIES_MAX = 20_000
 APPEND_INTERVAL_S = 0.01  # pacing of the writer, so a run stays small
 META_KEYS = ("k0", "k1", "k2")
 META_DEADLINE_S = 8.0
+RETRY_INTERVAL_S = 0.2  # between attempts of a reader or recovery that failed
+RECOVER_DEADLINE_S = 60.0
+TAIL_WAIT_MS = 500
+QUIET_WAIT_MS = 3000  # the final stream read ends after this long without a message
 
 
 def emit(obj: object) -> None:
@@ -106,12 +146,156 @@ def meta_workload(members: list[str], seconds: float, clients: int) -> None:
     emit({"history": history})
 
 
+def failure(error: QuorumlogError) -> dict[str, str]:
+    return {"error": type(error).__name__, "message": str(error)[:300]}
+
+
+def ledger_writer(members: list[str], stop_file: Path) -> None:
+    with BlockingLedgerClient(members) as client:
+        writer = client.create_ledger(2, 2, 2)
+        emit({"ledger": writer.id, "ensemble": list(writer.metadata.ensembles[-1].bookies)})
+        for i in range(ENTRIES_MAX):
+            if stop_file.exists():
+                break
+            value = f"entry-{i}"
+            try:
+                entry_id = writer.append(value.encode())
+            except QuorumlogError as e:
+                emit({"failed": i, **failure(e)})
+                return
+            emit({"acked": entry_id, "value": value})
+            time.sleep(APPEND_INTERVAL_S)
+        writer.close()
+        emit({"closed": writer.last_add_confirmed,
+              "ensembles": [[f.first_entry_id, list(f.bookies)]
+                            for f in writer.metadata.ensembles]})
+
+
+def ledger_reader(members: list[str], ledger_id: int, stop_file: Path) -> None:
+    last = -1
+    with BlockingLedgerClient(members) as client:
+        while not stop_file.exists():
+            try:
+                reader = client.open_ledger(ledger_id, recovery=False)
+                last = _tail(reader, last, stop_file)
+                if reader.is_closed and last >= reader.last_add_confirmed:
+                    emit({"reader_done": last})
+                    return
+            except QuorumlogError as e:
+                emit({"reader_error": failure(e)})
+                time.sleep(RETRY_INTERVAL_S)
+
+
+def _tail(reader: BlockingReadHandle, last: int, stop_file: Path) -> int:
+    """Entries after ``last`` until the ledger is closed and read or STOP_FILE."""
+    while not stop_file.exists():
+        entry = reader.wait_for_entry(last, TAIL_WAIT_MS)
+        if entry is None:
+            if reader.is_closed and last >= reader.last_add_confirmed:
+                break
+            continue
+        last = entry.entry_id
+        emit({"seen": last, "value": entry.payload.decode()})
+    return last
+
+
+def ledger_recover(members: list[str], ledger_id: int) -> None:
+    deadline = time.monotonic() + RECOVER_DEADLINE_S
+    with BlockingLedgerClient(members) as client:
+        while True:
+            try:
+                handle = client.open_ledger(ledger_id, recovery=True)
+            except QuorumlogError as e:
+                if time.monotonic() > deadline:
+                    raise
+                emit({"recover_error": failure(e)})
+                time.sleep(RETRY_INTERVAL_S)
+                continue
+            emit({"recovered": handle.last_add_confirmed})
+            return
+
+
+def ledger_final(members: list[str], ledger_id: int) -> None:
+    with BlockingLedgerClient(members) as client:
+        handle = client.open_ledger(ledger_id, recovery=True)
+        values = [e.payload.decode() for e in handle.read(0, handle.last_add_confirmed)]
+        emit({"final": values})
+
+
+def stream_producer(members: list[str], stream: str, name: str, stop_file: Path,
+                    steal: bool) -> None:
+    with BlockingStreamClient(members) as client:
+        producer: BlockingProducer | None = None
+        seq = 0
+        while not stop_file.exists():
+            try:
+                if producer is None:
+                    producer = client.producer(stream, steal=steal or seq > 0)
+                    emit({"producer": seq})
+                producer.send(f"{name}-{seq}".encode())
+                emit({"acked": seq})
+            except ProducerFencedError as e:
+                emit({"unknown": seq, **failure(e)})
+                emit({"fenced": seq})
+                break
+            except QuorumlogError as e:
+                emit({"unknown": seq, **failure(e)})
+                if producer is not None:
+                    with contextlib.suppress(QuorumlogError):
+                        producer.close()
+                    producer = None
+                time.sleep(RETRY_INTERVAL_S)
+            seq += 1
+            time.sleep(APPEND_INTERVAL_S)
+        if producer is not None:
+            with contextlib.suppress(QuorumlogError):
+                producer.close()
+
+
+def stream_reader(members: list[str], stream: str, stop_file: Path) -> None:
+    with BlockingStreamClient(members) as client:
+        incarnation = 0
+        while not stop_file.exists():
+            try:
+                with client.reader(stream, "earliest") as reader:
+                    while not stop_file.exists():
+                        message = reader.read_next(TAIL_WAIT_MS)
+                        if message is not None:
+                            emit({"seen": message.value.decode(), "reader": incarnation})
+            except QuorumlogError as e:
+                emit({"reader_error": failure(e)})
+                incarnation += 1
+                time.sleep(RETRY_INTERVAL_S)
+
+
+def stream_final(members: list[str], stream: str) -> None:
+    with BlockingStreamClient(members) as client, client.reader(stream, "earliest") as reader:
+        values = []
+        while (message := reader.read_next(QUIET_WAIT_MS)) is not None:
+            values.append(message.value.decode())
+        emit({"consumed": values})
+
+
 def main(argv: list[str]) -> None:
     mode, members = argv[0], argv[1].split(",")
     if mode == "ledger":
         ledger_workload(members, Path(argv[2]))
     elif mode == "meta":
         meta_workload(members, float(argv[2]), int(argv[3]))
+    elif mode == "ledger-writer":
+        ledger_writer(members, Path(argv[2]))
+    elif mode == "ledger-reader":
+        ledger_reader(members, int(argv[2]), Path(argv[3]))
+    elif mode == "ledger-recover":
+        ledger_recover(members, int(argv[2]))
+    elif mode == "ledger-final":
+        ledger_final(members, int(argv[2]))
+    elif mode == "stream-producer":
+        stream_producer(members, argv[2], argv[3], Path(argv[4]), argv[5:] == ["steal"])
+    elif mode == "stream-reader":
+        stream_reader(members, argv[2], Path(argv[3]))
+    elif mode == "stream-final":
+        stream_final(members, argv[2])
     else:
         raise SystemExit(f"unknown workload {mode!r}")
 

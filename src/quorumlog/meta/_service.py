@@ -14,8 +14,16 @@ answers at once if it has some, or parks the request until one applies or the
 wait times out. Resuming after a reconnect is asking again from the last
 revision seen + 1, on any member.
 
-A member that is not the leader answers writes and linearizable reads with
-NotLeaderError carrying the leader's address; clients follow it.
+A member that is not the leader passes writes, linearizable reads and session
+keep-alives on to the leader it knows and relays the answer (as ZooKeeper
+followers and etcd members do), so a client that reaches any member is served
+while it cannot reach the leader itself (a partition between the client and
+the leader only). A request is passed on once at most (``forwarded``): a member
+that gets a forwarded request and is not the leader, or that knows no leader,
+answers NotLeaderError carrying the leader's address, and clients follow it.
+Forwarding changes no outcome: a write carries its session and sequence
+number, so a write that reaches the log twice (a retry after a forward whose
+answer was lost) is applied once.
 """
 
 from __future__ import annotations
@@ -98,6 +106,7 @@ class MetaWriteResponse(rpc.Message, frozen=True):
 class MetaWriteRequest(rpc.Request[MetaWriteResponse], frozen=True):
     type_id: ClassVar[int] = 1100
     request: bytes  # msgpack-encoded Request (client id, seq, command)
+    forwarded: bool = False  # passed on by a member that is not the leader
 
 
 class MetaRangeResponse(rpc.Message, frozen=True):
@@ -110,6 +119,7 @@ class MetaRangeRequest(rpc.Request[MetaRangeResponse], frozen=True):
     type_id: ClassVar[int] = 1102
     op: RangeOp
     serializable: bool = False
+    forwarded: bool = False  # passed on by a member that is not the leader
 
 
 class MetaKeepAliveResponse(rpc.Message, frozen=True):
@@ -120,6 +130,7 @@ class MetaKeepAliveResponse(rpc.Message, frozen=True):
 class MetaKeepAliveRequest(rpc.Request[MetaKeepAliveResponse], frozen=True):
     type_id: ClassVar[int] = 1104
     session_id: int
+    forwarded: bool = False  # passed on by a member that is not the leader
 
 
 class MetaWatchResponse(rpc.Message, frozen=True):
@@ -237,6 +248,8 @@ class MetaService:
         self._watches_open = 0  # watch requests parked now (metrics)
         self._sessions_count = 0  # live sessions after the last session command (metrics)
         self._leader_seen = 0  # the last leader id this member saw (metrics)
+        # Requests passed on to the leader (the same security as Raft's own pool).
+        self._forward_pool = rpc.Pool()
         register_member(self)
 
     def _now_ms(self) -> int:
@@ -312,6 +325,7 @@ class MetaService:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self._forward_pool.close()
 
     # ----- callbacks from the state machine (on the event loop) --------------
 
@@ -394,6 +408,11 @@ class MetaService:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise UsageError(f"malformed meta request: {exc}") from None
         META_METRICS.requests[type(decoded.command).__name__] += 1
+        leader = self._leader_to_forward_to(request.forwarded)
+        if leader is not None:
+            return await self._forward_pool.call(
+                leader, msgspec.structs.replace(request, forwarded=True),
+                timeout_s=self._forward_timeout_s)
         result, _ = await self._propose(request.request)
         return MetaWriteResponse(result=_RESULT_ENCODER.encode(result))
 
@@ -403,10 +422,30 @@ class MetaService:
         self._require_started()
         META_METRICS.requests["Range"] += 1
         if not request.serializable:
+            leader = self._leader_to_forward_to(request.forwarded)
+            if leader is not None:
+                return await self._forward_pool.call(
+                    leader, msgspec.structs.replace(request, forwarded=True),
+                    timeout_s=self._forward_timeout_s)
             await self._linearizable()
         return MetaRangeResponse(
             result=self.machine.range(request.op), revision=self.machine.revision
         )
+
+    def _leader_to_forward_to(self, forwarded: bool) -> str | None:
+        """The leader's address when this member should pass a client's request
+        on to it: not the leader itself, a leader known, not forwarded already."""
+        if forwarded:
+            return None
+        node = self.host.group(META_GROUP_ID).node
+        if node.role is Role.LEADER or not node.leader_id:
+            return None
+        return self.host.address_of(node.leader_id)
+
+    @property
+    def _forward_timeout_s(self) -> float:
+        """A forwarded request waits as long as a proposal may take on the leader."""
+        return self.host.config.proposal_timeout_ms / 1000
 
     # ----- linearizable reads ------------------------------------------------
 
@@ -481,6 +520,11 @@ class MetaService:
     ) -> MetaKeepAliveResponse:
         self._require_started()
         META_METRICS.requests["KeepAlive"] += 1
+        leader = self._leader_to_forward_to(request.forwarded)
+        if leader is not None:
+            return await self._forward_pool.call(
+                leader, msgspec.structs.replace(request, forwarded=True),
+                timeout_s=self._forward_timeout_s)
         group = self.host.group(META_GROUP_ID)
         self.host.require_leader(group)
         ttl = self.leases.keepalive(request.session_id, self._now_ms())
