@@ -7,7 +7,7 @@ one RocksDB range and a hash_key's records are a prefix.
 Value: ``expire_ts_s (u32) | timetag (u64) | user data``. ``expire_ts_s`` is
 the Unix second after which the record is gone (0: no TTL). A record whose
 timetag has the delete flag is a tombstone: reads treat it as absent; it stays
-until :meth:`TableStore.collect_garbage` removes it, so that a duplicated write
+until a replicated ``CollectGarbage`` entry removes it, so that a duplicated write
 with an older timetag arriving late cannot bring the value back.
 """
 

@@ -179,6 +179,27 @@ table unless it allows them (the other cluster's concurrent writes do not add up
 under last-writer-wins)."""
 
 
+class CollectGarbage(msgspec.Struct, frozen=True):
+    """Tombstone collection as a Raft entry (docs/duplication.md, "Tombstone
+    GC"), so every replica drops the same records at the same decree: a
+    duplicate write applied later meets the same state on every replica.
+
+    A record goes when it is a tombstone or expired (at the entry's timestamp)
+    and its timetag's timestamp is at or below ``horizon_us`` (< 0: nothing
+    goes). The leader reads the store's ``gc_mark`` (the decree of the last
+    collection) and bounds the horizon by the entries between the
+    duplications' ``confirmed_decree`` and the mark; with ``unshipped_bound``
+    the store bounds it by the entries applied after the mark as well, so no
+    tombstone a duplication has not shipped goes. An entry whose
+    ``mark_decree`` is not the store's mark any more (another leader's
+    collection came first) collects nothing.
+    """
+
+    mark_decree: int
+    horizon_us: int
+    unshipped_bound: bool
+
+
 class TableEntry(msgspec.Struct, frozen=True):
     """One Raft log entry of a partition: writes applied in order, one timestamp.
 
@@ -193,6 +214,14 @@ class TableEntry(msgspec.Struct, frozen=True):
     client_id: int = 0
     seq: int = 0
     first_outstanding_seq: int = 0
+    gc: CollectGarbage | None = None  # a collection entry (no commands); see CollectGarbage
+
+
+def has_local_writes(entry: TableEntry) -> bool:
+    """Whether the entry has a write of this cluster, one duplication ships
+    (the records it writes carry the entry's timestamp); duplicate writes and
+    collections are not shipped."""
+    return any(not isinstance(command, DuplicateCommand) for command in entry.commands)
 
 
 # ----- results ---------------------------------------------------------------------------------

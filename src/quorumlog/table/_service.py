@@ -39,6 +39,7 @@ from quorumlog.table._commands import (
     WriteCommand,
     encode_entry,
 )
+from quorumlog.table._dup_gc import LedReplica, TombstoneCollector
 from quorumlog.table._dup_layout import TableFlags, parse_table_extras
 from quorumlog.table._dup_shipper import DupManager, DupSettings, HostedPartition
 from quorumlog.table._heartbeat import (
@@ -118,6 +119,11 @@ class TableConfig(Config, frozen=True):
     dup_progress_interval_ms: int = 200  # confirmed_decree written to meta at most this often
     dup_idle_poll_ms: int = 20  # a caught-up shipper looks for new entries this often
     dup_remote_deadline_s: float = 10.0  # one shipped hash_key, all retries of the remote client
+    # Tombstones and expired records go this long after their write (the GC
+    # delay: longer than any duplicate write toward this cluster may lag,
+    # pauses included), and never before duplication shipped them.
+    tombstone_gc_delay_ms: int = 24 * 3600 * 1000
+    tombstone_gc_interval_ms: int = 60_000  # each leader proposes a collection this often
 
     def validate(self) -> None:
         require(bool(self.zone), "[table] zone must not be empty")
@@ -137,6 +143,9 @@ class TableConfig(Config, frozen=True):
         require(self.dup_progress_interval_ms >= 0, "[table] dup_progress_interval_ms must be >= 0")
         require(self.dup_idle_poll_ms >= 1, "[table] dup_idle_poll_ms must be >= 1")
         require(self.dup_remote_deadline_s > 0, "[table] dup_remote_deadline_s must be > 0")
+        require(self.tombstone_gc_delay_ms >= 0, "[table] tombstone_gc_delay_ms must be >= 0")
+        require(self.tombstone_gc_interval_ms >= 10,
+                "[table] tombstone_gc_interval_ms must be >= 10")
         self.scheduler_config().validate()
 
     def dup_settings(self) -> DupSettings:
@@ -200,6 +209,9 @@ class TableService:
                                settings=self.config.dup_settings(), hosted=self._hosted)
         # No replica compacts its log past what its table's duplications confirmed.
         self.host.compaction_floor = self.dups.compaction_floor
+        self.gc = TombstoneCollector(self.host, self._led_replicas, self.dups.compaction_floor,
+                                     delay_ms=self.config.tombstone_gc_delay_ms,
+                                     interval_ms=self.config.tombstone_gc_interval_ms)
 
     # ----- lifecycle ----------------------------------------------------------
 
@@ -235,12 +247,14 @@ class TableService:
                        loop.create_task(self._watch_loop(), name="table-watch"),
                        loop.create_task(self._heartbeat_loop(), name="table-heartbeat")]
         self.dups.start()
+        self.gc.start()
 
     async def close(self) -> None:
         unregister_node(self)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.gc.close()
         await self.dups.close()
         await self.executor.close()
         await self.host.close()
@@ -343,6 +357,10 @@ class TableService:
         self.host.add_group(gid, None if joining else set(record.members), machine)
         _log.info("table_replica_opened", table=layout.name, partition=partition, group=gid,
                   joining=joining)
+
+    def _led_replicas(self) -> list[LedReplica]:
+        return [LedReplica(r.table, gid, r.machine)
+                for gid, r in self._replicas.items() if not r.dropped]
 
     def _hosted(self) -> list[HostedPartition]:
         return [HostedPartition(r.table, r.partition, gid, r.machine.store)

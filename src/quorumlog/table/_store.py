@@ -50,6 +50,7 @@ from quorumlog.table._commands import (
     INT64_MIN,
     CheckAndMutateCommand,
     CheckResult,
+    CollectGarbage,
     DeleteCommand,
     Done,
     DuplicateCommand,
@@ -63,6 +64,7 @@ from quorumlog.table._commands import (
     WriteCommand,
     WriteResult,
     check_passes,
+    has_local_writes,
     parse_int64,
 )
 from quorumlog.table._errors import BadTableRequestError, TableError
@@ -70,6 +72,9 @@ from quorumlog.table._sessions import ClientSessions
 from quorumlog.table._timetag import CLUSTER_ID_MAX, check_cluster_id, make_timetag
 
 KEY_APPLIED_DECREE = STORE_KEY_PREFIX + b"applied_decree"
+# The decree of the last tombstone collection (the mark) and the key it stopped
+# after (b"": the next one starts at the beginning).
+KEY_GC_STATE = STORE_KEY_PREFIX + b"gc_state"
 
 REPLACED_SUFFIX = ".replaced"
 """The store's old directory while a restore swaps a checkpoint in."""
@@ -78,7 +83,15 @@ STORE_FORMAT_VERSION = 1
 SCAN_LIMIT_MAX = 10_000  # records one scan call returns at most; page for more
 INFO_LOG_FILES_MAX = 2
 _U64 = struct.Struct(">Q")
+# applied_decree, and the smallest timestamp of an entry with local writes
+# applied after the GC mark (NO_ENTRY_US: none). A store written before it holds the decree alone
+# (read as "unknown": 0, which bounds a collection to nothing unshipped).
+_APPLIED = struct.Struct(">QQ")
+NO_ENTRY_US = (1 << 64) - 1
 US_PER_S = 1_000_000
+GC_SCAN_RECORDS_MAX = 10_000
+"""Records one collection entry looks at (it continues where the last one
+stopped): bounds the time one entry holds the apply thread."""
 
 
 def _raw(value: object) -> bytes:
@@ -118,8 +131,21 @@ class TableStore:
         self.path = path
         self.cluster_id = check_cluster_id(cluster_id)
         self._db = self._open(path)
+        self._load_state()
+
+    def _load_state(self) -> None:
         raw = self._db.get(KEY_APPLIED_DECREE)
-        self._applied = 0 if raw is None else _U64.unpack(_raw(raw))[0]
+        if raw is None:
+            self._applied, self._since_mark_min_us = 0, NO_ENTRY_US
+        elif len(_raw(raw)) == _U64.size:
+            self._applied, self._since_mark_min_us = _U64.unpack(_raw(raw))[0], 0
+        else:
+            self._applied, self._since_mark_min_us = _APPLIED.unpack(_raw(raw))
+        raw = self._db.get(KEY_GC_STATE)
+        state = b"" if raw is None else _raw(raw)
+        self._gc_mark = _U64.unpack(state[:_U64.size])[0] if state else 0
+        self._gc_cursor = state[_U64.size:]
+        self.collected_records = 0  # by collections applied since the store opened
 
     @staticmethod
     def _open(path: Path) -> Rdict:
@@ -148,6 +174,14 @@ class TableStore:
     def applied_decree(self) -> int:
         return self._applied
 
+    @property
+    def gc_mark(self) -> int:
+        """The decree of the last tombstone collection applied (0: none yet)."""
+        return self._gc_mark
+
+    def _applied_value(self) -> bytes:
+        return _APPLIED.pack(self._applied, self._since_mark_min_us)
+
     # ----- writes --------------------------------------------------------------------------
 
     def apply(self, decree: int, entry: TableEntry) -> list[WriteResult]:
@@ -158,10 +192,21 @@ class TableStore:
         batch = _Batch(self._db, entry.timestamp_us, self.cluster_id)
         sessions = ClientSessions(self._db, batch.write_batch, entry.timestamp_us)
         sessions.expire()
-        results = self._run(batch, sessions, entry)
-        batch.write_batch.put(KEY_APPLIED_DECREE, _U64.pack(decree))
+        if entry.gc is not None:
+            results: list[WriteResult] = []
+            mark, since_min_us, cursor, removed = self._collect(batch.write_batch, decree,
+                                                                entry.gc, entry.timestamp_us)
+        else:
+            results = self._run(batch, sessions, entry)
+            mark, cursor, removed = self._gc_mark, self._gc_cursor, 0
+            since_min_us = self._since_mark_min_us
+            if has_local_writes(entry):
+                since_min_us = min(since_min_us, entry.timestamp_us)
+        batch.write_batch.put(KEY_APPLIED_DECREE, _APPLIED.pack(decree, since_min_us))
         self._db.write(batch.write_batch)
-        self._applied = decree
+        self._applied, self._since_mark_min_us = decree, since_min_us
+        self._gc_mark, self._gc_cursor = mark, cursor
+        self.collected_records += removed
         return results
 
     def _run(self, batch: _Batch, sessions: ClientSessions,
@@ -181,8 +226,8 @@ class TableStore:
         """Record a log entry that is not a table write (a configuration change)."""
         if decree <= self._applied:
             return
-        self._db.put(KEY_APPLIED_DECREE, _U64.pack(decree))
         self._applied = decree
+        self._db.put(KEY_APPLIED_DECREE, self._applied_value())
 
     # ----- reads ---------------------------------------------------------------------------
 
@@ -335,27 +380,41 @@ class TableStore:
 
     # ----- garbage, snapshots ------------------------------------------------------------
 
-    def collect_garbage(self, now_s: int, *, tombstone_delay_s: int,
-                        records_max: int = 10_000) -> int:
-        """Remove expired records and tombstones older than ``tombstone_delay_s``.
+    def _collect(self, write_batch: WriteBatch, decree: int, gc: CollectGarbage,
+                 timestamp_us: int) -> tuple[int, int, bytes, int]:
+        """Tombstones and expired records whose timetag is at or below the
+        horizon, from where the last collection stopped, at most
+        ``GC_SCAN_RECORDS_MAX`` records looked at. Returns the new mark, the
+        timestamp bound after it, the cursor and how many records went.
 
-        Local to this replica and invisible to reads (both are absent already);
-        the delay keeps tombstones long enough to win over late duplicated
-        writes with older timetags. Returns how many records went.
+        Reads treat both as absent already; the horizon keeps a tombstone long
+        enough to win over late duplicate writes with older timetags, and
+        (``unshipped_bound``) until duplication shipped the write that made it.
         """
-        batch = WriteBatch(raw_mode=True)
-        removed = 0
-        horizon_us = (now_s - tombstone_delay_s) * US_PER_S
-        for key, record in self._range(b"", STORE_KEY_PREFIX, reverse=False):
-            if record.expired(now_s) or (record.deleted
-                                         and record.timetag >> 8 <= horizon_us):
-                batch.delete(key)
-                removed += 1
-                if removed == records_max:
+        if gc.mark_decree != self._gc_mark:
+            # Another collection came first: this one's bound was read against
+            # an older mark; it collects nothing and the mark stays.
+            return self._gc_mark, self._since_mark_min_us, self._gc_cursor, 0
+        horizon_us = gc.horizon_us
+        if gc.unshipped_bound:
+            horizon_us = min(horizon_us, self._since_mark_min_us - 1)
+        now_s = timestamp_us // US_PER_S
+        removed = seen = 0
+        cursor = b""
+        if horizon_us >= 0:
+            for key, record in self._range(self._gc_cursor, STORE_KEY_PREFIX, reverse=False,
+                                           start_inclusive=False):
+                if seen == GC_SCAN_RECORDS_MAX:
                     break
-        if removed:
-            self._db.write(batch)
-        return removed
+                seen += 1
+                cursor = key
+                if (record.deleted or record.expired(now_s)) and record.timetag >> 8 <= horizon_us:
+                    write_batch.delete(key)
+                    removed += 1
+            else:
+                cursor = b""  # the end: the next collection starts at the beginning
+        write_batch.put(KEY_GC_STATE, _U64.pack(decree) + cursor)
+        return decree, NO_ENTRY_US, cursor, removed
 
     def checkpoint(self, target: Path) -> int:
         """A RocksDB checkpoint of everything applied so far in ``target`` (must not
@@ -382,8 +441,7 @@ class TableStore:
         _fsync_directory(self.path.parent)
         shutil.rmtree(replaced)
         self._db = self._open(self.path)
-        raw = self._db.get(KEY_APPLIED_DECREE)
-        self._applied = 0 if raw is None else _U64.unpack(_raw(raw))[0]
+        self._load_state()
 
     def __enter__(self) -> TableStore:
         return self
