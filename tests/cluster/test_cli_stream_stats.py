@@ -1,0 +1,120 @@
+"""``quorumlog stream stats`` as an operator runs it (issue 18): rates from two
+samples while a producer writes at a known pace, backlog per subscription,
+storage as a lower bound while a ledger is open, at 80 columns."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from quorumlog import node as cluster
+from quorumlog.stream import BlockingStreamClient, ConsumerConfig, ProducerConfig, StreamConfig
+
+CLI_TIMEOUT_S = 60.0
+TERMINAL_COLUMNS = 80
+PACE_MSGS_PER_S = 50  # the producer thread's pace (one entry per message)
+PRODUCE_MAX_S = 30.0  # the thread stops by then whatever happens
+ACKED = 7
+VALUE = b"v" * 64
+
+
+@pytest.fixture(scope="module")
+def meta(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with cluster.running(tmp_path_factory.mktemp("stats") / "cluster", 3) as addresses:
+        members = list(addresses)
+        with BlockingStreamClient(members) as client:
+            client.create_stream("clicks", StreamConfig(partitions=2, ensemble_size=2,
+                                                        write_quorum=2, ack_quorum=2))
+        yield ",".join(members)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": str(TERMINAL_COLUMNS)}
+    return subprocess.run([sys.executable, "-m", "quorumlog", *args], capture_output=True,
+                          text=True, timeout=CLI_TIMEOUT_S, check=False, env=env)
+
+
+def ok(*args: str) -> str:
+    done = cli(*args)
+    assert done.returncode == 0, (args, done.stderr)
+    return done.stdout
+
+
+def test_stream_stats_shows_the_in_rate_and_backlog(meta: str) -> None:
+    members = meta.split(",")
+    sent = 0
+    stop = threading.Event()
+    started = threading.Event()
+    with BlockingStreamClient(members) as client:
+        config = ConsumerConfig(initial_position="earliest")
+        client.subscribe("clicks", "audit", config=config).close()  # cursors at the start
+
+        def produce() -> None:
+            nonlocal sent
+            producer = client.producer("clicks", config=ProducerConfig(batching=False))
+            try:
+                deadline = time.monotonic() + PRODUCE_MAX_S
+                while not stop.is_set() and time.monotonic() < deadline:
+                    producer.send(VALUE)
+                    sent += 1
+                    started.set()
+                    time.sleep(1 / PACE_MSGS_PER_S)  # the pace under test, not a wait
+            finally:
+                producer.close()
+
+        thread = threading.Thread(target=produce)
+        thread.start()
+        try:
+            assert started.wait(CLI_TIMEOUT_S)
+            live = json.loads(ok("stream", "stats", "clicks", "--interval", "1",
+                                 "-o", "json", "--members", meta))
+            table = ok("stream", "stats", "clicks", "--members", meta)
+        finally:
+            stop.set()
+            thread.join()
+        total = live["total"]
+        assert live["interval_s"] >= 1.0
+        # About PACE_MSGS_PER_S; far below it only if the producer stalled.
+        assert 0 < total["in_msgs_per_s"] < 4 * PACE_MSGS_PER_S, total
+        assert total["in_entries_per_s"] == total["in_msgs_per_s"]  # no batching
+        assert total["in_bytes_per_s"] >= total["in_msgs_per_s"] * len(VALUE)
+        assert total["in_exact"] is True
+        assert total["producers"] == 2  # the producer holds both partitions' writer leases
+        assert total["storage_exact"] is False  # the open ledgers' size is unknown
+        for needle in ("two samples 1.0", "(--interval 1)", "≥", "msg/s", "audit"):
+            assert needle in table, table
+        assert max(len(line) for line in table.splitlines()) <= TERMINAL_COLUMNS, table
+
+        with client.subscribe("clicks", "audit", config=config) as consumer:
+            for _ in range(ACKED):
+                message = consumer.receive(10_000)
+                assert message is not None
+                consumer.ack(message)
+            consumer.flush_acks()
+    after = json.loads(ok("stream", "stats", "clicks", "--interval", "0.2", "-o", "json",
+                          "--members", meta))
+    total = after["total"]
+    assert total["entries"] == sent
+    assert total["in_msgs_per_s"] == 0
+    assert total["producers"] == 0
+    assert total["subscriptions"]["audit"]["backlog_entries"] == sent - ACKED
+    assert sum(p["subscriptions"]["audit"]["backlog_entries"]
+               for p in after["partitions"]) == sent - ACKED
+
+
+def test_stream_stats_of_an_unknown_stream_is_one_error_line(meta: str) -> None:
+    done = cli("stream", "stats", "nope", "--members", meta)
+    assert done.returncode == 1
+    assert "nope" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_stream_stats_rejects_a_bad_interval(meta: str) -> None:
+    done = cli("stream", "stats", "clicks", "--interval", "0", "--members", meta)
+    assert done.returncode == 2
