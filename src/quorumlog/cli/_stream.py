@@ -28,11 +28,11 @@ from quorumlog.cli._output import (
     output_format,
     position_json,
     position_text,
+    progress,
 )
 
 app = typer.Typer(help="Streams made of ledgers (Pulsar-style topics).", no_args_is_help=True)
 console = Console()
-err_console = Console(stderr=True)  # progress bars: stdout stays the result
 
 T = TypeVar("T")
 
@@ -284,14 +284,17 @@ def consume(
         consumer = await client.subscribe(name, subscription,
                                           config=ConsumerConfig(initial_position=initial))
         try:
-            seen = 0
-            while not count or seen < count:
-                message = await consumer.receive(wait_ms or None)
-                if message is None:
-                    return
-                typer.echo(_message_json(message))
-                await consumer.ack(message)
-                seen += 1
+            # --count 0 (until Ctrl-C) has no end to show: no bar.
+            with progress(f"consuming {name}", count, streams_stdout=True) as bar:
+                seen = 0
+                while not count or seen < count:
+                    message = await consumer.receive(wait_ms or None)
+                    if message is None:
+                        return
+                    typer.echo(_message_json(message))
+                    await consumer.ack(message)
+                    seen += 1
+                    bar.advance()
         finally:
             await consumer.close()
 
@@ -369,20 +372,11 @@ def delete(
     directory: Path | None = DirOption,
 ) -> None:
     """Delete a stream and every ledger of it (refused while it is in use, unless --force)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
     if not yes:
         typer.confirm(f"delete stream {name!r} and all its data?", abort=True)
-    with Progress("[progress.description]{task.description}", BarColumn(),
-                  MofNCompleteColumn(), TimeRemainingColumn(), console=err_console,
-                  transient=True) as bar:
-        task = bar.add_task(f"deleting ledgers of {name}", total=None)
-
-        def progress(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-
+    with progress(f"deleting ledgers of {name}", None) as bar:
         deleted = _run(members, directory,
-                       lambda c: c.delete_stream(name, force=force, progress=progress))
+                       lambda c: c.delete_stream(name, force=force, progress=bar.update))
     console.print(f"deleted stream {name!r} ({len(deleted)} ledgers)")
 
 
