@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import yaml  # type: ignore[import-untyped]
 
 from quorumlog import node as cluster
 from quorumlog.ledger import BlockingLedgerClient
@@ -117,6 +118,10 @@ def test_stream_stats_shows_the_in_rate_and_backlog(meta: str) -> None:
     assert total["subscriptions"]["audit"]["backlog_entries"] == sent - ACKED
     assert sum(p["subscriptions"]["audit"]["backlog_entries"]
                for p in after["partitions"]) == sent - ACKED
+    wide = ok("stream", "stats", "clicks", "--interval", "0.2", "-o", "wide", "--members", meta)
+    assert "in entries/s" in wide and f"{sent - ACKED:,}" in wide, wide
+    assert yaml.safe_load(ok("stream", "stats", "clicks", "--interval", "0.2", "-o", "yaml",
+                             "--members", meta))["total"]["entries"] == sent
 
 
 def test_stream_stats_of_an_unknown_stream_is_one_error_line(meta: str) -> None:
