@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -177,3 +178,34 @@ def test_torn_tail_advice_names_repair_and_repair_fixes_it(tmp_path: Path) -> No
     assert f"`quorumlog wal repair {tmp_path}` cuts it" in verified, verified
     assert "cannot fix" not in verified, verified
     assert _run("repair", str(tmp_path)).exit_code == 0
+
+
+# Progress bars (issue 18): drawn on stderr only when it is a terminal, never
+# with --quiet; stdout is the same either way.
+BAR_DESCRIPTION = "reading "
+
+
+def _inspect_subprocess(path: Path, *args: str, terminal: bool) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "NO_COLOR")}
+    env.update({"COLUMNS": "200", "TERM": "xterm"})
+    if terminal:  # rich's switches for "this file is a terminal" (stderr is a pipe here)
+        env.update({"TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1", "NO_COLOR": "1"})
+    return subprocess.run([sys.executable, "-m", "quorumlog", *args, "wal", "inspect",
+                           str(path)], capture_output=True, text=True, timeout=60, check=False,
+                          env=env)
+
+
+def test_inspect_draws_a_progress_bar_only_on_a_terminal(tmp_path: Path) -> None:
+    _make(tmp_path, count=200)
+    assert len(_segments(tmp_path)) >= 3
+    plain = _inspect_subprocess(tmp_path, terminal=False)
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stderr == ""
+    bar = _inspect_subprocess(tmp_path, terminal=True)
+    assert bar.returncode == 0, bar.stderr
+    assert BAR_DESCRIPTION + str(tmp_path) in bar.stderr and "━" in bar.stderr, bar.stderr
+    quiet = _inspect_subprocess(tmp_path, "--quiet", terminal=True)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    # The table on stdout is the same with and without a bar (colour is off in both).
+    assert bar.stdout == quiet.stdout

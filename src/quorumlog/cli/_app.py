@@ -46,6 +46,8 @@ def _root(
         help="Print the version and exit.",
     ),
     log_level: str = typer.Option("WARNING", "--log-level", help="Logging level."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars (they are "
+                               "drawn on stderr only when it is a terminal)."),
     security: Path | None = typer.Option(
         None, "--security", envvar="QUORUMLOG_SECURITY_FILE",
         help="TOML file with a \\[security] table (TLS, token) for connecting to the cluster; "
@@ -55,7 +57,10 @@ def _root(
     """quorumlog: replicated durable logs and key-value tables."""
     if "--help" in sys.argv[1:]:
         return  # click runs this before a subcommand's --help: nothing to set up for help
+    from quorumlog.cli._output import set_quiet
     from quorumlog.log import configure  # structlog: loaded by commands, not by --help
+
+    set_quiet(quiet)
 
     configure(log_level)
     if security is not None:

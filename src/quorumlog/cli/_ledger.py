@@ -29,6 +29,7 @@ from quorumlog.cli._output import (
     human_age_ms,
     human_bytes,
     output_format,
+    progress,
 )
 
 if TYPE_CHECKING:
@@ -162,10 +163,13 @@ def read(
                 return  # nothing new after the LAC: an empty answer, not an error
             raise typer.BadParameter(
                 f"--from {first} is past the last confirmed entry of ledger {ledger_id} ({lac})")
-        for entry in handle.read(first, end):
-            if ids:
-                out.write(f"{entry.entry_id}\t".encode())
-            out.write(entry.payload + b"\n")
+        with progress(f"reading ledger {ledger_id}", end - first + 1,
+                      streams_stdout=True) as bar:
+            for entry in handle.read(first, end):
+                if ids:
+                    out.write(f"{entry.entry_id}\t".encode())
+                out.write(entry.payload + b"\n")
+                bar.advance()
     out.flush()
 
 

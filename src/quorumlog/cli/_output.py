@@ -10,8 +10,10 @@ show human units (``1.2 MiB``, ``3 s ago``) made by the helpers below.
 from __future__ import annotations
 
 import json
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +23,8 @@ from rich.table import Table
 
 FORMATS = ("table", "wide", "json", "yaml")
 WIDE_WIDTH_MAX = 400  # characters: -o wide lines may exceed the terminal, not this
+# Fewer items than this finish before a bar is worth drawing (ledger read, consume).
+PROGRESS_ITEMS_MIN = 200
 
 OutputOption = typer.Option(
     "table", "--output", "-o",
@@ -183,3 +187,55 @@ def position_json(position: Any) -> dict[str, int] | None:
         return None
     seq, entry, batch, ledger = position
     return {"ledger": ledger, "entry": entry, "batch": batch, "seq": seq}
+
+
+_progress_quiet = [False]  # `quorumlog --quiet` turns every progress bar off
+
+
+def set_quiet(quiet: bool) -> None:
+    _progress_quiet[0] = quiet
+
+
+class ProgressBar:
+    """What :func:`progress` yields: move the bar (nothing when none is drawn)."""
+
+    def __init__(self, bar: Any = None, task: Any = None) -> None:
+        self._bar, self._task = bar, task
+
+    def advance(self, count: int = 1) -> None:
+        if self._bar is not None:
+            self._bar.advance(self._task, count)
+
+    def update(self, completed: int, total: int) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=completed, total=total)
+
+
+@contextmanager
+def progress(description: str, total: int | None, *, items_min: int = PROGRESS_ITEMS_MIN,
+             streams_stdout: bool = False) -> Iterator[ProgressBar]:
+    """A transient progress bar on stderr.
+
+    Drawn only when stderr is a terminal (rich's test: ``TTY_COMPATIBLE=1`` or
+    ``FORCE_COLOR`` force it), ``--quiet`` is off, and ``total`` is unknown or
+    at least ``items_min``. A command that streams its results to stdout
+    (``streams_stdout``) draws none when stdout is the terminal too: the lines
+    scrolling by are the progress, and a bar would be drawn over them. Stdout
+    is never redirected, so what a command prints is the same with or without
+    a bar.
+    """
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    show = (not _progress_quiet[0] and console.is_terminal
+            and (total is None or total >= items_min)
+            and not (streams_stdout and sys.stdout.isatty()))
+    if not show:
+        yield ProgressBar()
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    with Progress("[progress.description]{task.description}", BarColumn(),
+                  MofNCompleteColumn(), TimeRemainingColumn(), console=console,
+                  transient=True, redirect_stdout=False, redirect_stderr=False) as bar:
+        yield ProgressBar(bar, bar.add_task(description, total=total))

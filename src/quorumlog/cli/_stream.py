@@ -23,15 +23,16 @@ from quorumlog.cli._output import (
     human_age_ms,
     human_bytes,
     human_duration_ms,
+    human_rate,
     human_time_ms,
     output_format,
     position_json,
     position_text,
+    progress,
 )
 
 app = typer.Typer(help="Streams made of ledgers (Pulsar-style topics).", no_args_is_help=True)
 console = Console()
-err_console = Console(stderr=True)  # progress bars: stdout stays the result
 
 T = TypeVar("T")
 
@@ -283,14 +284,17 @@ def consume(
         consumer = await client.subscribe(name, subscription,
                                           config=ConsumerConfig(initial_position=initial))
         try:
-            seen = 0
-            while not count or seen < count:
-                message = await consumer.receive(wait_ms or None)
-                if message is None:
-                    return
-                typer.echo(_message_json(message))
-                await consumer.ack(message)
-                seen += 1
+            # --count 0 (until Ctrl-C) has no end to show: no bar.
+            with progress(f"consuming {name}", count, streams_stdout=True) as bar:
+                seen = 0
+                while not count or seen < count:
+                    message = await consumer.receive(wait_ms or None)
+                    if message is None:
+                        return
+                    typer.echo(_message_json(message))
+                    await consumer.ack(message)
+                    seen += 1
+                    bar.advance()
         finally:
             await consumer.close()
 
@@ -368,20 +372,11 @@ def delete(
     directory: Path | None = DirOption,
 ) -> None:
     """Delete a stream and every ledger of it (refused while it is in use, unless --force)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
     if not yes:
         typer.confirm(f"delete stream {name!r} and all its data?", abort=True)
-    with Progress("[progress.description]{task.description}", BarColumn(),
-                  MofNCompleteColumn(), TimeRemainingColumn(), console=err_console,
-                  transient=True) as bar:
-        task = bar.add_task(f"deleting ledgers of {name}", total=None)
-
-        def progress(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-
+    with progress(f"deleting ledgers of {name}", None) as bar:
         deleted = _run(members, directory,
-                       lambda c: c.delete_stream(name, force=force, progress=progress))
+                       lambda c: c.delete_stream(name, force=force, progress=bar.update))
     console.print(f"deleted stream {name!r} ({len(deleted)} ledgers)")
 
 
@@ -484,3 +479,81 @@ def reset_cursor(
                   lambda c: c.reset_cursor(name, subscription, target, force=force))
     console.print(f"subscription {subscription!r} of {name!r} now starts at " + ", ".join(
         f"p{p} {_position_text(s)}" for p, s in enumerate(starts)))
+
+
+STATS_INTERVAL_S_DEFAULT = 1.0
+
+
+def _at_least(exact: bool, text: str) -> str:
+    return text if exact else f"≥ {text}"
+
+
+STATS_PARTITION_COLUMNS = (
+    field("partition", header="part"),
+    Column("in msg/s", lambda r: _at_least(r["in_exact"], human_rate(r["in_msgs_per_s"], "msg"))),
+    Column("in bytes/s", lambda r: _at_least(r["in_exact"],
+                                             human_rate(r["in_bytes_per_s"], "B"))),
+    field("entries", lambda v: f"{v:,}"),
+    Column("storage", lambda r: _at_least(r["storage_exact"], human_bytes(r["storage_bytes"]))),
+    field("producers", header="prod"),
+    field("in_entries_per_s", lambda v: human_rate(v, "entries"), header="in entries/s",
+          wide_only=True),
+    field("ledgers", wide_only=True),
+)
+
+STATS_SUBSCRIPTION_COLUMNS = (
+    field("subscription", no_wrap=True),
+    field("partition", header="part"),
+    field("backlog_entries", lambda v: f"{v:,}", header="backlog (entries)"),
+    field("out_entries_per_s", lambda v: human_rate(v, "entries"), header="acked"),
+    field("consumers", header="cons"),
+)
+
+
+def _stats_subscription_rows(data: dict[str, Any], wide: bool) -> list[dict[str, Any]]:
+    rows = []
+    for sub, stats in data["total"]["subscriptions"].items():
+        rows.append({"subscription": sub, "partition": "all", **stats})
+        if wide:
+            rows += [{"subscription": sub, "partition": part["partition"],
+                      **part["subscriptions"][sub]}
+                     for part in data["partitions"] if sub in part["subscriptions"]]
+    return rows
+
+
+@app.command()
+def stats(
+    name: str,
+    interval: float = typer.Option(STATS_INTERVAL_S_DEFAULT, "--interval", min=0.001,
+                                   max=300.0, help="Seconds between the two samples the "
+                                   "rates come from."),
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+    output: str = OutputOption,
+) -> None:
+    """Rates, backlog and storage per partition and in total (pulsar-admin topics stats).
+
+    Rates compare two samples --interval seconds apart: in msg/s and bytes/s
+    count the entries added meanwhile (read back, at most 5,000 per partition;
+    past that they are lower bounds, shown "≥"); "acked" is entries per second
+    the subscription's mark-delete moved. Storage counts closed ledgers: while
+    the open ledger holds entries it is a lower bound ("≥"), as its size is not
+    known without reading it. -o json|yaml: raw numbers (bytes, per second).
+    """
+    fmt = output_format(output)
+    data: dict[str, Any] = _run(members, directory,
+                                lambda c: c.stats(name, interval_s=interval))
+    if fmt in ("json", "yaml"):
+        emit_document(fmt, data)
+        return
+    total = {"partition": "total", **data["total"]}
+    console.print(f"[bold]{escape(name)}[/]: rates from two samples {data['interval_s']:.2f} s "
+                  f"apart (--interval {interval:g})")
+    rows = [*data["partitions"], total] if len(data["partitions"]) > 1 else data["partitions"]
+    emit(console, fmt, "partitions", rows, STATS_PARTITION_COLUMNS, title="partitions")
+    subs = _stats_subscription_rows(data, fmt == "wide")
+    if subs:
+        emit(console, fmt, "subscriptions", subs, STATS_SUBSCRIPTION_COLUMNS,
+             title="subscriptions (acked: entries/s)")
+    else:
+        console.print(f"stream {name!r} has no subscriptions")

@@ -26,6 +26,7 @@ def _out() -> Console:
     """A console made per command, so it sees the terminal (or test) width of the call."""
     return Console(highlight=False)
 
+PROGRESS_STEPS_MIN = 3  # segments + the verify pass: two segments read too fast for a bar
 _RECORD_TYPES = ("crc", "metadata", "state", "snapshot", "entry")
 
 _DIRECTORY = typer.Argument(
@@ -51,11 +52,15 @@ def inspect_command(
 
     Read-only (no lock is taken). Exits 1 if the WAL does not verify.
     """
+    from quorumlog.cli._output import progress
     from quorumlog.wal import RECORDS_LIMIT_DEFAULT, inspect
 
     if limit is None:
         limit = RECORDS_LIMIT_DEFAULT
-    report = inspect(directory, records_limit=limit if records else 0)
+    steps = len(list(directory.glob("*.wal"))) + 1  # a segment each, then the verify pass
+    with progress(f"reading {directory}", steps, items_min=PROGRESS_STEPS_MIN) as bar:
+        report = inspect(directory, records_limit=limit if records else 0,
+                         progress=bar.update)
     if not report.segments:
         raise _fail(f"{directory} holds no WAL (no *.wal segment files)")
     _out().print(_segment_table(report))

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 from quorumlog import rpc
 from quorumlog.clock import Clock
 from quorumlog.ledger import LedgerClient
-from quorumlog.stream import _admin, _subscriptions
+from quorumlog.stream import _admin, _stats, _subscriptions
 from quorumlog.stream._config import RetentionPolicy, StreamConfig
 from quorumlog.stream._consumer import Consumer, ConsumerConfig
 from quorumlog.stream._layout import StreamRecord
@@ -80,6 +80,12 @@ class StreamClient:
     async def subscriptions(self, name: str) -> list[SubscriptionInfo]:
         """Every subscription of the stream: cursors, backlog in entries, connected."""
         return await _subscriptions.list_subscriptions(self.ledger_client, name)
+
+    async def stats(self, name: str, *, interval_s: float = 1.0) -> dict[str, Any]:
+        """Rates (in: entries, messages, bytes per second; out: acknowledged entries
+        per second per subscription), backlog and storage per partition and in total,
+        from two samples ``interval_s`` apart (Pulsar's ``topics stats``)."""
+        return await _stats.stream_stats(self.ledger_client, name, interval_s=interval_s)
 
     async def unsubscribe(self, name: str, subscription: str, *, force: bool = False) -> None:
         """Delete a subscription's cursors; refused while a consumer holds it unless
@@ -174,6 +180,9 @@ class BlockingStreamClient:
 
     def subscriptions(self, name: str) -> list[SubscriptionInfo]:
         return self.run(self._client.subscriptions(name))
+
+    def stats(self, name: str, *, interval_s: float = 1.0) -> dict[str, Any]:
+        return self.run(self._client.stats(name, interval_s=interval_s))
 
     def unsubscribe(self, name: str, subscription: str, *, force: bool = False) -> None:
         self.run(self._client.unsubscribe(name, subscription, force=force))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -131,25 +132,32 @@ def inspect(
     *,
     records_limit: int = 0,
     config: WalConfig | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> WalReport:
     """Decode each segment on its own (for a table) and run :func:`verify`.
 
     Lists up to ``records_limit`` records. Never raises for damage: it is
-    reported per segment and in ``error``.
+    reported per segment and in ``error``. ``progress(done, total)`` is called
+    after each step: one per segment, then one for the verify pass.
     """
     path = Path(directory)
     cfg = _cfg(config)
     segments = list_segments(path)
+    steps = len(segments) + 1
     records: list[RecordInfo] = []
-    reports = [
-        _inspect_segment(path, name, cfg, records, records_limit, is_last=i == len(segments) - 1)
-        for i, name in enumerate(segments)
-    ]
+    reports = []
+    for i, name in enumerate(segments):
+        reports.append(_inspect_segment(path, name, cfg, records, records_limit,
+                                        is_last=i == len(segments) - 1))
+        if progress is not None:
+            progress(i + 1, steps)
     error: str | None = None
     try:
         verify(path, config=cfg)
     except QuorumlogError as exc:
         error = exc.message
+    if progress is not None:
+        progress(steps, steps)
     return WalReport(directory=str(path), segments=reports, records=records, error=error)
 
 
