@@ -137,3 +137,32 @@ def test_ledger_delete_asks_unless_yes(meta: str) -> None:
     assert "deleted" in ok("ledger", "delete", ledger_id, "--yes", "--members", meta)
     gone = cli("ledger", "info", ledger_id, "--members", meta)
     assert gone.returncode == 1 and "Traceback" not in gone.stderr
+
+
+def test_endpoint_health_and_status_name_each_member_and_fail_on_a_dead_one(meta: str) -> None:
+    """etcdctl's `endpoint health` / `endpoint status` (issue 18): every member of
+    a running cluster is healthy (a linearizable read through it) and reports its
+    role; an endpoint that does not answer is named, and the command exits 1."""
+    from quorumlog.node._cluster import free_port
+
+    members = meta.split(",")
+    health = json.loads(ok("meta", "endpoint", "health", "--members", meta, "-o", "json"))
+    assert [r["endpoint"] for r in health["endpoints"]] == members
+    assert all(r["healthy"] for r in health["endpoints"]), health
+    status = json.loads(ok("meta", "endpoint", "status", "--members", meta, "-o", "json"))
+    rows = status["endpoints"]
+    assert sorted(r["id"] for r in rows) == [1, 2, 3]
+    assert sum(r["is_leader"] for r in rows) == 1
+    assert len({r["leader"] for r in rows}) == 1 and len({r["term"] for r in rows}) == 1
+    fits(ok("meta", "endpoint", "status", "--members", meta))
+
+    dead = f"127.0.0.1:{free_port()}"
+    mixed = f"{members[0]},{dead}"
+    done = cli("meta", "endpoint", "health", "--members", mixed, "--timeout", "1")
+    assert done.returncode == 1, done.stderr
+    assert "UNHEALTHY" in done.stdout and "healthy" in done.stdout
+    fits(done.stdout)
+    done = cli("meta", "endpoint", "status", "--members", mixed, "-o", "json")
+    assert done.returncode == 1, done.stderr
+    roles = {r["endpoint"]: r["role"] for r in json.loads(done.stdout)["endpoints"]}
+    assert roles[dead] == "unreachable" and roles[members[0]] in ("leader", "follower")

@@ -444,3 +444,115 @@ def txn(
                 typer.echo(out["deleted"])
     if not result.succeeded:
         raise typer.Exit(1)
+
+
+endpoint_app = typer.Typer(help="Check each meta member you name (etcdctl endpoint ...).",
+                           no_args_is_help=True)
+app.add_typer(endpoint_app, name="endpoint")
+
+HEALTH_KEY = "/health"  # read (never written) by `endpoint health`, as etcdctl reads "health"
+HEALTH_TIMEOUT_S = 5.0
+
+
+@endpoint_app.command("health")
+def endpoint_health(
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+    output: str = OutputOption,
+    timeout_s: float = typer.Option(HEALTH_TIMEOUT_S, "--timeout", min=0.1,
+                                    help="Seconds each endpoint may take."),
+) -> None:
+    """Ask each member for a linearizable read (etcdctl endpoint health).
+
+    A member is healthy when the read succeeds within --timeout: the member
+    answers and a quorum confirms a leader (a follower passes the read on to
+    the leader). Exits 1 when any member is unhealthy.
+    """
+    import time
+
+    from quorumlog import rpc
+    from quorumlog.errors import QuorumlogError
+    from quorumlog.meta import MetaClient
+
+    fmt = output_format(output)
+    addresses = _members(members, directory)
+
+    async def one(address: str) -> dict[str, object]:
+        started = time.perf_counter()
+        row: dict[str, object] = {"endpoint": address}
+        try:
+            async with MetaClient([address], deadline_s=timeout_s) as meta:
+                await meta.get(HEALTH_KEY)
+            row.update(healthy=True, took_ms=round((time.perf_counter() - started) * 1000, 2))
+        except QuorumlogError as exc:
+            row.update(healthy=False, took_ms=round((time.perf_counter() - started) * 1000, 2),
+                       error=exc.message)
+        return row
+
+    async def main() -> list[dict[str, object]]:
+        import asyncio
+
+        return list(await asyncio.gather(*(one(a) for a in addresses)))
+
+    rows = rpc.run(main())
+    emit(console, fmt, "endpoints", rows, HEALTH_COLUMNS, title="meta endpoint health")
+    if not all(row["healthy"] for row in rows):
+        raise typer.Exit(1)
+
+
+HEALTH_COLUMNS = (
+    field("endpoint", no_wrap=True),
+    field("healthy", lambda ok: "healthy" if ok else "UNHEALTHY"),
+    field("took_ms", lambda ms: f"{ms:.1f} ms", header="took"),
+    field("error"),
+)
+
+
+@endpoint_app.command("status")
+def endpoint_status(
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+    output: str = OutputOption,
+) -> None:
+    """Each member's own view: id, role, leader, term, indexes, revision
+    (etcdctl endpoint status). Exits 1 when any member does not answer."""
+    from quorumlog import rpc
+    from quorumlog.errors import QuorumlogError
+    from quorumlog.meta import MetaClient
+
+    fmt = output_format(output)
+    addresses = _members(members, directory)
+
+    async def main() -> list[dict[str, object]]:
+        rows: list[dict[str, object]] = []
+        async with MetaClient(addresses) as meta:
+            for address in addresses:
+                row: dict[str, object] = {"endpoint": address}
+                try:
+                    s = await meta.status(address)
+                    row.update(id=s.node_id, role=s.role, is_leader=s.leader == s.node_id,
+                               leader=s.leader, term=s.term, commit_index=s.commit_index,
+                               applied_index=s.applied_index, revision=s.revision,
+                               learner=s.node_id in s.learners)
+                except QuorumlogError as exc:
+                    row.update(role="unreachable", error=exc.message)
+                rows.append(row)
+        return rows
+
+    rows = rpc.run(main())
+    emit(console, fmt, "endpoints", rows, STATUS_COLUMNS, title="meta endpoint status")
+    if any(row["role"] == "unreachable" for row in rows):
+        raise typer.Exit(1)
+
+
+STATUS_COLUMNS = (
+    field("endpoint", no_wrap=True),
+    field("id"),
+    Column("role", lambda row: str(row["role"]) + (" *" if row.get("is_leader") else "")),
+    field("leader"),
+    field("term"),
+    field("applied_index", header="applied"),
+    field("commit_index", header="commit", wide_only=True),
+    field("revision", wide_only=True),
+    field("error", wide_only=True),
+)
