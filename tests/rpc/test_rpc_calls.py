@@ -461,7 +461,8 @@ def test_metrics_count_requests_bytes_errors_and_in_flight() -> None:
         return registry.get_sample_value(name, labels) or 0.0
 
     before_requests = sample("quorumlog_rpc_requests_total", side="server", type="EchoRequest")
-    before_errors = sample("quorumlog_rpc_errors_total", side="client", code="9")
+    before_errors = sample("quorumlog_rpc_errors_total", side="client", code="9",
+                           error="NotLeaderError")
     before_bytes = sample("quorumlog_rpc_sent_bytes_total", side="client")
     before_timeouts = sample("quorumlog_rpc_timeouts_total")
 
@@ -490,7 +491,8 @@ def test_metrics_count_requests_bytes_errors_and_in_flight() -> None:
     assert sample("quorumlog_rpc_requests_total", side="server", type="EchoRequest") == (
         before_requests + 11
     )
-    assert sample("quorumlog_rpc_errors_total", side="client", code="9") == before_errors + 1
+    assert sample("quorumlog_rpc_errors_total", side="client", code="9",
+                           error="NotLeaderError") == before_errors + 1
     assert sample("quorumlog_rpc_sent_bytes_total", side="client") > before_bytes + 10 * 20
     assert sample("quorumlog_rpc_timeouts_total") == before_timeouts + 1
     assert sample("quorumlog_rpc_in_flight_requests", side="client") == 0

@@ -111,6 +111,12 @@ for _code, _cls, _details in (
     register_error(_code, _cls, _details)
 
 
+def error_name(code: int) -> str:
+    """The class name registered for wire ``code`` (a metrics label), or ``code-N``."""
+    entry = _BY_CODE.get(code)
+    return entry.cls.__name__ if entry is not None else f"code-{code}"
+
+
 def code_of(exc: QuorumlogError) -> ErrorCode:
     """The table entry of ``exc``'s class or of its nearest registered ancestor."""
     for klass in type(exc).__mro__:

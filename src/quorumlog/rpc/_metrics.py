@@ -10,7 +10,8 @@ class names, error codes, close reasons), so series stay bounded.
 Exported families:
 
 - ``quorumlog_rpc_requests_total{side,type}``: requests sent / received;
-- ``quorumlog_rpc_errors_total{side,code}``: error responses sent / received;
+- ``quorumlog_rpc_errors_total{side,code,error}``: error responses sent / received
+  (``error`` names the code's class, e.g. ``NotLeaderError`` for code 9);
 - ``quorumlog_rpc_sent_bytes_total{side}``, ``quorumlog_rpc_received_bytes_total{side}``;
 - ``quorumlog_rpc_timeouts_total``: client requests past their deadline;
 - ``quorumlog_rpc_closed_connections_total{side,reason}``;
@@ -31,6 +32,8 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 from prometheus_client.registry import Collector
+
+from ._errors import error_name
 
 SIDES = ("client", "server")
 
@@ -71,7 +74,7 @@ class _RpcCollector(Collector):
         )
         errors = CounterMetricFamily(
             "quorumlog_rpc_errors", "Error responses sent (server) or received (client).",
-            labels=["side", "code"],
+            labels=["side", "code", "error"],
         )
         closed = CounterMetricFamily(
             "quorumlog_rpc_closed_connections", "Connections closed, by reason class.",
@@ -95,7 +98,7 @@ class _RpcCollector(Collector):
             for name, count in side.requests.copy().items():
                 requests.add_metric([side.name, name], count)
             for code, count in side.errors.copy().items():
-                errors.add_metric([side.name, str(code)], count)
+                errors.add_metric([side.name, str(code), error_name(code)], count)
             for reason, count in side.closed.copy().items():
                 closed.add_metric([side.name, reason], count)
             sent.add_metric([side.name], side.sent_bytes)
