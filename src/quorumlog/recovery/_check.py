@@ -24,12 +24,12 @@ from quorumlog.clock import SYSTEM_CLOCK, Clock
 from quorumlog.errors import QuorumlogError
 from quorumlog.ledger import LedgerClient, LedgerMetadata
 from quorumlog.log import get_logger
-from quorumlog.meta import MetaClient
 from quorumlog.recovery import _layout as layout
 from quorumlog.recovery._auditor import file_task, ids_under, iter_ledgers
 from quorumlog.recovery._config import RecoveryConfig
 from quorumlog.recovery._metrics import REPLICAS_MISSING_FOUND
 from quorumlog.recovery._plan import entries_of_slot, slots_to_replace
+from quorumlog.recovery._store import RecoveryMeta
 
 _log = get_logger(__name__)
 
@@ -57,7 +57,7 @@ def sample_entries(entries: Sequence[int], percent: int, rng: random.Random) -> 
 
 
 class ReplicaChecker:
-    def __init__(self, client: LedgerClient, meta: MetaClient, config: RecoveryConfig, *,
+    def __init__(self, client: LedgerClient, meta: RecoveryMeta, config: RecoveryConfig, *,
                  clock: Clock = SYSTEM_CLOCK, rng: random.Random | None = None) -> None:
         self._client = client
         self._meta = meta

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import msgspec
 
@@ -41,8 +41,8 @@ from quorumlog.ledger import (
     master_key,
 )
 from quorumlog.log import get_logger
-from quorumlog.meta import MetaClient
 from quorumlog.recovery import _layout as layout
+from quorumlog.recovery._auditor import registration_counts
 from quorumlog.recovery._config import RecoveryConfig
 from quorumlog.recovery._metrics import BYTES_COPIED, FRAGMENTS_REPLICATED
 from quorumlog.recovery._plan import (
@@ -54,6 +54,7 @@ from quorumlog.recovery._plan import (
     sources_for,
 )
 from quorumlog.recovery._session import RecoverySession
+from quorumlog.recovery._store import RecoveryMeta
 
 _log = get_logger(__name__)
 
@@ -62,7 +63,13 @@ METADATA_CAS_ATTEMPTS_MAX = 16
 
 
 class EntryLostError(QuorumlogError):
-    """No surviving replica holds an entry: the ledger has lost data."""
+    """No surviving replica holds an entry: the ledger has lost data - unless one
+    of ``unreachable`` (bookies of its write set that never said they lack it:
+    the lost bookie itself, unregistered ones) comes back holding it."""
+
+    def __init__(self, message: str, *, unreachable: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.unreachable = tuple(sorted(unreachable))
 
 
 class Throttle:
@@ -82,7 +89,7 @@ class Throttle:
 
 
 class ReplicationWorker:
-    def __init__(self, worker_id: str, client: LedgerClient, meta: MetaClient,
+    def __init__(self, worker_id: str, client: LedgerClient, meta: RecoveryMeta,
                  session: RecoverySession, config: RecoveryConfig, *,
                  clock: Clock = SYSTEM_CLOCK, rng: random.Random | None = None) -> None:
         self.worker_id = worker_id
@@ -116,11 +123,16 @@ class ReplicationWorker:
         return done
 
     async def _attempt(self, ledger_id: int) -> bool:
+        # Counted before any read: a bookie registering during the attempt counts
+        # as back, and the auditor reopens the task if it is marked lost.
+        registrations = await registration_counts(self._meta)
         try:
             return await self.replicate(ledger_id)
         except EntryLostError as exc:
             _log.error("recovery_ledger_lost", ledger=ledger_id, error=exc.message)
-            await self._update_task(ledger_id, state=layout.TaskState.LOST, error=exc.message)
+            await self._update_task(ledger_id, state=layout.TaskState.LOST, error=exc.message,
+                                    unreachable={b: registrations.get(b, 0)
+                                                 for b in exc.unreachable})
         except QuorumlogError as exc:
             _log.warning("recovery_attempt_failed", ledger=ledger_id, error=exc.message)
             await self._failed_attempt(ledger_id, exc.message)
@@ -272,7 +284,7 @@ class ReplicationWorker:
         timeout_s = self._config.request_timeout_ms / 1000
         errors: list[str] = []
         sources = [b for b in sources_for(metadata, slot, entry_id, avoid) if b not in avoid]
-        missing = 0
+        missing: set[str] = set()
         for bookie in sources:
             try:
                 reply = await self._client.context.bookies.read_entry(
@@ -282,14 +294,17 @@ class ReplicationWorker:
                                   source=bookie)
                 return bytes(reply.envelope)
             except (wire.NoSuchEntryError, wire.NoSuchLedgerError) as exc:
-                missing += 1
+                missing.add(bookie)
                 errors.append(f"{bookie}: {exc}")
             except QuorumlogError as exc:
                 errors.append(f"{bookie}: {exc}")
-        if missing == len(sources):  # every live replica says so (or none is left)
+        if missing == set(sources):  # every live replica says so (or none is left)
+            # The rest of the write set (the slot's own bookie, unregistered ones)
+            # never said it lacks the entry: it may come back holding it.
             raise EntryLostError(
                 f"ledger {metadata.ledger_id}: entry {entry_id} is on no surviving bookie "
-                f"({'; '.join(errors) or 'every replica of its write set is lost'})")
+                f"({'; '.join(errors) or 'every replica of its write set is lost'})",
+                unreachable=set(metadata.write_set_bookies(entry_id)) - missing)
         raise QuorumlogError(
             f"ledger {metadata.ledger_id}: cannot read entry {entry_id} from a surviving "
             f"replica now ({'; '.join(errors)}); retrying later")
