@@ -47,6 +47,7 @@ from quorumlog.recovery._scrub import (
 )
 from quorumlog.recovery._service import RecoveryService
 from quorumlog.recovery._session import RecoverySession
+from quorumlog.recovery._store import RecoveryMeta
 from quorumlog.recovery._worker import EntryLostError, ReplicationWorker
 
 __all__ = [
@@ -61,6 +62,7 @@ __all__ = [
     "DecommissionRefusedError",
     "EntryLostError",
     "RecoveryConfig",
+    "RecoveryMeta",
     "RecoveryService",
     "RecoverySession",
     "RecoveryStatus",

@@ -73,19 +73,21 @@ class EntryLostError(QuorumlogError):
 
 
 class Throttle:
-    """Token bucket in bytes/s over the worker's copies."""
+    """Paces the worker's copies at ``bytes_per_s``: each batch is due its size
+    over the rate after the one before. Idle time is not saved up: a worker idle
+    for an hour does not then copy an hour's worth at full speed."""
 
     def __init__(self, bytes_per_s: int, clock: Clock) -> None:
         self._rate = bytes_per_s
         self._clock = clock
-        self._start_s = clock.monotonic_s()
-        self._sent = 0
+        self._free_at_s = clock.monotonic_s()
 
     async def spend(self, size_bytes: int) -> None:
-        self._sent += size_bytes
-        ahead_s = self._sent / self._rate - (self._clock.monotonic_s() - self._start_s)
-        if ahead_s > 0:
-            await asyncio.sleep(ahead_s)
+        now_s = self._clock.monotonic_s()
+        self._free_at_s = max(self._free_at_s, now_s) + size_bytes / self._rate
+        wait_s = self._free_at_s - now_s
+        if wait_s > 0:
+            await asyncio.sleep(wait_s)
 
 
 class ReplicationWorker:
