@@ -443,8 +443,10 @@ class RecoverySimulation:
                 slot = (ledger_id, index, position)
                 placed_ms = self.slot_placed_ms.get(slot, 0)
                 self.slot_placed_ms[slot] = self.now_ms()
-                if not any(start is not None and start >= placed_ms
-                           for start, _ in self.down.get(old_b, [])):
+                # An outage after it took the position, or going on then (it lost
+                # its disk between the copy and the swap).
+                if not any(end is None or end >= placed_ms
+                           for _, end in self.down.get(old_b, [])):
                     self.fail("slot-swapped-twice",
                               f"ledger {ledger_id} fragment {index} position {position}: "
                               f"{old_b} swapped out for {new_b} with no outage of {old_b} since "
@@ -453,7 +455,10 @@ class RecoverySimulation:
             newcomers = set(after.write_set_bookies(entry_id)) - set(
                 before.write_set_bookies(entry_id))
             for bookie in sorted(newcomers):
-                held = self.world.bookies[bookie].durable_entries(ledger_id).get(entry_id)
+                sim_bookie = self.world.bookies[bookie]
+                if entry_id in sim_bookie.lost_entries.get(ledger_id, set()):
+                    continue  # copied, then its disk was lost before the swap landed
+                held = sim_bookie.durable_entries(ledger_id).get(entry_id)
                 if held is None or held != self.truth.get(ledger_id, {}).get(entry_id, held):
                     self.fail("swap-before-copy",
                               f"ledger {ledger_id}: bookie {bookie} was swapped in for entry "
