@@ -187,16 +187,20 @@ async def reopen_if_back(meta: RecoveryMeta, task: layout.ReplicationTask, avail
 
 
 async def file_task(meta: RecoveryMeta, ledger_id: int, names: tuple[str, ...],
-                    tasks: dict[int, layout.ReplicationTask], now_ms: int) -> bool:
-    """File (or widen) the task of ``ledger_id`` for the bookies ``names``; True if
-    a task was created or gained bookies. ``tasks``: the tasks read this round."""
+                    tasks: dict[int, layout.ReplicationTask], now_ms: int, *,
+                    misplaced: tuple[str, ...] = ()) -> bool:
+    """File (or widen) the task of ``ledger_id`` for the bookies ``names`` (of
+    which ``misplaced`` are to move though they hold their data); True if a task
+    was created or gained bookies. ``tasks``: the tasks read this round."""
     existing = tasks.get(ledger_id)
     key = layout.task_key(ledger_id)
     if existing is None:
-        task = layout.ReplicationTask(ledger_id=ledger_id, bookies=names, created_ms=now_ms)
+        task = layout.ReplicationTask(ledger_id=ledger_id, bookies=names, created_ms=now_ms,
+                                      misplaced=misplaced)
         filed = await meta.cas(key, 0, task.encode())
         if filed:
-            _log.info("recovery_task_filed", ledger=ledger_id, bookies=list(names))
+            _log.info("recovery_task_filed", ledger=ledger_id, bookies=list(names),
+                      misplaced=list(misplaced))
         return filed
     if set(names) <= set(existing.bookies) or existing.state is not layout.TaskState.PENDING:
         return False
@@ -205,5 +209,6 @@ async def file_task(meta: RecoveryMeta, ledger_id: int, names: tuple[str, ...],
         return False
     current = layout.ReplicationTask.decode(kv.value)
     merged = tuple(sorted(set(current.bookies) | set(names)))
-    return bool(await meta.cas(
-        key, kv.version, msgspec.structs.replace(current, bookies=merged).encode()))
+    moved = tuple(sorted(set(current.misplaced) | set(misplaced)))
+    return bool(await meta.cas(key, kv.version, msgspec.structs.replace(
+        current, bookies=merged, misplaced=moved).encode()))

@@ -69,6 +69,9 @@ class ReplicationTask(msgspec.Struct, frozen=True, kw_only=True):
     # began. One registered again since (another version): the auditor sets
     # the task PENDING again, as a bookie gone past the delay may come back.
     unreachable: dict[str, int] = msgspec.field(default_factory=dict)
+    # Bookies of ``bookies`` that hold their data but break the ledger's
+    # placement policy (the periodic check): moved even though they answer.
+    misplaced: tuple[str, ...] = ()
 
     def encode(self) -> bytes:
         return msgspec.msgpack.encode(self)

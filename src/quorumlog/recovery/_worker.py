@@ -207,6 +207,7 @@ class ReplicationWorker:
             return  # replaced already (by an earlier attempt of this task)
         entries = entries_of_slot(metadata, slot)
         if (slot.bookie in available and slot.bookie not in draining
+                and slot.bookie not in task.misplaced
                 and await self._holds_all(metadata, slot.bookie, entries, password)):
             _log.info("recovery_bookie_still_holds", ledger=ledger_id, bookie=slot.bookie)
             return
