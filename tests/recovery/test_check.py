@@ -95,9 +95,13 @@ def test_check_finds_entries_lost_on_a_live_bookie(checked_cluster: Path) -> Non
             raise AssertionError("the planted loss did not take: the bookie still has it")
 
     rpc.run(poll(lost_on_victim, DEADLINE_S, "the restarted bookie answers"))
-    # Its new registration was counted: an auditor tells this return from an
+    # Its new registration is counted: an auditor tells this return from an
     # outage that never ended, even if no audit round saw it registered.
-    assert rpc.run(registrations()) > counted
+
+    async def counted_again() -> bool:
+        return await registrations() > counted
+
+    rpc.run(poll(counted_again, DEADLINE_S, "the restarted bookie counts its registration"))
     assert rpc.run(versions()) == before  # paused: nothing changed yet
     assert cli("recovery", "enable", "--dir", str(directory)).returncode == 0
 

@@ -102,7 +102,8 @@ def audit_command(
         "(a path or any URL Spark writes)."),
     repair: bool = typer.Option(
         False, "--repair", help="File under-replication tasks for missing or corrupt "
-        "replicas; the recovery workers copy them elsewhere."),
+        "replicas (the recovery workers copy them elsewhere) and drop the extra copies "
+        "of ledgers found fully replicated."),
     master: str = typer.Option("local[2]", "--master", help="Spark master of the job."),
     tasks: int | None = typer.Option(None, "--tasks", help="Spark tasks (default: one per "
                                      "fragment, at most 256)."),
@@ -127,6 +128,7 @@ def audit_command(
             "fragments": result.fragments, "replicas": result.replicas,
             "entries_read": result.entries_read, "by_status": result.by_status,
             "problems": problems, "tasks_filed": result.tasks_filed,
+            "extra_deleted": [list(pair) for pair in result.extra_deleted],
             "output": result.output, "seconds": round(result.seconds, 3)}))
     else:
         summary = Table("ledgers", "open (skipped)", "fragments", "replicas", "entries read",
@@ -148,6 +150,8 @@ def audit_command(
         if result.output:
             console.print(f"report: {result.output}", highlight=False)
         if repair:
-            console.print(f"repair: {len(result.tasks_filed)} task(s) filed", highlight=False)
+            console.print(f"repair: {len(result.tasks_filed)} task(s) filed, "
+                          f"{len(result.extra_deleted)} extra copy(ies) dropped",
+                          highlight=False)
     if result.problems and not repair:
         raise typer.Exit(2)

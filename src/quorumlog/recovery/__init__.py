@@ -44,6 +44,7 @@ from quorumlog.recovery._scrub import (
     ReplicaReport,
     audit_extra,
     audit_fragment,
+    delete_extra_copies,
     repair_tasks,
 )
 from quorumlog.recovery._service import RecoveryService
@@ -78,6 +79,7 @@ __all__ = [
     "cancel_decommission",
     "decommission",
     "decommission_progress",
+    "delete_extra_copies",
     "entries_of_slot",
     "lost_bookies",
     "misplaced_bookies",
