@@ -2,7 +2,8 @@
 
 The real ``ReplicaChecker`` and ``ReplicationWorker`` run against the
 simulator's bookies (the bookie's own rules) and meta on virtual time; the
-bookies sit in racks ``rack-<i % 3>``, so b0 and b3 share rack-0.
+bookies sit in racks ``rack-<i % 3>``, so b0 and b3 share rack-0, and the
+fourth bookie, outside such an ensemble, is the only one that can spread it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import random
 import msgspec
 
 from quorumlog import proto
-from quorumlog.ledger import BookieCandidate, LedgerMetadata, write_sets_spread
+from quorumlog.ledger import BookieCandidate, LedgerMetadata, master_key, write_sets_spread
 from quorumlog.recovery import (
     RecoveryConfig,
     RecoverySession,
@@ -64,6 +65,13 @@ def test_check_moves_a_misplaced_replica_and_leaves_random_ledgers() -> None:
         (moved,) = found.misplaced[aware]
         assert moved in {"b0", "b3"} and not found.missing
 
+        # The other replicas of the moved bookie's share are gone: the move must
+        # read the share from the misplaced bookie itself.
+        metadata = meta.peek(aware)
+        assert metadata is not None
+        (outside,) = set(RACKS) - set(metadata.ensembles[0].bookies)  # not rack-0
+        for other in set(metadata.ensembles[0].bookies) - {moved}:
+            world.bookies[other].delete_ledger(aware, master_key(PASSWORD))
         worker = ReplicationWorker("w", world.client("worker"), meta,
                                    RecoverySession(meta, config.lease_ttl_ms), config,
                                    clock=world, rng=random.Random(4))
@@ -71,15 +79,19 @@ def test_check_moves_a_misplaced_replica_and_leaves_random_ledgers() -> None:
         after = meta.peek(aware)
         assert after is not None
         ensemble = after.ensembles[0].bookies
-        assert moved not in ensemble and "b2" in ensemble  # the only rack-2 bookie
+        assert moved not in ensemble and outside in ensemble  # the only bookie that helps
         assert write_sets_spread([RACKS[b] for b in ensemble], 2, 2)
-        held = world.bookies["b2"].durable_entries(aware)
-        assert sorted(held) == [e for e in range(ENTRIES) if "b2" in after.write_set_bookies(e)]
+        held = world.bookies[outside].durable_entries(aware)
+        assert sorted(held) == [e for e in range(ENTRIES)
+                                if outside in after.write_set_bookies(e)]
+        assert held  # copied from the misplaced bookie, the only one left holding them
         unmoved = meta.peek(plain)
         assert unmoved is not None and {"b0", "b3"} <= set(unmoved.ensembles[0].bookies)
 
-        again = await checker.check_once()  # fixed: nothing more to move
-        assert not again.misplaced and not again.tasks_filed
+        again = await checker.check_once()  # placed well now: nothing more to move
+        assert not again.misplaced
+        emptied = set(metadata.ensembles[0].bookies) - {moved}
+        assert again.missing == {aware: emptied}  # what the test dropped, found as missing
 
     run_virtual(scenario())
 

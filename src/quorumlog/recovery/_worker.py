@@ -213,7 +213,8 @@ class ReplicationWorker:
             return
         target = await self._replacement(metadata, slot, available, task)
         copied = await self._copy(metadata, slot, entries, target, password,
-                                  avoid=set(task.bookies) - available)
+                                  avoid=set(task.bookies) - available,
+                                  own_copy=slot.bookie in task.misplaced)
         await self._swap(ledger_id, slot, target)
         FRAGMENTS_REPLICATED.inc()
         _log.info("recovery_fragment_replicated", ledger=ledger_id, first=slot.first_entry_id,
@@ -257,7 +258,9 @@ class ReplicationWorker:
         return chosen
 
     async def _copy(self, metadata: LedgerMetadata, slot: Slot, entries: Sequence[int],
-                    target: str, password: bytes, *, avoid: set[str]) -> int:
+                    target: str, password: bytes, *, avoid: set[str], own_copy: bool) -> int:
+        """Copy ``entries`` to ``target``; with ``own_copy`` (a misplaced replica,
+        moved while it holds its data) the slot's own bookie is a source too."""
         key = master_key(password)
         digest_key = _digest_key(metadata, password)
         batch_max = min(self._config.copy_batch_entries_max, wire.ADD_BATCH_ENTRIES_MAX)
@@ -266,7 +269,8 @@ class ReplicationWorker:
         for start in range(0, len(entries), batch_max):
             batch = entries[start:start + batch_max]
             envelopes = await asyncio.gather(*(
-                self._read_verified(metadata, slot, entry_id, digest_key, avoid)
+                self._read_verified(metadata, slot, entry_id, digest_key, avoid,
+                                    own_copy=own_copy)
                 for entry_id in batch))
             results = await self._client.context.bookies.add_entries(
                 target, metadata.ledger_id, key, list(zip(batch, envelopes, strict=True)),
@@ -283,10 +287,12 @@ class ReplicationWorker:
         return copied
 
     async def _read_verified(self, metadata: LedgerMetadata, slot: Slot, entry_id: int,
-                             digest_key: bytes, avoid: set[str]) -> bytes:
+                             digest_key: bytes, avoid: set[str], *, own_copy: bool) -> bytes:
         timeout_s = self._config.request_timeout_ms / 1000
         errors: list[str] = []
         sources = [b for b in sources_for(metadata, slot, entry_id, avoid) if b not in avoid]
+        if own_copy:
+            sources.append(slot.bookie)
         missing: set[str] = set()
         for bookie in sources:
             try:
