@@ -60,14 +60,16 @@ def list_underreplicated(members: str | None = MembersOption,
 
     tasks = _run(members, directory, underreplicated)
     rows = [{"ledger": t.ledger_id, "bookies": list(t.bookies), "state": t.state.value,
-             "attempts": t.attempts, "created_ms": t.created_ms, "error": t.error}
+             "attempts": t.attempts, "created_ms": t.created_ms, "error": t.error,
+             "misplaced": list(t.misplaced)}
             for t in tasks]
     if as_json:
         typer.echo(json.dumps({"ledgers": rows}))
         return
     table = Table("ledger", "bookies", "state", "attempts", "error")
     for r in rows:
-        table.add_row(str(r["ledger"]), ", ".join(r["bookies"]), r["state"],
+        moved = " (misplaced: moved)" if r["misplaced"] else ""
+        table.add_row(str(r["ledger"]), ", ".join(r["bookies"]) + moved, r["state"],
                       str(r["attempts"]), r["error"])
     console.print(table)
 
