@@ -1,6 +1,7 @@
 """The Spark audit job against a real cluster and a real local Spark session:
 a planted missing + corrupt replica and an extra copy are reported (summary,
-problem rows, Parquet), and --repair gets the bad replica re-replicated."""
+problem rows, Parquet), and --repair gets the bad replica re-replicated and
+the extra copies of whole ledgers dropped."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ async def _recovery_add(meta: list[str], ledger_id: int, entry_id: int, source: 
         assert results == [None]
 
 
-@pytest.mark.slow  # ~2 min on 2 busy cores: a node restart, three Spark jobs (one via the CLI)
+@pytest.mark.slow  # ~2 min on 2 busy cores: a node restart, four Spark jobs (one via the CLI)
 def test_audit_reports_and_repairs(audited_cluster: Path, tmp_path: Path) -> None:
     from quorumlog.spark import audit, local_session
 
@@ -116,6 +117,8 @@ def test_audit_reports_and_repairs(audited_cluster: Path, tmp_path: Path) -> Non
         assert repaired.returncode == 0, repaired.stderr
         summary = json.loads(repaired.stdout.strip().splitlines()[-1])
         assert summary["tasks_filed"] == [damaged]
+        # The planted extra copy's ledger is healthy: repair drops that copy.
+        assert summary["extra_deleted"] == [[other, outsider]]
         assert cli("recovery", "enable", "--dir", str(directory)).returncode == 0
 
         async def fixed() -> bool:
@@ -126,11 +129,13 @@ def test_audit_reports_and_repairs(audited_cluster: Path, tmp_path: Path) -> Non
 
         rpc.run(poll(fixed, DEADLINE_S, "the workers re-replicate the bad replica",
                      interval_s=0.3))
-        after = audit(spark, meta)
-        # What is left are extra copies, which repair does not touch (reported only):
-        # the planted one, and the bad replica's remains on the victim, no longer named.
-        assert sorted((p.ledger_id, p.bookie, p.status) for p in after.problems) == sorted(
-            [(other, outsider, "extra"), (damaged, victim, "extra")])
+        after = audit(spark, meta, repair=True)
+        # Left: the bad replica's remains on the victim, no longer named; its ledger
+        # is whole again, so this repair drops them, and nothing is left.
+        assert [(p.ledger_id, p.bookie, p.status) for p in after.problems] == [
+            (damaged, victim, "extra")]
+        assert after.extra_deleted == [(damaged, victim)]
+        assert audit(spark, meta).problems == []
     finally:
         spark.stop()
 

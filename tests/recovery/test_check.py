@@ -14,7 +14,12 @@ from quorumlog.bookie import LedgerStorage
 from quorumlog.errors import QuorumlogError
 from quorumlog.ledger import LedgerClient
 from quorumlog.meta import MetaClient
-from quorumlog.proto import NoSuchEntryError, NoSuchLedgerError, ledger_key
+from quorumlog.proto import (
+    BOOKIE_REGISTRATIONS_PREFIX,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    ledger_key,
+)
 from quorumlog.recovery import TASK_PREFIX
 
 from .support import RECOVERY_ENV, cli, metadata_of, payload, poll, running_cluster, write_ledgers
@@ -58,6 +63,14 @@ def test_check_finds_entries_lost_on_a_live_bookie(checked_cluster: Path) -> Non
         (ledger_id, info) for info in reversed(infos) for ledger_id in ledgers
         if info.address in before[ledger_id][1])
     victim = victim_info.address
+
+    async def registrations() -> int:
+        async with MetaClient(meta) as client:
+            kv = await client.get(BOOKIE_REGISTRATIONS_PREFIX + victim)
+            return 0 if kv is None else int(kv.version)
+
+    counted = rpc.run(registrations())
+    assert counted >= 1  # the bookie counted its registration
     # Plant the loss: drop the ledger from the stopped bookie's storage, behind
     # the protocol's back, and start the bookie again.
     cluster.stop_node(directory, victim_info.id)
@@ -82,6 +95,13 @@ def test_check_finds_entries_lost_on_a_live_bookie(checked_cluster: Path) -> Non
             raise AssertionError("the planted loss did not take: the bookie still has it")
 
     rpc.run(poll(lost_on_victim, DEADLINE_S, "the restarted bookie answers"))
+    # Its new registration is counted: an auditor tells this return from an
+    # outage that never ended, even if no audit round saw it registered.
+
+    async def counted_again() -> bool:
+        return await registrations() > counted
+
+    rpc.run(poll(counted_again, DEADLINE_S, "the restarted bookie counts its registration"))
     assert rpc.run(versions()) == before  # paused: nothing changed yet
     assert cli("recovery", "enable", "--dir", str(directory)).returncode == 0
 

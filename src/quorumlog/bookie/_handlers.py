@@ -53,6 +53,8 @@ from quorumlog.proto import (
     AddEntryResponse,
     BookieStatusRequest,
     BookieStatusResponse,
+    DeleteLedgerRequest,
+    DeleteLedgerResponse,
     EntryTooLargeError,
     FenceRequest,
     FenceResponse,
@@ -106,6 +108,7 @@ class RequestHandlers:
             LedgerInfoRequest: self.ledger_info,
             GcRequest: self.gc,
             ScrubRequest: self.scrub,
+            DeleteLedgerRequest: self.delete_ledger,
         }
 
     # ------------------------------------------------------------------ helpers
@@ -368,6 +371,22 @@ class RequestHandlers:
         return GcResponse(deleted_ledgers=result.deleted_ledgers,
                           compacted_logs=result.compacted_logs,
                           reclaimed_bytes=result.reclaimed_bytes)
+
+    async def delete_ledger(
+        self, request: DeleteLedgerRequest, ctx: rpc.RequestContext
+    ) -> DeleteLedgerResponse:
+        """Drop the local copy, as GC drops a deleted ledger (journalled, so a
+        replay does not bring it back)."""
+        try:
+            info = self._service.storage.ledger_info(request.ledger_id)
+        except NoSuchLedgerError:
+            return DeleteLedgerResponse(ledger_id=request.ledger_id, deleted=False)
+        if not hmac.compare_digest(info.master_key, request.master_key):
+            raise UnauthorizedError(
+                f"master key does not match the one ledger {request.ledger_id} was created "
+                "with; check the ledger password")
+        self._service.delete_ledger(request.ledger_id)
+        return DeleteLedgerResponse(ledger_id=request.ledger_id, deleted=True)
 
     async def scrub(self, request: ScrubRequest, ctx: rpc.RequestContext) -> ScrubResponse:
         service = self._service

@@ -30,7 +30,7 @@ from quorumlog.clock import SYSTEM_CLOCK, Clock
 from quorumlog.errors import QuorumlogError
 from quorumlog.log import get_logger
 from quorumlog.meta import MetaClient
-from quorumlog.proto import BOOKIE_REGISTRY_PREFIX, BookieRegistration
+from quorumlog.proto import BOOKIE_REGISTRATIONS_PREFIX, BOOKIE_REGISTRY_PREFIX, BookieRegistration
 
 _log = get_logger(__name__)
 
@@ -144,6 +144,8 @@ class Registration:
         started = self._clock.monotonic_s()
         session_id = await self._meta.create_session(int(self._ttl_s * 1000))
         self._session_id = session_id
+        # Counted before the key appears: the auditor must never miss a return.
+        await self._meta.put(f"{BOOKIE_REGISTRATIONS_PREFIX}{self.bookie_id}", b"")
         await self._publish()
         self._last_keepalive = started  # the session's TTL started no later than this
         self._registered = True

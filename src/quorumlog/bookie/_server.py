@@ -203,7 +203,7 @@ class BookieService:
                 retry_ms=self.config.registration_retry_ms, read_only=lambda: storage.read_only)
         self._gc = GarbageCollector(
             storage, self._meta, live_ratio_threshold=self.config.gc_live_ratio_threshold,
-            executor=self._executor, delete_ledger=self._delete_ledger, flush=self.flush)
+            executor=self._executor, delete_ledger=self.delete_ledger, flush=self.flush)
         self._started = True
         register_source(self)
         config = self.config
@@ -383,8 +383,9 @@ class BookieService:
         self.counters.gc_reclaimed_bytes += result.reclaimed_bytes
         return result
 
-    def _delete_ledger(self, ledger_id: int) -> None:
-        """GC: delete locally and journal it (so a replay does not bring it back)."""
+    def delete_ledger(self, ledger_id: int) -> None:
+        """Delete locally and journal it (so a replay does not bring it back): GC,
+        and an extra copy auto-recovery removes."""
         self._handlers.keyed.discard(ledger_id)
         if self.storage.delete_ledger(ledger_id):
             self.journal.append_quiet(encode_control(DeleteRecord(ledger_id)))

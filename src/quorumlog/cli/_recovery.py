@@ -60,14 +60,16 @@ def list_underreplicated(members: str | None = MembersOption,
 
     tasks = _run(members, directory, underreplicated)
     rows = [{"ledger": t.ledger_id, "bookies": list(t.bookies), "state": t.state.value,
-             "attempts": t.attempts, "created_ms": t.created_ms, "error": t.error}
+             "attempts": t.attempts, "created_ms": t.created_ms, "error": t.error,
+             "misplaced": list(t.misplaced)}
             for t in tasks]
     if as_json:
         typer.echo(json.dumps({"ledgers": rows}))
         return
     table = Table("ledger", "bookies", "state", "attempts", "error")
     for r in rows:
-        table.add_row(str(r["ledger"]), ", ".join(r["bookies"]), r["state"],
+        moved = " (misplaced: moved)" if r["misplaced"] else ""
+        table.add_row(str(r["ledger"]), ", ".join(r["bookies"]) + moved, r["state"],
                       str(r["attempts"]), r["error"])
     console.print(table)
 
@@ -102,7 +104,8 @@ def audit_command(
         "(a path or any URL Spark writes)."),
     repair: bool = typer.Option(
         False, "--repair", help="File under-replication tasks for missing or corrupt "
-        "replicas; the recovery workers copy them elsewhere."),
+        "replicas (the recovery workers copy them elsewhere) and drop the extra copies "
+        "of ledgers found fully replicated."),
     master: str = typer.Option("local[2]", "--master", help="Spark master of the job."),
     tasks: int | None = typer.Option(None, "--tasks", help="Spark tasks (default: one per "
                                      "fragment, at most 256)."),
@@ -127,6 +130,7 @@ def audit_command(
             "fragments": result.fragments, "replicas": result.replicas,
             "entries_read": result.entries_read, "by_status": result.by_status,
             "problems": problems, "tasks_filed": result.tasks_filed,
+            "extra_deleted": [list(pair) for pair in result.extra_deleted],
             "output": result.output, "seconds": round(result.seconds, 3)}))
     else:
         summary = Table("ledgers", "open (skipped)", "fragments", "replicas", "entries read",
@@ -148,6 +152,8 @@ def audit_command(
         if result.output:
             console.print(f"report: {result.output}", highlight=False)
         if repair:
-            console.print(f"repair: {len(result.tasks_filed)} task(s) filed", highlight=False)
+            console.print(f"repair: {len(result.tasks_filed)} task(s) filed, "
+                          f"{len(result.extra_deleted)} extra copy(ies) dropped",
+                          highlight=False)
     if result.problems and not repair:
         raise typer.Exit(2)

@@ -2,7 +2,8 @@
 
 ``quorumlog sim raft --seeds N`` runs N seeds and prints a summary;
 ``quorumlog sim raft --seed S --trace`` replays one seed and prints its
-transcript. ``quorumlog sim ledger`` does the same for the ledger protocol.
+transcript. ``quorumlog sim ledger``, ``table`` and ``recovery`` do the same for
+the ledger protocol, the table scheduler and auto-recovery.
 A failure prints the seed, the violated invariant and the command that
 replays it; the exit code is 1 when any seed failed.
 """
@@ -298,6 +299,65 @@ def table(
         _console.print(result.detail.splitlines()[0] if result.detail else "",
                        markup=False, highlight=False)
         _console.print(f"  replay: quorumlog sim table --seed {result.seed} --trace",
+                       markup=False, highlight=False)
+    if failures:
+        raise typer.Exit(1)
+
+
+@app.command("recovery")
+def recovery(
+    seeds: int = typer.Option(0, "--seeds", min=0, help="Run this many seeds."),
+    start: int = typer.Option(0, "--start", min=0, help="First seed of --seeds."),
+    seed: int | None = typer.Option(None, "--seed", min=0, help="Run (replay) one seed."),
+    jobs: int = typer.Option(2, "--jobs", min=1, max=64, help="Worker processes for --seeds."),
+    trace: bool = typer.Option(False, "--trace", help="With --seed: print the transcript."),
+) -> None:
+    """Run the auto-recovery simulator: the production auditor and replication
+    workers on three nodes with node crashes mid-copy, expiring sessions,
+    bookie outages and disks lost for good; every closed ledger must end with
+    its full write quorum on live bookies (or be reported lost)."""
+    from quorumlog.errors import UsageError
+    from quorumlog.log import configure
+    from quorumlog.sim import run_recovery_many, run_recovery_seed
+
+    # The auditor's and workers' own log lines (a lost ledger is an error there)
+    # are the run's expected events: the transcript shows the run instead.
+    configure("CRITICAL")
+    if (seed is None) == (seeds == 0):
+        raise UsageError("give exactly one of --seed S (replay one) or --seeds N (run many)")
+    if seed is not None:
+        result = run_recovery_seed(seed, keep_trace=trace)
+        for line in result.trace:
+            _console.print(line, markup=False, highlight=False)
+        _console.print(f"seed {seed}: " + ("[green]passed[/]" if result.passed
+                                           else f"[red]FAILED[/] {result.violation}"))
+        stats = " ".join(f"{k}={v}" for k, v in result.stats.items())
+        _console.print(f"  {stats}", markup=False, highlight=False)
+        if trace:
+            _console.print(f"  trace sha256 {result.trace_hash}", markup=False)
+        if not result.passed:
+            _console.print(f"  {result.detail}", markup=False, highlight=False)
+            _console.print(f"  replay: quorumlog sim recovery --seed {seed} --trace",
+                           markup=False, highlight=False)
+            raise typer.Exit(1)
+        return
+    if trace:
+        raise UsageError("--trace needs --seed S: transcripts are kept for one seed only")
+    results = run_recovery_many(range(start, start + seeds), jobs=jobs)
+    failures = [r for r in results if not r.passed]
+    totals = {key: sum(r.stats.get(key, 0) for r in results)
+              for key in ("node_crashes", "keepalive_stalls", "bookie_outages", "disks_lost",
+                          "tasks_filed", "swaps")}
+    _console.print(f"quorumlog sim recovery: seeds {start}..{start + seeds - 1}: "
+                   + " ".join(f"{k}={v}" for k, v in totals.items()), markup=False)
+    verdict = "[green]all passed[/]" if not failures else f"[red]{len(failures)} failed[/]"
+    _console.print(f"{len(results)} seeds: {verdict}")
+    for result in failures:
+        _console.print(f"[red]seed {result.seed}[/] violated [bold]{result.violation}[/]: ",
+                       end="")
+        _console.print(result.detail.splitlines()[0] if result.detail else "",
+                       markup=False, highlight=False)
+        _console.print(f"  replay: quorumlog sim recovery --seed {result.seed} --trace",
                        markup=False, highlight=False)
     if failures:
         raise typer.Exit(1)

@@ -46,6 +46,7 @@ from quorumlog.ledger._placement import (
     choose_rack_aware,
     choose_random,
     choose_replacement,
+    write_sets_spread,
 )
 from quorumlog.ledger._quorum import (
     AckSet,
@@ -106,4 +107,5 @@ __all__ = [
     "master_key",
     "outcome_of",
     "password_digest",
+    "write_sets_spread",
 ]

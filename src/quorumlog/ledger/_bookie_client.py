@@ -136,6 +136,10 @@ class BookieTransport(Protocol):
         self, bookie: str, ledger_id: int, master_key: bytes, lac: int, *, timeout_s: float
     ) -> None: ...
 
+    async def delete_ledger(
+        self, bookie: str, ledger_id: int, master_key: bytes, *, timeout_s: float
+    ) -> bool: ...
+
     async def close(self) -> None: ...
 
 
@@ -276,6 +280,14 @@ class RpcBookieTransport:
     ) -> None:
         request = wire.WriteLacRequest(ledger_id=ledger_id, master_key=master_key, lac=lac)
         await self._call(bookie, request, None, timeout_s)
+
+    async def delete_ledger(
+        self, bookie: str, ledger_id: int, master_key: bytes, *, timeout_s: float
+    ) -> bool:
+        """Drop ``bookie``'s copy of the ledger; False if it held none."""
+        request = wire.DeleteLedgerRequest(ledger_id=ledger_id, master_key=master_key)
+        response, _ = await self._call(bookie, request, None, timeout_s)
+        return bool(response.deleted)
 
     async def close(self) -> None:
         self._connections.clear()

@@ -52,7 +52,9 @@ def choose_random(
     return Placement(tuple(c.address for c in chosen), True)
 
 
-def _write_sets_spread(racks: Sequence[str], write_quorum: int, min_racks: int) -> bool:
+def write_sets_spread(racks: Sequence[str], write_quorum: int, min_racks: int) -> bool:
+    """Whether every write set of an ensemble whose bookies sit in ``racks`` spans
+    ``min_racks`` racks (or its whole write quorum, if smaller)."""
     n = len(racks)
     return all(
         len({racks[(first + k) % n] for k in range(write_quorum)}) >= min(min_racks, write_quorum)
@@ -83,7 +85,7 @@ def choose_rack_aware(
         for rack in racks:
             if by_rack[rack] and len(chosen) < size:
                 chosen.append(by_rack[rack].pop())
-    ok = _write_sets_spread([c.rack for c in chosen], write_quorum, min_racks)
+    ok = write_sets_spread([c.rack for c in chosen], write_quorum, min_racks)
     return Placement(tuple(c.address for c in chosen), ok)
 
 
@@ -104,6 +106,6 @@ def choose_replacement(
     for candidate in rng_pool:
         trial = [racks.get(b, "default") for b in ensemble]
         trial[index] = candidate.rack
-        if _write_sets_spread(trial, write_quorum, min_racks):
+        if write_sets_spread(trial, write_quorum, min_racks):
             return candidate.address
     return rng_pool[0].address

@@ -25,6 +25,11 @@ BOOKIE_LIMBO_PREFIX = "/bookies/limbo/"  # re-added bookies: ledgers they may ha
 # draining bookie still serves reads, but no new ensemble or replacement names
 # it, and auto-recovery copies everything it holds elsewhere.
 BOOKIE_DRAINING_PREFIX = "/bookies/draining/"
+# Persistent: a bookie rewrites /bookies/registrations/<id> each time it
+# registers (before the ephemeral key), so the key's version counts its
+# registrations. Auto-recovery's auditor compares it between rounds: a bookie
+# back and gone again in between restarts its lost-bookie delay.
+BOOKIE_REGISTRATIONS_PREFIX = "/bookies/registrations/"
 LEDGER_KEY_PREFIX = "/ledgers/"
 LEDGER_ID_COUNTER = "ledger"
 

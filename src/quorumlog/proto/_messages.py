@@ -293,3 +293,19 @@ class ScrubResponse(rpc.Message, frozen=True):
 
 class ScrubRequest(rpc.Request[ScrubResponse], frozen=True):
     type_id: ClassVar[int] = 1226
+
+
+class DeleteLedgerResponse(rpc.Message, frozen=True):
+    type_id: ClassVar[int] = 1229
+    ledger_id: int
+    deleted: bool  # False: the bookie held no copy
+
+
+class DeleteLedgerRequest(rpc.Request[DeleteLedgerResponse], frozen=True):
+    """Drop this bookie's copy of a ledger (auto-recovery removes an extra copy,
+    one the ledger's metadata does not name, this way). The master key must be
+    the ledger's; the caller decides that the copy is not needed."""
+
+    type_id: ClassVar[int] = 1228
+    ledger_id: int
+    master_key: bytes

@@ -34,6 +34,7 @@ from quorumlog.recovery._plan import (
     Slot,
     entries_of_slot,
     lost_bookies,
+    misplaced_bookies,
     placement_label,
     replacement_for,
     slots_to_replace,
@@ -43,10 +44,12 @@ from quorumlog.recovery._scrub import (
     ReplicaReport,
     audit_extra,
     audit_fragment,
+    delete_extra_copies,
     repair_tasks,
 )
 from quorumlog.recovery._service import RecoveryService
 from quorumlog.recovery._session import RecoverySession
+from quorumlog.recovery._store import RecoveryMeta
 from quorumlog.recovery._worker import EntryLostError, ReplicationWorker
 
 __all__ = [
@@ -61,6 +64,7 @@ __all__ = [
     "DecommissionRefusedError",
     "EntryLostError",
     "RecoveryConfig",
+    "RecoveryMeta",
     "RecoveryService",
     "RecoverySession",
     "RecoveryStatus",
@@ -75,8 +79,10 @@ __all__ = [
     "cancel_decommission",
     "decommission",
     "decommission_progress",
+    "delete_extra_copies",
     "entries_of_slot",
     "lost_bookies",
+    "misplaced_bookies",
     "placement_label",
     "recovery_status",
     "repair_tasks",

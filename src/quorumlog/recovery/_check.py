@@ -8,7 +8,12 @@ of them, and always the position's last entry) with at most
 ``check_reads_in_flight_max`` reads in flight. A bookie that answers "no such
 entry" or "no such ledger" for one of them gets an under-replication task for
 that ledger, as a lost bookie would; the worker finds the slot incomplete
-(it re-reads every entry) and copies it to a replacement. Timeouts and other
+(it re-reads every entry) and copies it to a replacement. A rack- or
+zone-aware ledger whose fragment has a write set over fewer failure domains
+than ``placement_min_racks`` while the registered bookies would allow more
+(a bookie relabelled, or chosen when too few racks were registered) gets a
+task that moves one replica (``ReplicationTask.misplaced``: moved though it
+holds its data) to a bookie the policy picks. Timeouts and other
 errors prove nothing and file nothing. OPEN ledgers are left to their writer.
 """
 
@@ -22,14 +27,19 @@ from dataclasses import dataclass, field
 from quorumlog import proto as wire
 from quorumlog.clock import SYSTEM_CLOCK, Clock
 from quorumlog.errors import QuorumlogError
-from quorumlog.ledger import LedgerClient, LedgerMetadata
+from quorumlog.ledger import BookieCandidate, LedgerClient, LedgerMetadata
 from quorumlog.log import get_logger
-from quorumlog.meta import MetaClient
 from quorumlog.recovery import _layout as layout
 from quorumlog.recovery._auditor import file_task, ids_under, iter_ledgers
 from quorumlog.recovery._config import RecoveryConfig
-from quorumlog.recovery._metrics import REPLICAS_MISSING_FOUND
-from quorumlog.recovery._plan import entries_of_slot, slots_to_replace
+from quorumlog.recovery._metrics import REPLICAS_MISPLACED_FOUND, REPLICAS_MISSING_FOUND
+from quorumlog.recovery._plan import (
+    entries_of_slot,
+    misplaced_bookies,
+    placement_label,
+    slots_to_replace,
+)
+from quorumlog.recovery._store import RecoveryMeta
 
 _log = get_logger(__name__)
 
@@ -43,6 +53,7 @@ class CheckRound:
     ledgers_checked: int = 0
     entries_read: int = 0
     missing: dict[int, set[str]] = field(default_factory=dict)  # ledger -> bookies lacking entries
+    misplaced: dict[int, set[str]] = field(default_factory=dict)  # ledger -> bookies to move
     tasks_filed: list[int] = field(default_factory=list)
     skipped_disabled: bool = False
 
@@ -57,7 +68,7 @@ def sample_entries(entries: Sequence[int], percent: int, rng: random.Random) -> 
 
 
 class ReplicaChecker:
-    def __init__(self, client: LedgerClient, meta: MetaClient, config: RecoveryConfig, *,
+    def __init__(self, client: LedgerClient, meta: RecoveryMeta, config: RecoveryConfig, *,
                  clock: Clock = SYSTEM_CLOCK, rng: random.Random | None = None) -> None:
         self._client = client
         self._meta = meta
@@ -73,6 +84,7 @@ class ReplicaChecker:
             return out
         registered = set(await ids_under(self._meta, wire.BOOKIE_REGISTRY_PREFIX))
         limit = asyncio.Semaphore(self._config.check_reads_in_flight_max)
+        candidates: dict[str | None, list[BookieCandidate]] = {}
         for metadata, _ in await iter_ledgers(self._meta, self._config.audit_ledgers_per_page):
             if not metadata.is_closed:
                 continue
@@ -80,16 +92,34 @@ class ReplicaChecker:
             lacking = await self._check_ledger(metadata, registered, limit, out)
             if lacking:
                 out.missing[metadata.ledger_id] = lacking
+            label = placement_label(metadata)
+            if label is not None and label not in candidates:
+                candidates[label] = await self._client.context.candidates(label)
+            moved = misplaced_bookies(metadata, candidates.get(label, []), min_racks=(
+                self._client.context.config.placement_min_racks))
+            if moved:
+                out.misplaced[metadata.ledger_id] = moved
+        await self._file(out)
+        return out
+
+    async def _file(self, out: CheckRound) -> None:
         tasks = {int(k): layout.ReplicationTask.decode(v)
                  for k, v in (await ids_under(self._meta, layout.TASK_PREFIX)).items()}
         now_ms = self._clock.wall_ms()
-        for ledger_id, bookies in sorted(out.missing.items()):
-            REPLICAS_MISSING_FOUND.inc(len(bookies))
-            _log.warning("recovery_check_found_missing", ledger=ledger_id,
-                         bookies=sorted(bookies))
-            if await file_task(self._meta, ledger_id, tuple(sorted(bookies)), tasks, now_ms):
+        for ledger_id in sorted(set(out.missing) | set(out.misplaced)):
+            lacking = out.missing.get(ledger_id, set())
+            moved = out.misplaced.get(ledger_id, set())
+            if lacking:
+                REPLICAS_MISSING_FOUND.inc(len(lacking))
+                _log.warning("recovery_check_found_missing", ledger=ledger_id,
+                             bookies=sorted(lacking))
+            if moved:
+                REPLICAS_MISPLACED_FOUND.inc(len(moved))
+                _log.warning("recovery_check_found_misplaced", ledger=ledger_id,
+                             bookies=sorted(moved))
+            if await file_task(self._meta, ledger_id, tuple(sorted(lacking | moved)), tasks,
+                               now_ms, misplaced=tuple(sorted(moved))):
                 out.tasks_filed.append(ledger_id)
-        return out
 
     async def _check_ledger(self, metadata: LedgerMetadata, registered: set[str],
                             limit: asyncio.Semaphore, out: CheckRound) -> set[str]:

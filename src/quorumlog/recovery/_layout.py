@@ -64,6 +64,14 @@ class ReplicationTask(msgspec.Struct, frozen=True, kw_only=True):
     # "<fragment first entry>/<position>" -> replacement bookie chosen, so a
     # worker that takes over after a crash copies to the same bookie again.
     replacements: dict[str, str] = msgspec.field(default_factory=dict)
+    # LOST: the bookies of the lost entry's write set that never said they lack
+    # it -> the version of their /bookies/registrations/ key when the attempt
+    # began. One registered again since (another version): the auditor sets
+    # the task PENDING again, as a bookie gone past the delay may come back.
+    unreachable: dict[str, int] = msgspec.field(default_factory=dict)
+    # Bookies of ``bookies`` that hold their data but break the ledger's
+    # placement policy (the periodic check): moved even though they answer.
+    misplaced: tuple[str, ...] = ()
 
     def encode(self) -> bytes:
         return msgspec.msgpack.encode(self)
@@ -79,6 +87,9 @@ class ReplicationTask(msgspec.Struct, frozen=True, kw_only=True):
 class MissingBookie(msgspec.Struct, frozen=True, kw_only=True):
     bookie: str
     since_ms: int  # wall clock of the auditor that first saw it unregistered
+    # The version of its /bookies/registrations/ key then (-1: not recorded).
+    # Another version later: it registered in between, and the delay restarts.
+    registrations: int = -1
 
     def encode(self) -> bytes:
         return msgspec.msgpack.encode(self)

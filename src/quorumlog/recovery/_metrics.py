@@ -21,3 +21,6 @@ BYTES_COPIED = Counter(
 REPLICAS_MISSING_FOUND = Counter(
     "quorumlog_recovery_replicas_missing_found", "Fragment replicas the periodic check found "
     "lacking entries on a live bookie", registry=rpc.metrics_registry)
+REPLICAS_MISPLACED_FOUND = Counter(
+    "quorumlog_recovery_replicas_misplaced_found", "Fragment replicas the periodic check found "
+    "breaking their ledger's placement policy (moved elsewhere)", registry=rpc.metrics_registry)

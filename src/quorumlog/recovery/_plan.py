@@ -18,6 +18,7 @@ from quorumlog.ledger import (
     LedgerMetadata,
     choose_replacement,
     known_placement,
+    write_sets_spread,
 )
 
 
@@ -100,3 +101,31 @@ def replacement_for(metadata: LedgerMetadata, slot: Slot, candidates: Sequence[B
     return choose_replacement(candidates, fragment, slot.position, rng,
                               write_quorum=metadata.write_quorum,
                               min_racks=min_racks if aware else 1)
+
+
+def misplaced_bookies(metadata: LedgerMetadata, candidates: Sequence[BookieCandidate], *,
+                      min_racks: int) -> set[str]:
+    """Bookies of a rack/zone-aware ledger to move elsewhere: in a fragment whose
+    write sets do not all span ``min_racks`` failure domains (``candidates``
+    labelled with :func:`placement_label`), the last position whose move to one
+    writable candidate outside the fragment would make them all do so. Nothing
+    when no single move can (too few racks registered), or a bookie of the
+    fragment is not registered (its rack is unknown: the lost-bookie path)."""
+    if placement_label(metadata) is None:
+        return set()
+    racks = {c.address: c.rack for c in candidates}
+    quorum = metadata.write_quorum
+    out: set[str] = set()
+    for fragment in metadata.ensembles:
+        if any(b not in racks for b in fragment.bookies):
+            continue
+        current = [racks[b] for b in fragment.bookies]
+        if write_sets_spread(current, quorum, min_racks):
+            continue
+        pool = {c.rack for c in candidates if c.writable and c.address not in fragment.bookies}
+        for position in reversed(range(len(current))):
+            if any(write_sets_spread([*current[:position], rack, *current[position + 1:]],
+                                     quorum, min_racks) for rack in sorted(pool)):
+                out.add(fragment.bookies[position])
+                break
+    return out

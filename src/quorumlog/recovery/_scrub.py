@@ -3,7 +3,8 @@ which replicas are missing entries, hold corrupt ones (digest mismatch), or
 could not be read; and which registered bookies hold a ledger that no
 fragment names (extra replicas). The Spark audit job (``quorumlog audit``,
 ``quorumlog.spark.audit``) runs it once per fragment; ``repair_tasks`` files
-under-replication tasks for what it found (docs/recovery.md).
+under-replication tasks for what it found, and ``delete_extra_copies`` drops
+the extra replicas of ledgers found fully replicated (docs/recovery.md).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 from quorumlog import proto as wire
 from quorumlog.errors import QuorumlogError
-from quorumlog.ledger import LedgerClient, LedgerMetadata, RpcBookieTransport
+from quorumlog.ledger import LedgerClient, LedgerMetadata, RpcBookieTransport, master_key
 from quorumlog.meta import MetaClient
 from quorumlog.recovery import _layout as layout
 from quorumlog.recovery._auditor import file_task, ids_under
@@ -147,3 +148,56 @@ async def repair_tasks(meta: MetaClient, reports: Iterable[ReplicaReport],
         if await file_task(meta, ledger_id, tuple(sorted(bookies)), tasks, now_ms):
             filed.append(ledger_id)
     return filed
+
+
+EXTRA_DELETE_LOCK_TTL_MS = 10_000
+"""The session holding a ledger's task lock while its extra copies are dropped
+(a crashed repair's locks go after this)."""
+
+
+async def delete_extra_copies(client: LedgerClient, meta: MetaClient,
+                              problems: Iterable[ReplicaReport], *,
+                              timeout_s: float) -> list[tuple[int, str]]:
+    """Drop each extra copy in ``problems`` (a bookie holding a ledger no fragment
+    names) whose ledger is fully replicated: no missing, corrupt or unreachable
+    replica in the same audit, CLOSED, no under-replication task, and the
+    bookie still named nowhere in its metadata (read again now). Meanwhile it
+    holds the ledger's task lock, so no worker copies the ledger to a bookie
+    (its copy precedes its swap, under that lock) while the copy there is
+    dropped. The (ledger, bookie) pairs dropped."""
+    rows = list(problems)
+    unhealthy = {r.ledger_id for r in rows if r.status in (MISSING, CORRUPT, UNREACHABLE)}
+    extra = sorted({(r.ledger_id, r.bookie) for r in rows
+                    if r.status == EXTRA and r.ledger_id not in unhealthy})
+    if not extra:
+        return []
+    session_id = await meta.create_session(EXTRA_DELETE_LOCK_TTL_MS)
+    dropped: list[tuple[int, str]] = []
+    try:
+        for ledger_id, bookie in extra:
+            lock = layout.lock_key(ledger_id)
+            if not await meta.cas(lock, 0, b"audit-repair", session_id=session_id):
+                continue  # a worker is copying this ledger: leave it for the next audit
+            try:
+                if await _extra_copy_unneeded(client, meta, ledger_id, bookie):
+                    password = (await client.context.load_metadata(ledger_id))[0].known_password()
+                    if password is not None and await client.context.bookies.delete_ledger(
+                            bookie, ledger_id, master_key(password), timeout_s=timeout_s):
+                        dropped.append((ledger_id, bookie))
+            finally:
+                await meta.delete(lock)
+    finally:
+        await meta.revoke_session(session_id)
+    return dropped
+
+
+async def _extra_copy_unneeded(client: LedgerClient, meta: MetaClient, ledger_id: int,
+                               bookie: str) -> bool:
+    if await meta.get(layout.task_key(ledger_id)) is not None:
+        return False  # under repair: the copy may be about to be named
+    try:
+        metadata, _ = await client.context.load_metadata(ledger_id)
+    except wire.NoSuchLedgerError:
+        return False  # deleted: garbage collection drops every copy
+    named = {b for fragment in metadata.ensembles for b in fragment.bookies}
+    return metadata.is_closed and bookie not in named

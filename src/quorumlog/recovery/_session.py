@@ -9,7 +9,7 @@ import contextlib
 
 from quorumlog.errors import QuorumlogError
 from quorumlog.log import get_logger
-from quorumlog.meta import MetaClient
+from quorumlog.recovery._store import RecoveryMeta
 
 _log = get_logger(__name__)
 
@@ -17,7 +17,7 @@ KEEPALIVES_PER_TTL = 3
 
 
 class RecoverySession:
-    def __init__(self, meta: MetaClient, ttl_ms: int) -> None:
+    def __init__(self, meta: RecoveryMeta, ttl_ms: int) -> None:
         self._meta = meta
         self._ttl_ms = ttl_ms
         self.session_id = 0
@@ -46,6 +46,11 @@ class RecoverySession:
             if not alive and self.session_id == session_id:
                 _log.warning("recovery_session_lost", session=session_id)
                 self.session_id = 0  # its locks and the auditor lease are gone with it
+
+    def abort(self) -> None:
+        """Stop the keep-alives without revoking: the session expires in meta."""
+        if self._task is not None:
+            self._task.cancel()
 
     async def close(self) -> None:
         if self._task is not None:

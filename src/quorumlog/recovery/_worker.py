@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import msgspec
 
@@ -41,8 +41,8 @@ from quorumlog.ledger import (
     master_key,
 )
 from quorumlog.log import get_logger
-from quorumlog.meta import MetaClient
 from quorumlog.recovery import _layout as layout
+from quorumlog.recovery._auditor import registration_counts
 from quorumlog.recovery._config import RecoveryConfig
 from quorumlog.recovery._metrics import BYTES_COPIED, FRAGMENTS_REPLICATED
 from quorumlog.recovery._plan import (
@@ -54,6 +54,7 @@ from quorumlog.recovery._plan import (
     sources_for,
 )
 from quorumlog.recovery._session import RecoverySession
+from quorumlog.recovery._store import RecoveryMeta
 
 _log = get_logger(__name__)
 
@@ -62,27 +63,35 @@ METADATA_CAS_ATTEMPTS_MAX = 16
 
 
 class EntryLostError(QuorumlogError):
-    """No surviving replica holds an entry: the ledger has lost data."""
+    """No surviving replica holds an entry: the ledger has lost data - unless one
+    of ``unreachable`` (bookies of its write set that never said they lack it:
+    the lost bookie itself, unregistered ones) comes back holding it."""
+
+    def __init__(self, message: str, *, unreachable: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.unreachable = tuple(sorted(unreachable))
 
 
 class Throttle:
-    """Token bucket in bytes/s over the worker's copies."""
+    """Paces the worker's copies at ``bytes_per_s``: each batch is due its size
+    over the rate after the one before. Idle time is not saved up: a worker idle
+    for an hour does not then copy an hour's worth at full speed."""
 
     def __init__(self, bytes_per_s: int, clock: Clock) -> None:
         self._rate = bytes_per_s
         self._clock = clock
-        self._start_s = clock.monotonic_s()
-        self._sent = 0
+        self._free_at_s = clock.monotonic_s()
 
     async def spend(self, size_bytes: int) -> None:
-        self._sent += size_bytes
-        ahead_s = self._sent / self._rate - (self._clock.monotonic_s() - self._start_s)
-        if ahead_s > 0:
-            await asyncio.sleep(ahead_s)
+        now_s = self._clock.monotonic_s()
+        self._free_at_s = max(self._free_at_s, now_s) + size_bytes / self._rate
+        wait_s = self._free_at_s - now_s
+        if wait_s > 0:
+            await asyncio.sleep(wait_s)
 
 
 class ReplicationWorker:
-    def __init__(self, worker_id: str, client: LedgerClient, meta: MetaClient,
+    def __init__(self, worker_id: str, client: LedgerClient, meta: RecoveryMeta,
                  session: RecoverySession, config: RecoveryConfig, *,
                  clock: Clock = SYSTEM_CLOCK, rng: random.Random | None = None) -> None:
         self.worker_id = worker_id
@@ -116,11 +125,16 @@ class ReplicationWorker:
         return done
 
     async def _attempt(self, ledger_id: int) -> bool:
+        # Counted before any read: a bookie registering during the attempt counts
+        # as back, and the auditor reopens the task if it is marked lost.
+        registrations = await registration_counts(self._meta)
         try:
             return await self.replicate(ledger_id)
         except EntryLostError as exc:
             _log.error("recovery_ledger_lost", ledger=ledger_id, error=exc.message)
-            await self._update_task(ledger_id, state=layout.TaskState.LOST, error=exc.message)
+            await self._update_task(ledger_id, state=layout.TaskState.LOST, error=exc.message,
+                                    unreachable={b: registrations.get(b, 0)
+                                                 for b in exc.unreachable})
         except QuorumlogError as exc:
             _log.warning("recovery_attempt_failed", ledger=ledger_id, error=exc.message)
             await self._failed_attempt(ledger_id, exc.message)
@@ -193,12 +207,14 @@ class ReplicationWorker:
             return  # replaced already (by an earlier attempt of this task)
         entries = entries_of_slot(metadata, slot)
         if (slot.bookie in available and slot.bookie not in draining
+                and slot.bookie not in task.misplaced
                 and await self._holds_all(metadata, slot.bookie, entries, password)):
             _log.info("recovery_bookie_still_holds", ledger=ledger_id, bookie=slot.bookie)
             return
         target = await self._replacement(metadata, slot, available, task)
         copied = await self._copy(metadata, slot, entries, target, password,
-                                  avoid=set(task.bookies) - available)
+                                  avoid=set(task.bookies) - available,
+                                  own_copy=slot.bookie in task.misplaced)
         await self._swap(ledger_id, slot, target)
         FRAGMENTS_REPLICATED.inc()
         _log.info("recovery_fragment_replicated", ledger=ledger_id, first=slot.first_entry_id,
@@ -242,7 +258,9 @@ class ReplicationWorker:
         return chosen
 
     async def _copy(self, metadata: LedgerMetadata, slot: Slot, entries: Sequence[int],
-                    target: str, password: bytes, *, avoid: set[str]) -> int:
+                    target: str, password: bytes, *, avoid: set[str], own_copy: bool) -> int:
+        """Copy ``entries`` to ``target``; with ``own_copy`` (a misplaced replica,
+        moved while it holds its data) the slot's own bookie is a source too."""
         key = master_key(password)
         digest_key = _digest_key(metadata, password)
         batch_max = min(self._config.copy_batch_entries_max, wire.ADD_BATCH_ENTRIES_MAX)
@@ -251,7 +269,8 @@ class ReplicationWorker:
         for start in range(0, len(entries), batch_max):
             batch = entries[start:start + batch_max]
             envelopes = await asyncio.gather(*(
-                self._read_verified(metadata, slot, entry_id, digest_key, avoid)
+                self._read_verified(metadata, slot, entry_id, digest_key, avoid,
+                                    own_copy=own_copy)
                 for entry_id in batch))
             results = await self._client.context.bookies.add_entries(
                 target, metadata.ledger_id, key, list(zip(batch, envelopes, strict=True)),
@@ -268,11 +287,13 @@ class ReplicationWorker:
         return copied
 
     async def _read_verified(self, metadata: LedgerMetadata, slot: Slot, entry_id: int,
-                             digest_key: bytes, avoid: set[str]) -> bytes:
+                             digest_key: bytes, avoid: set[str], *, own_copy: bool) -> bytes:
         timeout_s = self._config.request_timeout_ms / 1000
         errors: list[str] = []
         sources = [b for b in sources_for(metadata, slot, entry_id, avoid) if b not in avoid]
-        missing = 0
+        if own_copy:
+            sources.append(slot.bookie)
+        missing: set[str] = set()
         for bookie in sources:
             try:
                 reply = await self._client.context.bookies.read_entry(
@@ -282,14 +303,17 @@ class ReplicationWorker:
                                   source=bookie)
                 return bytes(reply.envelope)
             except (wire.NoSuchEntryError, wire.NoSuchLedgerError) as exc:
-                missing += 1
+                missing.add(bookie)
                 errors.append(f"{bookie}: {exc}")
             except QuorumlogError as exc:
                 errors.append(f"{bookie}: {exc}")
-        if missing == len(sources):  # every live replica says so (or none is left)
+        if missing == set(sources):  # every live replica says so (or none is left)
+            # The rest of the write set (the slot's own bookie, unregistered ones)
+            # never said it lacks the entry: it may come back holding it.
             raise EntryLostError(
                 f"ledger {metadata.ledger_id}: entry {entry_id} is on no surviving bookie "
-                f"({'; '.join(errors) or 'every replica of its write set is lost'})")
+                f"({'; '.join(errors) or 'every replica of its write set is lost'})",
+                unreachable=set(metadata.write_set_bookies(entry_id)) - missing)
         raise QuorumlogError(
             f"ledger {metadata.ledger_id}: cannot read entry {entry_id} from a surviving "
             f"replica now ({'; '.join(errors)}); retrying later")

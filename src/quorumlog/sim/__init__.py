@@ -14,6 +14,11 @@
   bookies and meta (:class:`LedgerWorld`); :func:`run_ledger_seed` /
   :func:`run_ledger_many` check the ledger guarantees under crashes,
   partitions, slow bookies and lost messages.
+- An auto-recovery simulator: the production auditor and replication
+  workers (``quorumlog.recovery``) on three nodes against simulated bookies
+  and a meta store with sessions, with node crashes mid-copy, expiring
+  sessions, bookie outages and disks lost for good:
+  :func:`run_recovery_seed` / :func:`run_recovery_many`.
 - A table simulator: the production table scheduler and the partitions' Raft
   groups on 5-7 nodes, with crashes (one for good), partitions and scheduler
   failovers: :func:`run_table_seed` / :func:`run_table_many`.
@@ -48,6 +53,12 @@ from quorumlog.sim._linearizability import (
     partition_by_key,
 )
 from quorumlog.sim._network import Envelope, NetworkStats, SimNetwork
+from quorumlog.sim._recovery_runner import (
+    RecoverySimResult,
+    RecoverySimulation,
+    run_recovery_many,
+    run_recovery_seed,
+)
 from quorumlog.sim._runner import RaftSimulation, SimResult, run_seed
 from quorumlog.sim._table_config import TableSimConfig
 from quorumlog.sim._table_runner import (
@@ -82,6 +93,8 @@ __all__ = [
     "Operation",
     "RaftInvariants",
     "RaftSimulation",
+    "RecoverySimResult",
+    "RecoverySimulation",
     "SeedSpec",
     "SimBookie",
     "SimClient",
@@ -106,6 +119,8 @@ __all__ = [
     "run_ledger_many",
     "run_ledger_seed",
     "run_many",
+    "run_recovery_many",
+    "run_recovery_seed",
     "run_seed",
     "run_spec",
     "run_table_many",

@@ -26,6 +26,7 @@ Everything random comes from ``random.Random`` streams handed in.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ from quorumlog.meta import KeyValue
 from quorumlog.proto import (
     NoSuchEntryError,
     NoSuchLedgerError,
+    UnauthorizedError,
 )
 from quorumlog.sim._trace import Tracer
 
@@ -270,6 +272,16 @@ class SimBookie:
     def _wake(self, ledger_id: int) -> None:
         if self.waiters:
             self.waiters.wake(ledger_id, lac_or_none(self._memory, ledger_id))
+
+    def delete_ledger(self, ledger_id: int, key: bytes) -> bool:
+        """Drop the local copy (the bookie's ``DeleteLedgerRequest``; the key must
+        match). Applied to the disk at once: a copy coming back after a crash is
+        harmless, and not what a run checks."""
+        info = self._memory.ledger_info(ledger_id)
+        if not hmac.compare_digest(info.master_key, key):
+            raise UnauthorizedError(f"master key does not match ledger {ledger_id}'s")
+        self._durable.delete_ledger(ledger_id)
+        return self._memory.delete_ledger(ledger_id)
 
     def entries(self, ledger_id: int) -> dict[int, bytes]:
         """The entries the running bookie holds (a copy)."""
@@ -493,6 +505,17 @@ class SimBookieNetwork:
                         timeout_s: float) -> None:
         await self._request(bookie, "WriteLacRequest",
                             lambda b: b.write_lac(ledger_id, master_key, lac), timeout_s)
+
+    async def delete_ledger(self, bookie: str, ledger_id: int, master_key: bytes, *,
+                            timeout_s: float) -> bool:
+        def handle(b: SimBookie) -> bool:
+            try:
+                return b.delete_ledger(ledger_id, master_key)
+            except NoSuchLedgerError:
+                return False
+
+        result: bool = await self._request(bookie, "DeleteLedgerRequest", handle, timeout_s)
+        return result
 
     async def close(self) -> None:
         return None

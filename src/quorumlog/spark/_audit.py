@@ -13,7 +13,9 @@ hold the ledger anyway (extra replicas). The report has one row per replica
 (``REPORT_DDL``); it is written as Parquet when ``output`` is given, and the
 driver returns counts by status and the problem rows. With ``repair=True``
 the driver files an under-replication task for each ledger with a missing or
-corrupt replica; the recovery workers copy those replicas elsewhere.
+corrupt replica (the recovery workers copy those replicas elsewhere), and
+drops the extra copies of ledgers found fully replicated
+(``recovery.delete_extra_copies``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from quorumlog.recovery import (
     ReplicaReport,
     audit_extra,
     audit_fragment,
+    delete_extra_copies,
     repair_tasks,
 )
 from quorumlog.spark import _io
@@ -67,6 +70,7 @@ class AuditResult:
     by_status: dict[str, int] = field(default_factory=dict)
     problems: list[ReplicaReport] = field(default_factory=list)
     tasks_filed: list[int] = field(default_factory=list)
+    extra_deleted: list[tuple[int, str]] = field(default_factory=list)  # (ledger, bookie)
     output: str | None = None
     seconds: float = 0.0
 
@@ -166,11 +170,15 @@ def audit(spark: Any, meta: str | Sequence[str], *, output: str | None = None,
     finally:
         frame.unpersist()
     if repair:
-        out.tasks_filed = _io.run(_repair(addresses, out.problems))
+        out.tasks_filed, out.extra_deleted = _io.run(_repair(addresses, out.problems))
     out.seconds = time.monotonic() - started
     return out
 
 
-async def _repair(addresses: Sequence[str], problems: list[ReplicaReport]) -> list[int]:
+async def _repair(addresses: Sequence[str],
+                  problems: list[ReplicaReport]) -> tuple[list[int], list[tuple[int, str]]]:
     client = await _io._client(tuple(addresses))
-    return await repair_tasks(client.meta, problems, SYSTEM_CLOCK.wall_ms())
+    filed = await repair_tasks(client.meta, problems, SYSTEM_CLOCK.wall_ms())
+    dropped = await delete_extra_copies(client, client.meta, problems,
+                                        timeout_s=REQUEST_TIMEOUT_S)
+    return filed, dropped
