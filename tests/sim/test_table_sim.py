@@ -7,9 +7,19 @@ scheduler, table-service and Raft fixes they found (docs/sim.md, "Table simulato
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from quorumlog.sim import TableSimConfig, run_table_seed
+from quorumlog.sim import (
+    TableSimConfig,
+    TableSimResult,
+    _host,
+    _table_dup,
+    _table_runner,
+    run_table_seed,
+    table_config_for_mix,
+)
 
 DEFAULT_SEEDS = range(0, 16)
 FOUND_BUG_SEEDS = (12, 17, 31, 48, 64, 1227, 88892615441718, 88892615442410, 5_000_546)
@@ -59,3 +69,85 @@ def test_table_seeds_large_range(chunk: int) -> None:
     first = LARGE_RANGE_START + chunk * per_chunk
     failures = [s for s in range(first, first + per_chunk) if not run_table_seed(s).passed]
     assert not failures, "\n".join(_explain(s) for s in failures[:5])
+
+
+# -- the dup mix: table replicas duplicating to a remote cluster ----------------
+
+DUP_DEFAULT_SEEDS = range(0, 8)
+DUP_SKIP_SEED = 14  # skip mode, a remote outage skips mutations
+DUP_LARGE_RANGE_START = 7_000_000
+DUP_LARGE_RANGE_SEEDS = 300
+
+
+def _dup(seed: int) -> TableSimResult:
+    return run_table_seed(seed, table_config_for_mix("dup"))
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("seed", DUP_DEFAULT_SEEDS)
+def test_dup_seed_passes(seed: int) -> None:
+    result = _dup(seed)
+    assert result.passed, (f"seed {seed}: {result.violation}: {result.detail}\n"
+                           f"replay: quorumlog sim table --seed {seed} --mix dup --trace")
+    assert result.mix == "dup"
+    assert result.stats["dup_shipped_mutations"] > 0 and result.stats["dup_gc_proposed"] > 0
+
+
+@pytest.mark.sim
+def test_dup_skip_mode_counts_what_it_skipped() -> None:
+    result = _dup(DUP_SKIP_SEED)
+    assert result.passed, result.detail
+    assert result.stats["dup_skip_mode"] == 1 and result.stats["dup_skipped_mutations"] > 0
+
+
+# Planted bugs in the production rules the dup mix drives: each seed below
+# passes with the real rule and fails with the broken one, so the checks can fail.
+@pytest.mark.sim
+def test_dup_catches_compaction_past_the_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_table_dup, "compaction_floor_of", lambda *a, **k: None)
+    assert _dup(0).violation == "dup-log-not-retained"
+
+
+@pytest.mark.sim
+def test_dup_catches_a_snapshot_without_its_log_tail(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_host, "snapshot_tail", lambda *a, **k: None)
+    assert _dup(2).violation == "dup-log-not-retained"
+
+
+@pytest.mark.sim
+def test_dup_catches_tombstone_gc_ignoring_unshipped_writes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    real = _table_runner.collection_entry
+
+    def without_floor(host: Any, gid: int, machine: Any, _floor: int | None,
+                      **kwargs: Any) -> Any:
+        return real(host, gid, machine, None, **kwargs)
+
+    monkeypatch.setattr(_table_runner, "collection_entry", without_floor)
+    assert _dup(1).violation == "dup-diverged"
+
+
+@pytest.mark.sim
+def test_dup_catches_skipped_mutations_not_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_table_dup.DupWorld, "differences",
+                        _forget_skips)
+    assert _dup(DUP_SKIP_SEED).violation == "dup-diverged"
+
+
+def _forget_skips(world: Any, gid: int, source: Any) -> list[str]:
+    world.skipped_keys[gid] = set()
+    return _REAL_DIFFERENCES(world, gid, source)
+
+
+_REAL_DIFFERENCES = _table_dup.DupWorld.differences
+
+
+@pytest.mark.slow
+@pytest.mark.sim
+@pytest.mark.parametrize("chunk", range(4))
+def test_dup_seeds_large_range(chunk: int) -> None:
+    per_chunk = DUP_LARGE_RANGE_SEEDS // 4
+    first = DUP_LARGE_RANGE_START + chunk * per_chunk
+    failures = [(s, r) for s in range(first, first + per_chunk) if not (r := _dup(s)).passed]
+    assert not failures, "\n".join(f"seed {s}: {r.violation}: {r.detail}"
+                                   for s, r in failures[:5])

@@ -253,43 +253,66 @@ def table(
     seeds: int = typer.Option(0, "--seeds", min=0, help="Run this many seeds."),
     start: int = typer.Option(0, "--start", min=0, help="First seed of --seeds."),
     seed: int | None = typer.Option(None, "--seed", min=0, help="Run (replay) one seed."),
+    mix: str = typer.Option("all", "--mix",
+                            help="scheduler, dup, or all (every seed in each mix)."),
     jobs: int = typer.Option(2, "--jobs", min=1, max=64, help="Worker processes for --seeds."),
     trace: bool = typer.Option(False, "--trace", help="With --seed: print the transcript."),
 ) -> None:
-    """Run the table scheduler simulator: the production scheduler and partition
-    Raft groups with crashes (one node for good), partitions and scheduler
+    """Run the table simulator: the production scheduler and partition Raft
+    groups with crashes (one node for good), partitions and scheduler
     failovers; every group must be back on 3 live voters with every
-    acknowledged write."""
+    acknowledged write. The dup mix runs table replicas duplicating to a
+    remote cluster: every write must reach it (docs/sim.md)."""
     from quorumlog.errors import UsageError
-    from quorumlog.sim import run_table_many, run_table_seed
+    from quorumlog.sim import TABLE_MIXES
 
     if (seed is None) == (seeds == 0):
         raise UsageError("give exactly one of --seed S (replay one) or --seeds N (run many)")
+    if mix != "all" and mix not in TABLE_MIXES:
+        raise UsageError(f"unknown --mix {mix!r}; give one of {', '.join(TABLE_MIXES)} or all")
+    mixes = TABLE_MIXES if mix == "all" else (mix,)
     if seed is not None:
-        result = run_table_seed(seed, keep_trace=trace)
-        for line in result.trace:
-            _console.print(line, markup=False, highlight=False)
-        _console.print(f"seed {seed} nodes={result.nodes} groups={result.groups}: "
-                       + ("[green]passed[/]" if result.passed
-                          else f"[red]FAILED[/] {result.violation}"))
-        stats = " ".join(f"{k}={v}" for k, v in result.stats.items())
-        _console.print(f"  {stats}", markup=False, highlight=False)
-        if trace:
-            _console.print(f"  trace sha256 {result.trace_hash}", markup=False)
-        if not result.passed:
-            _console.print(f"  {result.detail}", markup=False, highlight=False)
-            _console.print(f"  replay: quorumlog sim table --seed {seed} --trace",
-                           markup=False, highlight=False)
+        if not all(_replay_table(seed, one, trace) for one in mixes):
             raise typer.Exit(1)
         return
     if trace:
         raise UsageError("--trace needs --seed S: transcripts are kept for one seed only")
-    results = run_table_many(range(start, start + seeds), jobs=jobs)
+    if not all(_run_table_seeds(start, seeds, one, jobs) for one in mixes):
+        raise typer.Exit(1)
+
+
+def _replay_table(seed: int, mix: str, trace: bool) -> bool:
+    from quorumlog.sim import run_table_seed, table_config_for_mix
+
+    result = run_table_seed(seed, table_config_for_mix(mix), keep_trace=trace)
+    for line in result.trace:
+        _console.print(line, markup=False, highlight=False)
+    _console.print(f"seed {seed} mix={mix} nodes={result.nodes} groups={result.groups}: "
+                   + ("[green]passed[/]" if result.passed
+                      else f"[red]FAILED[/] {result.violation}"))
+    stats = " ".join(f"{k}={v}" for k, v in result.stats.items())
+    _console.print(f"  {stats}", markup=False, highlight=False)
+    if trace:
+        _console.print(f"  trace sha256 {result.trace_hash}", markup=False)
+    if not result.passed:
+        _console.print(f"  {result.detail}", markup=False, highlight=False)
+        _console.print(f"  replay: quorumlog sim table --seed {seed} --mix {mix} --trace",
+                       markup=False, highlight=False)
+    return result.passed
+
+
+def _run_table_seeds(start: int, seeds: int, mix: str, jobs: int) -> bool:
+    from quorumlog.sim import run_table_many
+
+    results = run_table_many(range(start, start + seeds), jobs=jobs, mix=mix)
     failures = [r for r in results if not r.passed]
-    totals = {key: sum(r.stats.get(key, 0) for r in results)
-              for key in ("crashes", "failovers", "changes_applied", "stale_ignored",
-                          "writes_acked")}
-    _console.print(f"quorumlog sim table: seeds {start}..{start + seeds - 1}: "
+    keys: tuple[str, ...] = ("crashes", "failovers", "changes_applied", "stale_ignored",
+                             "writes_acked")
+    if mix == "dup":
+        keys += ("dup_shipped_mutations", "dup_skipped_mutations", "dup_remote_outages",
+                 "dup_gc_proposed", "compactions")
+    totals = {key: sum(r.stats.get(key, 0) for r in results) for key in keys}
+    _console.print(f"quorumlog sim table --mix {mix}: seeds {start}..{start + seeds - 1}: "
                    + " ".join(f"{k}={v}" for k, v in totals.items()), markup=False)
     verdict = "[green]all passed[/]" if not failures else f"[red]{len(failures)} failed[/]"
     _console.print(f"{len(results)} seeds: {verdict}")
@@ -298,10 +321,9 @@ def table(
                        end="")
         _console.print(result.detail.splitlines()[0] if result.detail else "",
                        markup=False, highlight=False)
-        _console.print(f"  replay: quorumlog sim table --seed {result.seed} --trace",
-                       markup=False, highlight=False)
-    if failures:
-        raise typer.Exit(1)
+        _console.print(f"  replay: quorumlog sim table --seed {result.seed} --mix {mix} "
+                       "--trace", markup=False, highlight=False)
+    return not failures
 
 
 @app.command("recovery")

@@ -20,7 +20,12 @@ from quorumlog.raft._errors import (
 )
 from quorumlog.raft._file_snapshot import FileSnapshotMachine, StateMachine
 from quorumlog.raft._liveness import PeerLiveness
-from quorumlog.raft._log_tail import LOG_TAIL_FILE_NAME
+from quorumlog.raft._log_tail import (
+    LOG_TAIL_FILE_NAME,
+    compaction_target,
+    retained_from,
+    snapshot_tail,
+)
 from quorumlog.raft._node import QUIESCE_CONTEXT, RaftNode, fold_epoch
 from quorumlog.raft._ready_pass import (
     MemoryReadyStorage,
@@ -108,9 +113,12 @@ __all__ = [
     "StateMachine",
     "UnavailableError",
     "WalRaftStorage",
+    "compaction_target",
     "decode_message",
     "encode_message",
     "fold_epoch",
     "format_entries",
     "format_message",
+    "retained_from",
+    "snapshot_tail",
 ]

@@ -66,10 +66,14 @@ from quorumlog.raft._file_snapshot import (
     restore_machine,
 )
 from quorumlog.raft._liveness import PeerLiveness
-from quorumlog.raft._log_tail import read_log_tail
+from quorumlog.raft._log_tail import (
+    compaction_target,
+    read_log_tail,
+    retained_from,
+    snapshot_tail,
+)
 from quorumlog.raft._node import QUIESCE_CONTEXT, RaftNode
 from quorumlog.raft._ready_pass import AfterAdvance, ReadyPass
-from quorumlog.raft._size import entries_size_bytes, limit_size
 from quorumlog.raft._snapshot_transfer import (
     FileSource,
     ReceiveStats,
@@ -500,17 +504,8 @@ class RaftHost:
         return fewer than asked (the tail's part first); CompactedError if
         ``lo`` is in neither."""
         group = self.group(group_id)
-        first = group.storage.first_index()
-        if lo >= first:
-            return group.storage.entries(lo, hi, max_bytes)
-        tail = self._log_tail(group)
-        if not tail or not tail[0].index <= lo <= tail[-1].index:
-            raise CompactedError(
-                f"entries from {lo} of group {group_id}: the log starts at {first} and the "
-                f"snapshot's log tail holds "
-                f"{f'{tail[0].index}..{tail[-1].index}' if tail else 'nothing'}")
-        base = tail[0].index
-        return limit_size(tail[lo - base:min(hi, tail[-1].index + 1) - base], max_bytes)
+        tail = self._log_tail(group) if lo < group.storage.first_index() else []
+        return retained_from(group.storage, tail, lo, hi, max_bytes, group_id=group_id)
 
     def _log_tail(self, group: _Group) -> list[Entry]:
         snapshot = group.storage.snapshot()
@@ -527,24 +522,14 @@ class RaftHost:
         snapshot at ``index``; None without a floor below it, or if they are
         gone already or longer than ``snapshot_log_tail_bytes_max`` (logged)."""
         floor = None if self.compaction_floor is None else self.compaction_floor(group.group_id)
-        if floor is None or floor >= index:
-            return None
         bound = self.config.snapshot_log_tail_bytes_max
-        tail: list[Entry] = []
-        lo = floor + 1
         try:
-            while lo <= index:
-                part = self.retained_entries(group.group_id, lo, index + 1,
-                                             bound - entries_size_bytes(tail))
-                tail.extend(part)
-                lo = part[-1].index + 1
-                if entries_size_bytes(tail) >= bound and lo <= index:
-                    raise CompactedError(f"over snapshot_log_tail_bytes_max ({bound} bytes)")
+            return snapshot_tail(functools.partial(self.retained_entries, group.group_id),
+                                 floor, index, bound)
         except CompactedError as exc:
             _log.warning("raft_snapshot_log_tail_left_out", node=self.node_id,
                          group=group.group_id, floor=floor, index=index, reason=exc.message)
             return None
-        return tail
 
     def address_of(self, node_id: int) -> str | None:
         address = self.addresses.get(node_id)
@@ -1069,10 +1054,8 @@ class RaftHost:
             await loop.run_in_executor(
                 self._io, functools.partial(checkpoints.purge, keep_index=index))
         group.snapshot_index = index
-        compact_to = index - self.config.compaction_margin_entries
         floor = None if self.compaction_floor is None else self.compaction_floor(group.group_id)
-        if floor is not None:
-            compact_to = min(compact_to, floor)
+        compact_to = compaction_target(index - self.config.compaction_margin_entries, floor)
         if compact_to >= group.storage.first_index():
             group.storage.compact(compact_to)
             await loop.run_in_executor(self._io, group.storage.release_wal, compact_to)

@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import itertools
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 from crc32c import crc32c
 
 from quorumlog.errors import CorruptionError, invariant
+from quorumlog.raft._errors import CompactedError
+from quorumlog.raft._size import entries_size_bytes, limit_size
+from quorumlog.raft._storage import RaftStorage
 from quorumlog.raft._types import Entry
 
 LOG_TAIL_FILE_NAME = "raft-log-tail"
@@ -68,3 +72,50 @@ def read_log_tail(checkpoint: Path) -> list[Entry]:
         if after.index != before.index + 1:
             raise CorruptionError(f"{path}: log tail skips from {before.index} to {after.index}")
     return entries
+
+
+# -- the rules, pure: RaftHost runs them on its WAL storage and checkpoint
+# files, the simulator on its own (``quorumlog sim table``'s dup mix) --------
+
+
+def retained_from(log: RaftStorage, tail: list[Entry], lo: int, hi: int, max_bytes: int, *,
+                  group_id: int) -> list[Entry]:
+    """Entries [lo, hi), at most ``max_bytes`` (at least one entry): from the
+    Raft log ``log``, or below its first index from ``tail`` (the current
+    snapshot's log tail). May return fewer than asked (the tail's part first);
+    CompactedError if ``lo`` is in neither."""
+    first = log.first_index()
+    if lo >= first:
+        return log.entries(lo, hi, max_bytes)
+    if not tail or not tail[0].index <= lo <= tail[-1].index:
+        raise CompactedError(
+            f"entries from {lo} of group {group_id}: the log starts at {first} and the "
+            f"snapshot's log tail holds "
+            f"{f'{tail[0].index}..{tail[-1].index}' if tail else 'nothing'}")
+    base = tail[0].index
+    return limit_size(tail[lo - base:min(hi, tail[-1].index + 1) - base], max_bytes)
+
+
+def snapshot_tail(read: Callable[[int, int, int], list[Entry]], floor: int | None,
+                  index: int, bytes_max: int) -> list[Entry] | None:
+    """The entries (floor, index] to keep with a snapshot at ``index``, read
+    with ``read(lo, hi, max_bytes)`` (``retained_from``); None without a floor
+    below ``index``. CompactedError if they are gone already or longer than
+    ``bytes_max``."""
+    if floor is None or floor >= index:
+        return None
+    tail: list[Entry] = []
+    lo = floor + 1
+    while lo <= index:
+        part = read(lo, index + 1, bytes_max - entries_size_bytes(tail))
+        tail.extend(part)
+        lo = part[-1].index + 1
+        if entries_size_bytes(tail) >= bytes_max and lo <= index:
+            raise CompactedError(f"over snapshot_log_tail_bytes_max ({bytes_max} bytes)")
+    return tail
+
+
+def compaction_target(compact_to: int, floor: int | None) -> int:
+    """Where a compaction that wants to drop the log up to ``compact_to`` may
+    go: never past the compaction floor (duplication's ``confirmed_decree``)."""
+    return compact_to if floor is None else min(compact_to, floor)

@@ -21,7 +21,9 @@
   :func:`run_recovery_seed` / :func:`run_recovery_many`.
 - A table simulator: the production table scheduler and the partitions' Raft
   groups on 5-7 nodes, with crashes (one for good), partitions and scheduler
-  failovers: :func:`run_table_seed` / :func:`run_table_many`.
+  failovers: :func:`run_table_seed` / :func:`run_table_many`; its ``dup`` mix
+  (``table_config_for_mix``) runs table replicas duplicating to a remote
+  cluster (the log floor, snapshot tails, tombstone GC, remote outages).
 
 See docs/sim.md for the invariants, the fault mixes and how to replay a seed.
 """
@@ -60,7 +62,7 @@ from quorumlog.sim._recovery_runner import (
     run_recovery_seed,
 )
 from quorumlog.sim._runner import RaftSimulation, SimResult, run_seed
-from quorumlog.sim._table_config import TableSimConfig
+from quorumlog.sim._table_config import TABLE_MIXES, TableSimConfig, table_config_for_mix
 from quorumlog.sim._table_runner import (
     TableSimResult,
     TableSimulation,
@@ -73,6 +75,7 @@ __all__ = [
     "LEDGER_MIXES",
     "MIXES",
     "MIX_ROTATION",
+    "TABLE_MIXES",
     "BatchSummary",
     "ClientOp",
     "ClientRequest",
@@ -126,4 +129,5 @@ __all__ = [
     "run_table_many",
     "run_table_seed",
     "run_virtual",
+    "table_config_for_mix",
 ]

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from quorumlog.errors import InvariantViolation, ProtocolError, invariant
 from quorumlog.meta import MetaStateMachine
 from quorumlog.raft import (
+    CompactedError,
     ConfChange,
     ConfChangeError,
     ConfChangePendingError,
@@ -62,9 +63,12 @@ from quorumlog.raft import (
     ReadyPass,
     Role,
     Snapshot,
+    compaction_target,
     format_message,
+    retained_from,
+    snapshot_tail,
 )
-from quorumlog.sim._client import ClientRequest, ClientResponse
+from quorumlog.sim._client import ClientRequest, ClientResponse, ClientResult
 from quorumlog.sim._config import FaultMix
 from quorumlog.sim._disk import CrashOutcome, SimDisk
 from quorumlog.sim._invariants import (
@@ -72,7 +76,15 @@ from quorumlog.sim._invariants import (
     RaftInvariants,
     fail,
 )
-from quorumlog.sim._machine import SNAPSHOT_ENCODER, LogDigest, SimSnapshot, restore_state
+from quorumlog.sim._machine import (
+    SNAPSHOT_ENCODER,
+    LogDigest,
+    MachineFactory,
+    SimSnapshot,
+    SimStateMachine,
+    restore_state,
+    snapshot_tail_of,
+)
 from quorumlog.sim._raft_storage import (
     LOG_READ_BYTES_MAX,
     DiskRecord,
@@ -109,6 +121,8 @@ class HostStats:
     proposals_dropped: int = 0
     snapshots_installed: int = 0
     compactions: int = 0
+    tails_kept: int = 0  # snapshots that kept the log after the compaction floor
+    tails_left_out: int = 0  # ... that could not (the entries were gone, or too many)
 
 
 @dataclass(slots=True)
@@ -142,7 +156,17 @@ class SimRaftHost:
     _group: SimGroup | None = None
     _raft: RaftNode | None = None  # _group.node, read on every input
     _pass: ReadyPass[SimGroup] = field(init=False)
-    _machine: MetaStateMachine = field(default_factory=MetaStateMachine)
+    # The state machine: MetaStateMachine, or what ``machine_factory`` makes.
+    machine_factory: MachineFactory = MetaStateMachine
+    _machine: SimStateMachine = field(default_factory=MetaStateMachine)
+    # A proposal's payload as the leader proposes it (the table replica stamps
+    # its timestamp, as TableService does); None: as the client sent it.
+    prepare_proposal: Callable[[SimStateMachine, bytes], bytes] | None = None
+    # RaftHost.compaction_floor for this replica (None: no bound), and
+    # HostConfig.snapshot_log_tail_bytes_max.
+    compaction_floor: Callable[[], int | None] | None = None
+    snapshot_log_tail_bytes_max: int = 1 << 20
+    _tail_cache: tuple[int, list[Entry]] = (-1, [])
     _log_digest: LogDigest = field(default_factory=LogDigest)
     # Proposed requests by log index: (term the core appended them in, request).
     _pending_writes: dict[int, tuple[int, ClientRequest]] = field(default_factory=dict)
@@ -180,8 +204,20 @@ class SimRaftHost:
         return self.group.storage.memory
 
     @property
-    def machine(self) -> MetaStateMachine:
+    def machine(self) -> SimStateMachine:
         return self._machine
+
+    def retained_entries(self, group_id: int, lo: int, hi: int, max_bytes: int) -> list[Entry]:
+        """``RaftHost.retained_entries``: the Raft log, or below it the current
+        snapshot's log tail (``raft.retained_from``)."""
+        storage = self.storage
+        if lo >= storage.first_index():
+            return retained_from(storage, [], lo, hi, max_bytes, group_id=group_id)
+        snapshot = storage.snapshot()
+        if self._tail_cache[0] != snapshot.meta.index:
+            self._tail_cache = (snapshot.meta.index, snapshot_tail_of(snapshot))
+        return retained_from(storage, self._tail_cache[1], lo, hi, max_bytes,
+                             group_id=group_id)
 
     @property
     def applied_index(self) -> int:
@@ -203,7 +239,7 @@ class SimRaftHost:
         for record in self.disk.records():
             replay_record(storage, record)
         snapshot = storage.snapshot()
-        self._machine, self._log_digest = restore_state(snapshot)
+        self._machine, self._log_digest = restore_state(snapshot, self.machine_factory)
         raft = RaftNode(self.raft_config, storage, self.rng)
         self._group = SimGroup(
             raft, SimRaftStorage(self.node_id, storage, self.disk, self.invariants))
@@ -228,6 +264,7 @@ class SimRaftHost:
         self._promise = self.invariants.promise_at_crash(self.node_id, self._log_terms())
         outcome = self.disk.crash(rng, mix)
         self._group = self._raft = None
+        # Dropped with the process (a restart rebuilds it from the disk).
         self._machine, self._log_digest = MetaStateMachine(), LogDigest()
         self._pending_writes.clear()
         self._pending_reads.clear()
@@ -282,7 +319,10 @@ class SimRaftHost:
                 raft.read_index(context)
                 self._pending_reads[context] = request
             else:
-                term, index = raft.propose(request.payload)
+                payload = request.payload
+                if self.prepare_proposal is not None:
+                    payload = self.prepare_proposal(self._machine, payload)
+                term, index = raft.propose(payload)
                 self._pending_writes[index] = (term, request)
         except ProposalDroppedError as exc:
             self.stats.proposals_dropped += 1
@@ -376,13 +416,18 @@ class SimRaftHost:
 
     def _install_snapshot(self, snapshot: Snapshot) -> None:
         self.stats.snapshots_installed += 1
-        self._machine, self._log_digest = restore_state(snapshot)
+        self._machine, self._log_digest = restore_state(snapshot, self.machine_factory)
         self.invariants.on_snapshot_installed(self.node_id, snapshot, self._log_digest.digest)
         self._trace(f"node {self.node_id} installs snapshot {snapshot.meta.term}/"
                     f"{snapshot.meta.index} epoch={snapshot.meta.epoch}")
 
     def _apply_command(self, entry: Entry) -> None:
-        result, _ = self._machine.apply(entry.index, entry.data)
+        machine = self._machine
+        result: ClientResult = None  # a table replica's answer: applied (ok) is all
+        if isinstance(machine, MetaStateMachine):
+            result = machine.apply(entry.index, entry.data)[0]
+        else:
+            machine.apply(entry.index, entry.data)
         pending = self._pending_writes.pop(entry.index, None)
         if pending is None or pending[0] != entry.term:
             return  # not proposed here, or another leader's entry replaced it
@@ -399,7 +444,9 @@ class SimRaftHost:
             if index > applied:
                 still.append((index, request))
                 continue
-            value = self._machine.get(request.key)
+            machine = self._machine
+            invariant(isinstance(machine, MetaStateMachine), "reads are served by meta machines")
+            value = machine.get(request.key) if isinstance(machine, MetaStateMachine) else None
             response = ClientResponse(request.client_id, request.seq, True, value)
             self.outbox.send_client(request.client_id, response)
         self._waiting_reads = still
@@ -437,16 +484,32 @@ class SimRaftHost:
         if applied.applied_index - snapshot_index < min_entries:
             return False
         self.sync()  # the checkpoint below replaces the disk: nothing may be lost
-        data = SNAPSHOT_ENCODER.encode(SimSnapshot(applied.digest, self._machine.snapshot()))
-        storage.create_snapshot(applied.applied_index, raft.conf_state, data, raft.epoch)
-        compact_to = max(applied.applied_index - keep_entries, snapshot_index + 1)
-        storage.compact(compact_to)
-        self.disk.rewrite(
-            [storage.snapshot(), EntriesRecord(tuple(self.log_entries())), storage.hard_state()]
-        )
+        index = applied.applied_index
+        floor = None if self.compaction_floor is None else self.compaction_floor()
+        try:  # RaftHost._snapshot_tail
+            tail = snapshot_tail(
+                lambda lo, hi, size: self.retained_entries(0, lo, hi, size),
+                floor, index, self.snapshot_log_tail_bytes_max) or []
+            self.stats.tails_kept += bool(tail)
+        except CompactedError:
+            tail = []
+            self.stats.tails_left_out += 1
+        data = SNAPSHOT_ENCODER.encode(
+            SimSnapshot(applied.digest, self._machine.snapshot(), tail))
+        storage.create_snapshot(index, raft.conf_state, data, raft.epoch)
+        compact_to = compaction_target(max(index - keep_entries, snapshot_index + 1), floor)
+        if compact_to >= storage.first_index():
+            storage.compact(compact_to)
+        kept = self.log_entries()
+        if self.compaction_floor is not None:
+            # As the WAL: a restart replays the entries after the newest snapshot
+            # only; the log below it (kept in memory for the floor) survives in
+            # the snapshot's tail alone (RaftHost, docs/duplication.md).
+            kept = [entry for entry in kept if entry.index > index]
+        self.disk.rewrite([storage.snapshot(), EntriesRecord(tuple(kept)), storage.hard_state()])
         self.stats.compactions += 1
-        self._trace(f"node {self.node_id} snapshots at {applied.applied_index}, "
-                    f"compacts to {compact_to}")
+        self._trace(f"node {self.node_id} snapshots at {index}, compacts to {compact_to}"
+                    f" (floor {floor}, tail {len(tail)})")
         return True
 
     def propose_conf_change(self, change: ConfChange) -> bool:

@@ -12,13 +12,30 @@ log would have produced.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import msgspec
 
 from quorumlog.errors import ProtocolError, invariant
 from quorumlog.meta import MetaStateMachine
 from quorumlog.raft import Entry, Snapshot
+
+
+class SimStateMachine(Protocol):
+    """What a simulated process runs as its state machine: the real
+    ``MetaStateMachine`` (every runner), or a table partition replica (the table
+    runner's dup mix, ``_table_dup``)."""
+
+    def apply(self, index: int, data: bytes) -> tuple[object, object]: ...
+
+    def snapshot(self) -> bytes: ...
+
+    def restore(self, data: bytes) -> None: ...
+
+
+MachineFactory = Callable[[], SimStateMachine]
 
 DIGEST_BYTES = 16
 
@@ -48,15 +65,19 @@ class SimSnapshot(msgspec.Struct, frozen=True, array_like=True):
 
     digest: bytes
     state: bytes
+    # The entries after the compaction floor the snapshot covers (its log
+    # tail: ``raft.snapshot_tail``; empty without a floor below its index).
+    tail: list[Entry] = []
 
 
 SNAPSHOT_ENCODER = msgspec.msgpack.Encoder()
 _snapshot_decoder = msgspec.msgpack.Decoder(SimSnapshot)
 
 
-def restore_state(snapshot: Snapshot) -> tuple[MetaStateMachine, LogDigest]:
+def restore_state(snapshot: Snapshot, factory: MachineFactory = MetaStateMachine,
+                  ) -> tuple[SimStateMachine, LogDigest]:
     """The state machine and digest a Raft snapshot holds (empty data: bootstrap)."""
-    machine = MetaStateMachine()
+    machine = factory()
     if not snapshot.data:
         return machine, LogDigest(snapshot.meta.index)
     try:
@@ -65,3 +86,10 @@ def restore_state(snapshot: Snapshot) -> tuple[MetaStateMachine, LogDigest]:
         raise ProtocolError(f"snapshot is not a simulator snapshot: {exc}") from None
     machine.restore(sim_snapshot.state)
     return machine, LogDigest(snapshot.meta.index, sim_snapshot.digest)
+
+
+def snapshot_tail_of(snapshot: Snapshot) -> list[Entry]:
+    """The log tail kept with a snapshot ([] for bootstrap or none)."""
+    if not snapshot.data:
+        return []
+    return _snapshot_decoder.decode(snapshot.data).tail

@@ -10,6 +10,7 @@ production order: heartbeat < dead < replace < change timeout.
 from __future__ import annotations
 
 from quorumlog.config import Config, require
+from quorumlog.errors import UsageError
 from quorumlog.sim._config import FaultMix
 
 
@@ -57,6 +58,23 @@ class TableSimConfig(Config, frozen=True):
     write_interval_ms: int = 15  # a group's writer waits this long between writes
     write_attempt_timeout_ms: int = 80  # then it retries at the next replica
 
+    # The dup mix (docs/sim.md, "Duplication"): partitions run table replicas
+    # (RocksDB) and duplicate to a remote cluster.
+    dup: bool = False
+    dup_ship_interval_ms: int = 40  # a leader's shipper steps this often
+    dup_block_entries_max: int = 8  # production `dup_block_entries_max` (scaled down)
+    dup_block_bytes_max: int = 64 * 1024
+    dup_skip_mode_probability: float = 0.3  # the run's fail mode is skip (else slow)
+    remote_outage_probability_per_tick: float = 0.005
+    remote_outage_ms_min: int = 50
+    remote_outage_ms_max: int = 800
+    tombstone_gc_interval_ms: int = 150  # a leader proposes a CollectGarbage entry
+    tombstone_gc_delay_ms: int = 100  # production `tombstone_gc_delay_ms`, scaled down
+    snapshot_log_tail_bytes_max: int = 1 << 20
+    dup_hash_keys: int = 3  # writers write hash_keys x sort_keys keys per group:
+    dup_sort_keys: int = 4  # overwrites and deletes, so last-writer-wins decides
+    dup_delete_probability: float = 0.3
+
     # After the heal: within this bound every group has `replicas` voters on live
     # nodes, no learners, its record in step, and every acknowledged write on every voter.
     liveness_bound_ms: int = 10_000
@@ -75,9 +93,17 @@ class TableSimConfig(Config, frozen=True):
                 "partition duration bounds must satisfy 0 < min <= max")
         for name in ("crash_probability_per_tick", "partition_probability_per_tick",
                      "partition_scheduler_probability", "failover_probability_per_tick",
-                     "failover_at_heal_probability", "compaction_probability_per_tick"):
+                     "failover_at_heal_probability", "compaction_probability_per_tick",
+                     "dup_skip_mode_probability", "remote_outage_probability_per_tick",
+                     "dup_delete_probability"):
             value = getattr(self, name)
             require(0.0 <= value <= 1.0, f"{name} must be a probability in [0, 1]")
+        require(0 < self.remote_outage_ms_min <= self.remote_outage_ms_max,
+                "remote outage bounds must satisfy 0 < min <= max")
+        require(self.dup_block_entries_max >= 1 and self.dup_block_bytes_max >= 1,
+                "dup block bounds must be >= 1")
+        require(self.dup_hash_keys >= 1 and self.dup_sort_keys >= 1,
+                "dup_hash_keys and dup_sort_keys must be >= 1")
         require(self.active_ms > 0 and self.liveness_bound_ms > 0, "run times must be > 0")
 
 
@@ -91,3 +117,19 @@ TABLE_NETWORK = FaultMix(
     message_duplicate_probability=0.01,
 )
 """The network and disks of a table run (the nemesis is the table runner's own)."""
+
+
+TABLE_MIXES = ("scheduler", "dup")
+"""The table simulator's mixes: ``scheduler`` (the default config) and ``dup``
+(partitions as table replicas duplicating to a remote cluster, with more
+compactions so that the log floor, snapshot tails and GC meet shipping lag)."""
+
+
+def table_config_for_mix(mix: str) -> TableSimConfig:
+    """The config a mix runs with (a UsageError names the mixes)."""
+    if mix == "scheduler":
+        return TableSimConfig()
+    if mix == "dup":
+        return TableSimConfig(dup=True, compaction_probability_per_tick=0.06)
+    raise UsageError(f"unknown table simulator mix {mix!r}; the mixes are "
+                     f"{', '.join(TABLE_MIXES)}")

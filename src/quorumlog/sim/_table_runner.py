@@ -50,9 +50,10 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from quorumlog.errors import InvariantViolation
-from quorumlog.meta import PutOp, Request, Txn
+from quorumlog.errors import InvariantViolation, invariant
+from quorumlog.meta import MetaStateMachine, PutOp, Request, Txn
 from quorumlog.raft import (
+    CompactedError,
     ConfChangeError,
     ConfChangePendingError,
     ConfState,
@@ -68,18 +69,30 @@ from quorumlog.sim._clock import TimerQueue, VirtualClock
 from quorumlog.sim._host import Outbox, SimRaftHost
 from quorumlog.sim._invariants import RaftInvariants, SimInvariantViolation, fail
 from quorumlog.sim._network import SimNetwork
-from quorumlog.sim._table_config import TABLE_NETWORK, TableSimConfig
+from quorumlog.sim._table_config import TABLE_NETWORK, TableSimConfig, table_config_for_mix
+from quorumlog.sim._table_dup import (
+    SOURCE_CLUSTER_ID,
+    DupWorld,
+    RunFiles,
+    SimTableReplica,
+    live_records,
+    stamp_proposal,
+    write_payload,
+)
 from quorumlog.sim._trace import Tracer
 from quorumlog.table import (
     ChangeKind,
     ChangeOutcome,
+    FailMode,
     NodeReport,
     PartitionRecord,
     ScheduledChange,
     Scheduler,
     SchedulerConfig,
     change_outcome,
+    collection_entry,
     conf_change_of,
+    encode_entry,
     keeps_replica,
     record_needs_update,
     report_of,
@@ -123,6 +136,9 @@ class _Heartbeat:
 @dataclass(frozen=True, slots=True)
 class _HeartbeatAnswer:
     changes: tuple[ScheduledChange, ...]
+    # dup mix: every partition's confirmed_decree as meta holds it (the node's
+    # periodic read of /dup-progress/).
+    progress: tuple[tuple[int, int], ...] = ()
 
 
 _Packet = _RaftPacket | _Write | _WriteAnswer | _Heartbeat | _HeartbeatAnswer
@@ -160,6 +176,10 @@ class _Writer:
     request: ClientRequest | None = None
     attempt_deadline_ms: int = 0
     acked: list[tuple[str, str]] = field(default_factory=list)
+    # dup mix: the write in flight and the last acknowledged value of each key
+    # (None: deleted).
+    op: tuple[tuple[bytes, bytes], bytes | None] | None = None
+    last_acked: dict[tuple[bytes, bytes], bytes | None] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -180,6 +200,7 @@ class _Stats:
     replicas_dropped: int = 0
     writes_acked: int = 0
     compactions: int = 0
+    floor_checks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +217,7 @@ class TableSimResult:
     trace_hash: str
     stats: dict[str, int]
     trace: tuple[str, ...] = ()
+    mix: str = "scheduler"
 
     @property
     def passed(self) -> bool:
@@ -242,6 +264,14 @@ class TableSimulation:
             self.records[gid] = PartitionRecord(members=members)
             self.invariants[gid] = RaftInvariants()
             self.writers[gid] = _Writer(gid, target=members[0])
+        self._files: RunFiles | None = None
+        self.dup: DupWorld | None = None
+        if config.dup:
+            fail_mode = (FailMode.SKIP if root.random() < config.dup_skip_mode_probability
+                         else FailMode.SLOW)
+            self._dup_rng = random.Random(root.getrandbits(64))
+            self._files = RunFiles()
+            self.dup = DupWorld(self._files, config.groups, fail_mode)
         self._healed = False
         self._heal_ms = -1
         self._partition_active = False
@@ -261,6 +291,9 @@ class TableSimulation:
             return self._result("internal-invariant", f"{exc.message} (at {_where(exc)})")
         except Exception as exc:  # the code under test crashed: a failing seed
             return self._result("exception", f"{type(exc).__name__}: {exc} (at {_where(exc)})")
+        finally:
+            if self._files is not None:
+                self._files.close()
         return self._result(None, "")
 
     def _schedule(self) -> None:
@@ -279,6 +312,9 @@ class TableSimulation:
             at = rng.randint(config.active_ms // 10, config.active_ms // 2)
             self.timers.schedule(at, self._crash_for_good)
         self.timers.schedule(config.active_ms, self._heal)
+        if self.dup is not None:
+            self.timers.schedule(config.dup_ship_interval_ms, self._ship_timer)
+            self.timers.schedule(config.tombstone_gc_interval_ms, self._gc_timer)
 
     def _loop(self) -> None:
         end_ms = self.config.active_ms + self.config.liveness_bound_ms
@@ -332,6 +368,12 @@ class TableSimulation:
             invariants=invariants, outbox=outbox,
             rng=random.Random(self._raft_seed ^ (gid << 16) ^ node.node_id
                               ^ (self.stats.replicas_opened << 32)))
+        dup, files = self.dup, self._files
+        if dup is not None and files is not None:
+            host.machine_factory = functools.partial(SimTableReplica, files, SOURCE_CLUSTER_ID)
+            host.prepare_proposal = self._stamp
+            host.compaction_floor = functools.partial(dup.floor, node.node_id, gid)
+            host.snapshot_log_tail_bytes_max = self.config.snapshot_log_tail_bytes_max
         node.replicas[gid] = host
         self.stats.replicas_opened += 1
         host.start()
@@ -389,6 +431,8 @@ class TableSimulation:
         if not node.up:
             return
         if isinstance(payload, _HeartbeatAnswer):
+            if self.dup is not None:
+                self.dup.learn(node.node_id, payload.progress)
             for change in payload.changes:
                 self._submit(node, change)
             return
@@ -448,7 +492,8 @@ class TableSimulation:
         if over:
             fail("scheduler-rate-limit", f"changes in flight per node over the limit: {over}")
         changes = tuple(scheduler.changes_for(report.node_id))
-        self.network.send(now, SCHEDULER_ENDPOINT, source, _HeartbeatAnswer(changes))
+        progress = () if self.dup is None else self.dup.progress()
+        self.network.send(now, SCHEDULER_ENDPOINT, source, _HeartbeatAnswer(changes, progress))
 
     def _sync_records(self) -> None:
         """``SchedulerService.sync_records``: settled configurations go into the records."""
@@ -565,8 +610,11 @@ class TableSimulation:
         if writer.request is None:
             writer.seq += 1
             key, value = f"g{gid}.w{writer.seq}", f"{gid}.{writer.seq}"
-            payload = _ENCODER.encode(Request(
-                command=Txn(success=(PutOp(key=key, value=value.encode()),))))
+            if self.dup is not None:
+                payload = self._dup_write(writer)
+            else:
+                payload = _ENCODER.encode(Request(
+                    command=Txn(success=(PutOp(key=key, value=value.encode()),))))
             writer.request = ClientRequest(WRITER_ENDPOINT, writer.seq, ClientOp.PUT, key,
                                            payload, value=value)
         elif now < writer.attempt_deadline_ms:
@@ -600,6 +648,9 @@ class TableSimulation:
             return  # a late or duplicated answer
         if response.ok:
             writer.acked.append((request.key, str(request.value)))
+            if writer.op is not None:
+                writer.last_acked[writer.op[0]] = writer.op[1]
+                writer.op = None
             self.stats.writes_acked += 1
             writer.request = None
         elif not self._healed:
@@ -630,6 +681,9 @@ class TableSimulation:
                 keep = rng.randint(0, config.compaction_keep_entries_max)
                 if host.compact(min_entries=config.snapshot_min_entries, keep_entries=keep):
                     self.stats.compactions += 1
+                    self._check_floor(host)
+        if self.dup is not None:
+            self._remote_nemesis()
 
     def _running_hosts(self) -> list[SimRaftHost]:
         return [host for _, node in sorted(self.nodes.items()) if node.up
@@ -642,6 +696,8 @@ class TableSimulation:
             if host.up:
                 host.crash(self._disk_rng, TABLE_NETWORK)
         self.network.set_down(node.node_id, True)
+        if self.dup is not None:
+            self.dup.forget(node.node_id)
         self.stats.crashes += 1
         self._trace(f"CRASH node {node.node_id} ({reason})")
 
@@ -676,6 +732,8 @@ class TableSimulation:
             host.start()
         self.stats.restarts += 1
         self._trace(f"RESTART node {node.node_id}")
+        for _, host in sorted(node.replicas.items()):
+            self._check_floor(host)
         self._reconcile(node)
 
     def _start_partition(self) -> None:
@@ -708,6 +766,155 @@ class TableSimulation:
         self.stats.failovers += 1
         self._trace("FAILOVER: a new scheduler starts with an empty view")
 
+    # == duplication (the dup mix, ``_table_dup``) ===========================
+
+    def _stamp(self, machine: object, payload: bytes) -> bytes:
+        return stamp_proposal(machine, payload, self.clock.now_ms * 1000)
+
+    def _dup_write(self, writer: _Writer) -> bytes:
+        """A set or delete of one of the group's few keys (overwrites and
+        deletes: last-writer-wins and tombstones decide what the remote holds)."""
+        config, rng = self.config, self._writer_rng
+        key = (f"h{rng.randrange(config.dup_hash_keys)}".encode(),
+               f"s{rng.randrange(config.dup_sort_keys)}".encode())
+        value = (None if rng.random() < config.dup_delete_probability
+                 else f"{writer.group_id}.{writer.seq}".encode())
+        writer.op = (key, value)
+        return write_payload(writer.group_id, writer.seq, key[0], key[1], value)
+
+    def _leader_of(self, gid: int) -> SimRaftHost | None:
+        leaders = [node.replicas[gid] for _, node in sorted(self.nodes.items())
+                   if node.up and gid in node.replicas and node.replicas[gid].up
+                   and node.replicas[gid].raft.role is Role.LEADER]
+        return max(leaders, key=lambda h: h.raft.term) if leaders else None
+
+    def _ship_timer(self) -> None:
+        """Every partition leader's shipper steps (``Shipper._step``), if it
+        reaches meta (it reads and confirms ``confirmed_decree`` there)."""
+        dup, config = self.dup, self.config
+        self.timers.schedule(self.clock.now_ms + config.dup_ship_interval_ms, self._ship_timer)
+        if dup is None:
+            return
+        for gid in sorted(self.records):
+            host = self._leader_of(gid)
+            if host is None or self.network.is_blocked(host.node_id, SCHEDULER_ENDPOINT):
+                continue
+            confirmed, applied = dup.confirmed[gid], host.applied_index
+            if applied <= confirmed:
+                continue
+            hi = min(applied, confirmed + config.dup_block_entries_max) + 1
+            try:
+                entries = host.retained_entries(gid, confirmed + 1, hi, config.dup_block_bytes_max)
+            except CompactedError as exc:
+                fail("dup-log-lost",
+                     f"group {gid}: leader {host.node_id} (applied {applied}) lacks the log "
+                     f"after confirmed_decree {confirmed}: {exc.message}")
+            replica = host.machine
+            invariant(isinstance(replica, SimTableReplica), "dup runs table replicas")
+            if isinstance(replica, SimTableReplica) and dup.ship(
+                    gid, entries, replica.store, self.clock.now_ms):
+                self._trace_group(gid, f"DUP node {host.node_id} shipped "
+                                       f"{entries[0].index}..{entries[-1].index}")
+        for host in self._running_hosts():  # followers too: any may lead next
+            self._check_floor(host)
+
+    def _gc_timer(self) -> None:
+        """``TombstoneCollector.collect_once``: each leader proposes a collection
+        (the production ``collection_entry``, with the floor its node knows)."""
+        dup, config = self.dup, self.config
+        self.timers.schedule(self.clock.now_ms + config.tombstone_gc_interval_ms,
+                             self._gc_timer)
+        if dup is None:
+            return
+        for gid in sorted(self.records):
+            host = self._leader_of(gid)
+            replica = None if host is None else host.machine
+            if host is None or not isinstance(replica, SimTableReplica):
+                continue
+            entry = collection_entry(host, gid, replica.machine, dup.floor(host.node_id, gid),
+                                     wall_us=self.clock.now_ms * 1000,
+                                     delay_ms=config.tombstone_gc_delay_ms)
+            try:
+                host.raft.propose(encode_entry(entry))
+            except ProposalDroppedError:
+                continue
+            dup.stats.gc_proposed += 1
+            host.flush()
+
+    def _check_floor(self, host: SimRaftHost) -> None:
+        """After a compaction: the replica still holds the log after the
+        partition's confirmed_decree (Raft log or snapshot tail)."""
+        dup = self.dup
+        gid = next((g for g, h in self._node_of(host).replicas.items() if h is host), 0)
+        if dup is None or not gid:
+            return
+        confirmed = dup.confirmed[gid]
+        self.stats.floor_checks += 1
+        if not host.up or confirmed >= host.raft.last_index:
+            return  # nothing after confirmed_decree here yet: Raft brings it
+        try:
+            host.retained_entries(gid, confirmed + 1, confirmed + 2, 1)
+        except CompactedError as exc:
+            fail("dup-log-not-retained",
+                 f"group {gid}: node {host.node_id} lacks the log after confirmed_decree "
+                 f"{confirmed} (knows {dup.known.get(host.node_id)}): {exc.message}")
+
+    def _node_of(self, host: SimRaftHost) -> _TableNode:
+        return self.nodes[host.node_id]
+
+    def _remote_nemesis(self) -> None:
+        dup, config = self.dup, self.config
+        if dup is None or dup.remote_down:
+            return
+        if self._dup_rng.random() < config.remote_outage_probability_per_tick:
+            dup.remote_down = True
+            dup.stats.remote_outages += 1
+            duration = self._dup_rng.randint(config.remote_outage_ms_min,
+                                             config.remote_outage_ms_max)
+            self._trace(f"REMOTE down for {duration} ms ({dup.fail_mode.value} mode)")
+            self.timers.schedule(self.clock.now_ms + duration, self._remote_up)
+
+    def _remote_up(self) -> None:
+        if self.dup is not None and self.dup.remote_down:
+            self.dup.remote_down = False
+            self._trace("REMOTE up")
+
+    def _dup_unsettled(self, gid: int, leader: SimRaftHost, voters: list[int],
+                       by_node: dict[int, SimRaftHost]) -> str:
+        """Every acknowledged write on every voter, the shipper caught up, and
+        the remote equal to the source (value and timetag of every live key)."""
+        dup, writer = self.dup, self.writers[gid]
+        invariant(dup is not None, "dup checks run in the dup mix")
+        if dup is None:
+            return ""
+        in_flight = writer.op if writer.request is not None else None
+        for voter in voters:
+            replica = by_node[voter].machine
+            if not isinstance(replica, SimTableReplica):
+                continue
+            live = live_records(replica.store)
+            for key, value in sorted(writer.last_acked.items()):
+                has = live.get(key)
+                if (None if has is None else has[0]) == value:
+                    continue
+                if in_flight is not None and in_flight[0] == key and (
+                        None if has is None else has[0]) == in_flight[1]:
+                    continue  # the last write, unacknowledged, applied after all
+                fail("acknowledged-write-lost",
+                     f"group {gid}: key {key} was last acknowledged as {value!r} but voter "
+                     f"{voter} has {has!r}")
+        if dup.confirmed[gid] < leader.applied_index:
+            return (f"duplication confirmed {dup.confirmed[gid]} of {leader.applied_index}")
+        replica = leader.machine
+        if isinstance(replica, SimTableReplica):
+            differences = dup.differences(gid, replica.store)
+            if differences:
+                fail("dup-diverged",
+                     f"group {gid}: the remote differs from the source after everything "
+                     f"shipped ({dup.fail_mode.value} mode, {len(dup.skipped_keys[gid])} "
+                     f"keys skipped): " + "; ".join(differences[:5]))
+        return ""
+
     # == heal and liveness ====================================================
 
     def _heal(self) -> None:
@@ -716,6 +923,8 @@ class TableSimulation:
         self.network.heal()
         self.network.heal_faults()
         self._partition_active = False
+        if self.dup is not None:
+            self.dup.remote_down = False
         self._trace("HEAL: partitions and message loss end, crashed nodes restart")
         for _, node in sorted(self.nodes.items()):
             self._restart(node)
@@ -766,8 +975,13 @@ class TableSimulation:
             host = by_node.get(voter)
             if host is None or host.applied_index != raft.commit_index:
                 return f"voter {voter} has not applied {raft.commit_index}"
+        if self.dup is not None:
+            return self._dup_unsettled(gid, by_node[leader.node_id], voters, by_node)
         for voter in voters:
             machine = by_node[voter].machine
+            invariant(isinstance(machine, MetaStateMachine), "meta writes on a meta machine")
+            if not isinstance(machine, MetaStateMachine):
+                continue
             for key, value in self.writers[gid].acked:
                 kv = machine.get(key)
                 if kv is None or kv.value != value.encode():
@@ -783,6 +997,10 @@ class TableSimulation:
         stats = {name: getattr(self.stats, name) for name in _Stats.__slots__}
         stats["nodes"] = self.node_count
         stats["messages_sent"] = self.network.stats.sent
+        if self.dup is not None:
+            stats.update({f"dup_{name}": getattr(self.dup.stats, name)
+                          for name in self.dup.stats.__slots__})
+            stats["dup_skip_mode"] = int(self.dup.fail_mode is FailMode.SKIP)
         fingerprint = hashlib.sha256(repr((
             violation, detail, self.clock.now_ms, sorted(stats.items()),
             sorted((gid, tuple(w.acked)) for gid, w in self.writers.items()),
@@ -794,7 +1012,7 @@ class TableSimulation:
             seed=self.seed, nodes=self.node_count, groups=self.config.groups,
             violation=violation, detail=detail, end_ms=self.clock.now_ms,
             fingerprint=fingerprint, trace_hash=self.tracer.digest(), stats=stats,
-            trace=tuple(self.tracer.lines))
+            trace=tuple(self.tracer.lines), mix="dup" if self.config.dup else "scheduler")
 
     def _trace(self, text: str) -> None:
         self.tracer.event(self.clock.now_ms, text)
@@ -831,20 +1049,22 @@ def run_table_seed(seed: int, config: TableSimConfig | None = None, *,
     return TableSimulation(seed, config, keep_trace=keep_trace).run()
 
 
-def _run_one(seed: int) -> TableSimResult:
-    return run_table_seed(seed)
+def _run_one(mix: str, seed: int) -> TableSimResult:
+    return run_table_seed(seed, table_config_for_mix(mix))
 
 
 def run_table_many(
     seeds: Iterable[int], *, jobs: int = 1,
-    on_result: Callable[[TableSimResult], None] | None = None,
+    on_result: Callable[[TableSimResult], None] | None = None, mix: str = "scheduler",
 ) -> list[TableSimResult]:
-    """Run many seeds (in ``jobs`` processes), results in seed order."""
+    """Run many seeds of one mix (in ``jobs`` processes), results in seed order."""
     seeds = list(seeds)
+    table_config_for_mix(mix)  # an unknown mix fails here, not in a worker
+    run_one = functools.partial(_run_one, mix)
     results: list[TableSimResult] = []
     if jobs <= 1:
         for seed in seeds:
-            result = _run_one(seed)
+            result = run_one(seed)
             results.append(result)
             if on_result is not None:
                 on_result(result)
@@ -852,7 +1072,7 @@ def run_table_many(
     import multiprocessing
 
     with multiprocessing.get_context("spawn").Pool(jobs) as pool:
-        for result in pool.imap(_run_one, seeds, chunksize=1):
+        for result in pool.imap(run_one, seeds, chunksize=1):
             results.append(result)
             if on_result is not None:
                 on_result(result)

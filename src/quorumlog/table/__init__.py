@@ -36,6 +36,7 @@ from quorumlog.table._commands import (
     decode_entry,
     encode_entry,
 )
+from quorumlog.table._dup_gc import collection_entry
 from quorumlog.table._dup_layout import (
     DUP_TRANSITIONS,
     DupProgress,
@@ -45,7 +46,11 @@ from quorumlog.table._dup_layout import (
     TableFlags,
     UnknownDupError,
 )
-from quorumlog.table._dup_shipper import UnknownRemoteClusterError
+from quorumlog.table._dup_shipper import (
+    UnknownRemoteClusterError,
+    block_of,
+    compaction_floor_of,
+)
 from quorumlog.table._errors import (
     BadTableRequestError,
     KeyTooLargeError,
@@ -81,6 +86,7 @@ from quorumlog.table._layout import (
     table_node_key,
     table_nodes,
 )
+from quorumlog.table._machine import PartitionMachine, observe_duplicates
 from quorumlog.table._messages import PartitionNotHostedError
 from quorumlog.table._placement import NotEnoughTableNodesError
 from quorumlog.table._scheduler import (
@@ -138,6 +144,7 @@ __all__ = [
     "NonIdempotentWriteRefusedError",
     "NotAnIntegerError",
     "NotEnoughTableNodesError",
+    "PartitionMachine",
     "PartitionNotHostedError",
     "PartitionRecord",
     "Record",
@@ -172,8 +179,11 @@ __all__ = [
     "WriteCommand",
     "WriteOutcomeUnknownError",
     "WriteResult",
+    "block_of",
     "change_outcome",
     "check_passes",
+    "collection_entry",
+    "compaction_floor_of",
     "conf_change_of",
     "decode_entry",
     "encode_entry",
@@ -182,6 +192,7 @@ __all__ = [
     "is_table_group",
     "keeps_replica",
     "make_timetag",
+    "observe_duplicates",
     "partition_of",
     "record_needs_update",
     "report_of",

@@ -26,10 +26,11 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from quorumlog.errors import QuorumlogError
 from quorumlog.log import get_logger
-from quorumlog.raft import CompactedError, EntryType, RaftHost, Role
+from quorumlog.raft import CompactedError, Entry, EntryType, RaftHost, Role
 from quorumlog.table._commands import (
     CollectGarbage,
     TableEntry,
@@ -50,6 +51,14 @@ GC_LOG_SCAN_BYTES_MAX = 4 * 1024 * 1024  # one read of those entries
 NOTHING = -1  # a horizon below every timetag
 
 
+class RetainedLog(Protocol):
+    """Where a collection reads unconfirmed entries: ``RaftHost`` (or the
+    table simulator's replica, which runs the same ``raft.retained_from``)."""
+
+    def retained_entries(self, group_id: int, lo: int, hi: int,
+                         max_bytes: int) -> list[Entry]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class LedReplica:
     table: str
@@ -57,7 +66,7 @@ class LedReplica:
     machine: PartitionMachine
 
 
-def unconfirmed_horizon_us(host: RaftHost, group_id: int, floor: int, mark: int) -> int:
+def unconfirmed_horizon_us(host: RetainedLog, group_id: int, floor: int, mark: int) -> int:
     """Below the timestamp of every entry in (floor, mark] with local writes
     (what duplication ships); NOTHING if one of them cannot be read
     (compacted, or too many)."""
@@ -79,7 +88,7 @@ def unconfirmed_horizon_us(host: RaftHost, group_id: int, floor: int, mark: int)
     return horizon
 
 
-def collection_entry(host: RaftHost, group_id: int, machine: PartitionMachine,
+def collection_entry(host: RetainedLog, group_id: int, machine: PartitionMachine,
                      floor: int | None, *, wall_us: int, delay_ms: int) -> TableEntry:
     """The entry the leader proposes; ``floor`` is the smallest confirmed_decree
     of the table's active duplications (None: none)."""

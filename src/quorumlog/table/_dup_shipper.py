@@ -110,6 +110,30 @@ def touched_keys(command: WriteCommand) -> list[tuple[bytes, bytes]]:
     return []
 
 
+def compaction_floor_of(active: list[DupRecord], progress: dict[tuple[str, int, int], DupProgress],
+                        table: str, partition: int, *, dups_known: bool,
+                        progress_known: bool) -> int | None:
+    """The highest log index a replica of ``table``'s ``partition`` may compact
+    up to, from what its node knows (None: no bound): the smallest
+    ``confirmed_decree`` of the table's ``active`` duplications. Unknown means
+    keep: 0 until the node has read the duplications (``dups_known``) and, with
+    one active, the progress from meta (``progress_known``), and while a
+    partition has no progress recorded."""
+    if not dups_known:
+        return 0  # not known yet: keep everything
+    if not active:
+        return None
+    if not progress_known:
+        return 0  # confirmed decrees not read yet
+    floor: int | None = None
+    for dup in active:
+        found = progress.get((table, dup.dup_id, partition))
+        if found is None:
+            return 0  # the leader has not recorded where shipping starts
+        floor = found.confirmed_decree if floor is None else min(floor, found.confirmed_decree)
+    return floor
+
+
 @dataclass(slots=True)
 class Block:
     """One block of the log as duplicate writes: hash_key -> its records."""
@@ -470,21 +494,9 @@ class DupManager:
         hosted = {h.group_id: h for h in self._hosted()}.get(group_id)
         if hosted is None:
             return None
-        if not self._dups_known:
-            return 0  # not known yet: keep everything
-        active = self.active_dups(hosted.table)
-        if not active:
-            return None
-        if not self._known:
-            return 0  # confirmed decrees not read yet
-        floor: int | None = None
-        for dup in active:
-            progress = self.progress.get((hosted.table, dup.dup_id, hosted.partition))
-            if progress is None:
-                return 0  # the leader has not recorded where shipping starts
-            floor = progress.confirmed_decree if floor is None else min(
-                floor, progress.confirmed_decree)
-        return floor
+        return compaction_floor_of(self.active_dups(hosted.table), self.progress,
+                                   hosted.table, hosted.partition,
+                                   dups_known=self._dups_known, progress_known=self._known)
 
     async def _loop(self) -> None:
         while True:
