@@ -39,6 +39,11 @@ class RecoveryConfig(Config, frozen=True):
     # Entries per recovery add batch (the bookie's AddEntriesRequest bound
     # applies too) and in-flight reads from survivors.
     copy_batch_entries_max: int = 64
+    # Ledgers one worker copies at once: while one waits for its replacement's
+    # journal fsync, another reads from its survivors. Each holds a batch of
+    # envelopes in memory (up to copy_batch_entries_max entries), and each
+    # holds its task lock for the copy, so other workers take the rest.
+    copy_ledgers_in_flight_max: int = 4
     # One bookie request (read or add batch) made by a worker.
     request_timeout_ms: int = 10_000
     # Ledgers the auditor reads per meta range call.
@@ -59,6 +64,7 @@ class RecoveryConfig(Config, frozen=True):
             require(getattr(self, name) >= 0, f"[recovery] {name} must be >= 0")
         for name in ("audit_interval_ms", "worker_poll_interval_ms", "lease_ttl_ms",
                      "task_attempts_max", "throttle_bytes_per_s", "copy_batch_entries_max",
+                     "copy_ledgers_in_flight_max",
                      "request_timeout_ms", "audit_ledgers_per_page",
                      "check_reads_in_flight_max"):
             require(getattr(self, name) > 0, f"[recovery] {name} must be positive")

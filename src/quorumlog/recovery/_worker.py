@@ -15,6 +15,7 @@ worker takes the task over. For the ledger it then:
    creation; kept in the task so a successor reuses it) gets each entry,
    read from a surviving replica with digest verification, in batches
    of recovery adds, at most ``throttle_bytes_per_s``;
+   a worker copies up to ``copy_ledgers_in_flight_max`` ledgers at once;
 3. swaps the replacement into that fragment by compare-and-swap of the ledger
    metadata - after the copy, so a worker dying mid-copy changed nothing in
    metadata and its successor copies again (recovery adds of the same entry
@@ -74,8 +75,10 @@ class EntryLostError(QuorumlogError):
 
 class Throttle:
     """Paces the worker's copies at ``bytes_per_s``: each batch is due its size
-    over the rate after the one before. Idle time is not saved up: a worker idle
-    for an hour does not then copy an hour's worth at full speed."""
+    over the rate after the one before, and ``spend`` returns when it is due (the
+    caller sends it then). Idle time is not saved up: a worker idle for an hour
+    does not then copy an hour's worth at full speed. Concurrent copies share
+    it: each ``spend`` books its slot before it waits."""
 
     def __init__(self, bytes_per_s: int, clock: Clock) -> None:
         self._rate = bytes_per_s
@@ -104,25 +107,60 @@ class ReplicationWorker:
         self._throttle = Throttle(config.throttle_bytes_per_s, clock)
 
     async def work_once(self) -> list[int]:
-        """Try every pending task once; the ledgers this worker finished."""
+        """Try every pending task once, up to ``copy_ledgers_in_flight_max`` of
+        them at a time; the ledgers this worker finished. A task is locked only
+        when a copy slot is free, so a task this worker cannot start yet stays
+        free for the others. Each attempt handles its own operating errors; one
+        failing does not stop the others, and every lock taken is released."""
         if await self._meta.get(layout.DISABLED_KEY) is not None:
             return []
         done: list[int] = []
         now_ms = self._clock.wall_ms()
-        for kv in await self._meta.list_keys(layout.TASK_PREFIX):
-            task = layout.ReplicationTask.decode(kv.value)
-            if task.state is not layout.TaskState.PENDING or task.retry_after_ms > now_ms:
-                continue
-            session_id = await self._session.current()
-            lock = layout.lock_key(task.ledger_id)
-            if not await self._meta.cas(lock, 0, self.worker_id.encode(), session_id=session_id):
-                continue  # another worker has it
-            try:
-                if await self._attempt(task.ledger_id):
-                    done.append(task.ledger_id)
-            finally:
-                await self._meta.delete(lock)
+        slots = asyncio.Semaphore(self._config.copy_ledgers_in_flight_max)
+        running: list[asyncio.Task[None]] = []
+        try:
+            for kv in await self._meta.list_keys(layout.TASK_PREFIX):
+                task = layout.ReplicationTask.decode(kv.value)
+                if task.state is not layout.TaskState.PENDING or task.retry_after_ms > now_ms:
+                    continue
+                await slots.acquire()
+                try:
+                    session_id = await self._session.current()
+                    locked = await self._meta.cas(layout.lock_key(task.ledger_id), 0,
+                                                  self.worker_id.encode(), session_id=session_id)
+                except BaseException:
+                    slots.release()
+                    raise
+                if not locked:
+                    slots.release()
+                    continue  # another worker has it
+                running.append(asyncio.get_running_loop().create_task(
+                    self._locked_attempt(task.ledger_id, slots, done)))
+        except asyncio.CancelledError:
+            for attempt in running:  # the service stops: so do the copies
+                attempt.cancel()
+            raise
+        finally:
+            # Every started attempt ends (and releases its lock) before this
+            # returns, also when listing or locking the next task failed.
+            outcomes = await asyncio.gather(*running, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome  # a programmer error: the others were let finish first
         return done
+
+    async def _locked_attempt(self, ledger_id: int, slots: asyncio.Semaphore,
+                              done: list[int]) -> None:
+        """One attempt at a task this worker holds the lock of; releases the lock
+        and the copy slot whatever happens."""
+        try:
+            if await self._attempt(ledger_id):
+                done.append(ledger_id)
+        finally:
+            try:
+                await self._meta.delete(layout.lock_key(ledger_id))
+            finally:
+                slots.release()
 
     async def _attempt(self, ledger_id: int) -> bool:
         # Counted before any read: a bookie registering during the attempt counts
@@ -272,6 +310,10 @@ class ReplicationWorker:
                 self._read_verified(metadata, slot, entry_id, digest_key, avoid,
                                     own_copy=own_copy)
                 for entry_id in batch))
+            size = sum(len(e) for e in envelopes)
+            # Paced before the write: the worker's copies run concurrently and
+            # share the rate, so none may write first and pay later.
+            await self._throttle.spend(size)
             results = await self._client.context.bookies.add_entries(
                 target, metadata.ledger_id, key, list(zip(batch, envelopes, strict=True)),
                 flags=wire.FLAG_RECOVERY, timeout_s=timeout_s)
@@ -280,10 +322,8 @@ class ReplicationWorker:
                     raise QuorumlogError(
                         f"ledger {metadata.ledger_id}: bookie {target} refused entry "
                         f"{entry_id}: {error}")
-            size = sum(len(e) for e in envelopes)
             copied += size
             BYTES_COPIED.inc(size)
-            await self._throttle.spend(size)
         return copied
 
     async def _read_verified(self, metadata: LedgerMetadata, slot: Slot, entry_id: int,
