@@ -71,6 +71,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -578,8 +579,9 @@ def peak(rows: list[Row], system: str, workload_prefix: str, size: int) -> float
     return max(rates, default=1.0)
 
 
-async def bookie_case(plan: Plan, root: Path) -> Row:
+async def bookie_case(plan: Plan, root: Path, started: list[Any]) -> Row:
     proc = await asyncio.to_thread(BookieProcess, root / "bookie")
+    started.append(proc)  # stopped by main() too, if this is interrupted
     try:
         async def once(_: int) -> Row:
             row = await single_bookie_batched(proc.address, 100, 4 * ADD_BATCH_ENTRIES_MAX,
@@ -593,6 +595,7 @@ async def bookie_case(plan: Plan, root: Path) -> Row:
         return (await paired(plan.repeats, [(once, [proc.proc.pid])]))[0]
     finally:
         await asyncio.to_thread(proc.stop)
+        started.remove(proc)
 
 
 async def meta_cases(plan: Plan, quorumlog: QuorumlogSystem, etcd: EtcdSystem
@@ -747,7 +750,7 @@ async def run(plan: Plan, root: Path, started: list[Any]) -> tuple[list[Row], li
         rows = await data_cases(plan, quorumlog.pids(), quorumlog.addresses, jet.pids(), js)
     finally:
         await nc.close()
-    rows.append(await bookie_case(plan, root))
+    rows.append(await bookie_case(plan, root, started))
     meta_rows, meta_ratios = await meta_cases(plan, quorumlog, etcd)
     rows += meta_rows
     return rows, targets(rows, meta_ratios)
@@ -769,12 +772,18 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         print(f"{BENCH}: interrupted; stopping every cluster", file=sys.stderr)
         return 130
+    except Exception as exc:  # a case failed: say which error, stop everything, exit 1
+        traceback.print_exc()
+        print(f"{BENCH}: a case failed ({exc!r}); every cluster is being stopped "
+              "(--keep keeps their logs)", file=sys.stderr)
+        return 1
     finally:
         for system in reversed(started):
             try:
                 system.stop()
             except Exception as exc:
-                print(f"stopping {system.name} failed: {exc!r}", file=sys.stderr)
+                name = getattr(system, "name", type(system).__name__)
+                print(f"stopping {name} failed: {exc!r}", file=sys.stderr)
         if args.keep:
             print(f"data and logs kept in {root}")
         else:
