@@ -61,6 +61,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import importlib.util
 import json
 import os
 import platform
@@ -251,10 +252,13 @@ def tagged(index: int, size: int) -> bytes:
 
 
 def nats_binary() -> str:
+    if importlib.util.find_spec("nats") is None:
+        raise SetupError("nats-py is not installed: run ./scripts/setup-bench.sh (the bench "
+                         "extra), or run this with ./scripts/uv run --frozen --extra bench")
     found = shutil.which("nats-server")
     if found is None:
         raise SetupError("nats-server is not installed: run ./scripts/setup-bench.sh "
-                         "(apt-get install nats-server) or leave it out with --systems")
+                         "(apt-get install nats-server)")
     return found
 
 
