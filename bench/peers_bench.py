@@ -97,6 +97,7 @@ from bench.meta_vs_etcd import (
 )
 from bench.meta_vs_etcd import run_all as meta_run_all
 from quorumlog import rpc
+from quorumlog.errors import invariant
 from quorumlog.ledger import LedgerClient
 from quorumlog.log import configure
 from quorumlog.proto import ADD_BATCH_ENTRIES_MAX
@@ -733,11 +734,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 async def run(plan: Plan, root: Path, started: list[Any]) -> tuple[list[Row], list[str]]:
+    # SIGTERM cancels this task, as asyncio.Runner does for Ctrl-C. A handler
+    # that raises KeyboardInterrupt (meta_vs_etcd's) can land inside uvloop's
+    # get_buffer() call, which swallows it and kills that rpc connection instead.
+    task = asyncio.current_task()
+    invariant(task is not None, "run() is the main task")
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     etcd_binary = shutil.which("etcd")
     if etcd_binary is None:
         raise SetupError("etcd is not installed: run ./scripts/setup-bench.sh "
@@ -764,7 +767,6 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     plan = plan_for(args)
     configure("WARNING")
-    signal.signal(signal.SIGTERM, _raise_interrupt)  # clean up on SIGTERM like on Ctrl-C
     began = time.monotonic()
     root = Path(tempfile.mkdtemp(prefix="peers-bench-", dir=args.dir))
     started: list[Any] = []
@@ -773,7 +775,7 @@ def main(argv: list[str]) -> int:
     except SetupError as exc:
         print(f"{BENCH}: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
         print(f"{BENCH}: interrupted; stopping every cluster", file=sys.stderr)
         return 130
     except Exception as exc:  # a case failed: say which error, stop everything, exit 1
