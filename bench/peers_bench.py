@@ -35,11 +35,13 @@ Workloads (the same on both sides, counts and seconds bounded per case):
    (``meta_vs_etcd.run_all``).
 
 Durability differs and the table says so: quorumlog acknowledges an add or a
-meta put after an fdatasync on a quorum; nats-server 2.9.10 writes message
-blocks with write(2) and fsyncs them from a background timer every 60 s
-(``defaultSyncInterval`` in ``server/filestore.go``; 2.9 has no option to
-change it, ``sync_interval`` came in 2.10), so an acknowledged JetStream
-message is in the memory (page cache) of a quorum of servers, not on disk.
+meta put after an fdatasync on a quorum; nats-server 2.9.10 acknowledges an
+R3 publish once a quorum appended it to the stream's Raft WAL with write(2)
+and fsyncs only from timers (the message store every 2 min, set in
+``server/stream.go``; the stream's Raft WAL every 5 min, set in
+``server/jetstream_cluster.go``; 2.9 has no option to change them,
+``sync_interval`` came in 2.10), so an acknowledged JetStream message is in
+the page cache of a quorum of servers, not on disk.
 
 The last lines are one per target of issue 17:
 ``TARGET name: value (goal) ok|MISS`` (reported, not enforced; the Spark
@@ -122,14 +124,16 @@ JS_SUBJECTS = "peers.>"
 DURABLE_QUORUMLOG = "fsync per ack"
 DURABLE_META = "fsync per ack"
 DURABLE_ETCD = "fsync per ack"
-DURABLE_JETSTREAM = "no fsync per write (60 s timer)"
+DURABLE_JETSTREAM = "no fsync per write (timer: 2 min store, 5 min WAL)"
 DURABILITY_LEGEND = (
     "durability: quorumlog acknowledges a ledger append / stream message after the journal "
     "fdatasync on Qa bookies, a bookie add after its journal group commit's fdatasync, a meta "
     "put after the Raft WAL fdatasync on a majority; etcd 3.4 fsyncs its WAL per commit; "
-    "nats-server 2.9.10 (JetStream) acknowledges once a quorum of the R3 stream's servers "
-    "wrote the message with write(2) (page cache) and fsyncs message blocks from a timer every "
-    "60 s (filestore defaultSyncInterval; 2.9 has no sync_interval option, 2.10 added it)."
+    "nats-server 2.9.10 (JetStream) acknowledges an R3 publish once a quorum of the stream's "
+    "servers appended it to the stream's Raft WAL with write(2), i.e. into the page cache; it "
+    "fsyncs from timers only: the stream's message store every 2 min (stream.go sets "
+    "SyncInterval 2 min), the stream's Raft WAL every 5 min (jetstream_cluster.go); 2.9 has no "
+    "option to change either (sync_interval came in 2.10)."
 )
 console = Console(width=200)
 now = time.perf_counter
