@@ -33,7 +33,8 @@ lint: setup
 	./scripts/uv run --frozen lint-imports --no-logo
 
 bench: setup
-	@for b in bench/*_bench.py; do echo "== $$b"; ./scripts/uv run --frozen python $$b || exit 1; done
+	./scripts/setup-bench.sh
+	@for b in bench/*_bench.py; do echo "== $$b"; ./scripts/uv run --frozen --extra bench python $$b || exit 1; done
 
 clean:
 	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache

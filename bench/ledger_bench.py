@@ -250,16 +250,16 @@ BATCH_BASELINE_ENTRIES = 64
 outstanding at (3,2,2) sends each bookie batches of about this size)."""
 
 
-async def single_bookie_batched(address: str, size: int, window: int, count: int) -> Row:
+async def single_bookie_batched(address: str, size: int, window: int, count: int, *,
+                                per_batch: int = BATCH_BASELINE_ENTRIES) -> Row:
     """Raw batches of adds to one bookie: ``AddEntriesRequest``\\ s of
-    ``BATCH_BASELINE_ENTRIES`` entries, up to ``window`` entries in flight."""
+    ``per_batch`` entries, up to ``window`` entries in flight."""
     connection = await rpc.connect(*_host_port(address))
     ledger_id = random.randrange(10**12, 10**13)
     key = b"bench-master-key"
     payload = os.urandom(size)
     envelopes = [encode_entry(ledger_id, i, i - 1, payload, digest=DigestType.CRC32C)
                  for i in range(count)]
-    per_batch = BATCH_BASELINE_ENTRIES
     latencies: list[float] = []
     in_flight: list[asyncio.Future[Any]] = []
     start = now()
