@@ -221,3 +221,40 @@ async def _wait_applied(host: RaftHost, group: int, machine: EchoMachine, count:
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
+
+
+@pytest.mark.parametrize(("inline_max", "sync_thread"), [(4, "MainThread"), (0, "raft-io")])
+def test_small_passes_sync_on_the_loop_and_the_ack_still_waits_for_the_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inline_max: int, sync_thread: str,
+) -> None:
+    """``inline_sync_entries_max``: a one-entry pass fdatasyncs on the event loop
+    (no hop to the I/O thread); either way the proposal is answered only after
+    an fdatasync that followed it."""
+    import os
+    import threading
+
+    syncs: list[str] = []
+    real = os.fdatasync
+
+    def recording_fdatasync(fd: int) -> None:
+        real(fd)
+        syncs.append(threading.current_thread().name)
+
+    config = HostConfig(tick_interval_ms=20, election_timeout_ticks=5, wal=CONFIG,
+                        inline_sync_entries_max=inline_max)
+
+    async def run() -> None:
+        host = RaftHost(1, {1: f"127.0.0.1:{_free_port()}"}, tmp_path, config=config)
+        host.add_group(1, {1}, EchoMachine())
+        await host.start()
+        try:
+            await _wait_leader(host, 1)
+            monkeypatch.setattr(os, "fdatasync", recording_fdatasync)
+            assert await host.propose(1, b"one") == b"one"
+            assert syncs, "the proposal was answered before any fdatasync"
+            assert syncs[0].startswith(sync_thread), syncs
+        finally:
+            monkeypatch.setattr(os, "fdatasync", real)
+            await host.close()
+
+    rpc.run(run())
