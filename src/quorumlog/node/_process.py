@@ -137,6 +137,8 @@ class _Roles:
                     tick_interval_ms=cfg.meta.tick_interval_ms,
                     election_timeout_ticks=cfg.meta.election_timeout_ticks,
                     snapshot_entries=cfg.meta.snapshot_entries,
+                    # One group: its own WAL's fdatasync is the only one a pass has.
+                    shared_journal=False,
                 ),
             )
             self.meta = MetaService(

@@ -44,6 +44,7 @@ from pathlib import Path
 import msgspec
 
 from quorumlog.errors import CorruptionError, StorageError, UsageError
+from quorumlog.raft._journal import HostJournal, PendingWrite
 from quorumlog.raft._storage import MemoryStorage, bootstrap_snapshot
 from quorumlog.raft._types import ConfState, Entry, HardState, Snapshot
 from quorumlog.wal import (
@@ -126,6 +127,10 @@ class WalRaftStorage:
         self._snapshotter = snapshotter
         self._memory = memory
         self._persisted_snapshot_index = memory.snapshot().meta.index
+        # With a host journal (``_journal``), Readies are written to the WAL
+        # unsynced and journaled; the host syncs the journal once per pass.
+        self._journal: HostJournal | None = None
+        self._group_id = 0
 
     # ----- opening --------------------------------------------------------------
 
@@ -136,18 +141,51 @@ class WalRaftStorage:
         *,
         conf_state: ConfState | None = None,
         config: WalConfig | None = None,
+        journal: HostJournal | None = None,
+        group_id: int = 0,
     ) -> WalRaftStorage:
         """Open the group's storage, creating it on first use.
 
         ``conf_state`` bootstraps a founding member; it is ignored when the
         storage already exists (the stored configuration wins). A member that
         joins later passes None and learns the configuration from the leader.
+
+        With a host ``journal``, the group's journaled writes since the last
+        checkpoint are first written to the WAL (synced), then it is read,
+        and later Readies are journaled (module doc of ``_journal``).
         """
         root = Path(directory)
         wal_dir = root / WAL_DIR_NAME
         if not Wal.exists(wal_dir):
             cls._create(root, conf_state, config)
-        return cls._open_existing(root, config)
+        pending = journal.take_pending(group_id) if journal is not None else None
+        if pending is not None:
+            cls._replay_journal(root, config, pending)
+        storage = cls._open_existing(root, config)
+        storage._journal, storage._group_id = journal, group_id
+        return storage
+
+    @classmethod
+    def _replay_journal(cls, root: Path, config: WalConfig | None, pending: PendingWrite) -> None:
+        """Write the fold of the group's journaled writes to its WAL, synced.
+
+        Entries at or below the WAL's snapshot are covered by it and left out;
+        the rest must continue the log the WAL kept (the fold starts where the
+        first journaled write after the checkpoint did, and everything before
+        was synced by that checkpoint)."""
+        storage = cls._open_existing(root, config)
+        try:
+            floor = storage.snapshot().meta.index
+            entries = [e for e in pending.entries if e.index > floor]
+            if entries and entries[0].index > storage.last_index() + 1:
+                raise CorruptionError(
+                    f"{root}: the host journal continues the log at index {entries[0].index} "
+                    f"but the WAL ends at {storage.last_index()}: the WAL lost synced entries; "
+                    "remove this member from its group and add it again")
+            if entries or pending.state is not None:
+                storage._wal.save(pending.state, entries, sync=True)
+        finally:
+            storage.close()
 
     @classmethod
     def _create(cls, root: Path, conf_state: ConfState | None, config: WalConfig | None) -> None:
@@ -243,8 +281,21 @@ class WalRaftStorage:
             self.persist_snapshot(snapshot)
         state = _ENCODER.encode(hard_state) if hard_state is not None else None
         records = [WalEntry(index=e.index, data=_ENCODER.encode(e)) for e in entries]
+        journal = self._journal
+        if journal is None:
+            if state is not None or records:
+                self._wal.save(state, records, sync=must_sync)
+            return
+        # The host syncs the journal once the pass's groups are all written.
         if state is not None or records:
-            self._wal.save(state, records, sync=must_sync)
+            self._wal.save(state, records, sync=False)
+        if state is not None or records or snapshot is not None:
+            reset = snapshot.meta.index if snapshot is not None else 0
+            journal.add(self._group_id, self, reset, state, records)
+
+    def sync_wal(self) -> None:
+        """fdatasync the WAL (a journal checkpoint, I/O thread)."""
+        self._wal.sync()
 
     def install(
         self, hard_state: HardState | None, entries: list[Entry], snapshot: Snapshot | None
