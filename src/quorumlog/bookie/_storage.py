@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
@@ -58,7 +58,7 @@ from quorumlog.bookie._results import (
 )
 from quorumlog.bookie._storage_errors import EntryLogCorruptionError
 from quorumlog.bookie._usage import UsageChanges, UsageTable
-from quorumlog.errors import StorageError, UsageError
+from quorumlog.errors import InvariantViolation, QuorumlogError, StorageError, UsageError
 from quorumlog.log import get_logger
 from quorumlog.proto import (
     EntryTooLargeError,
@@ -98,6 +98,10 @@ class _FlushPlan:
     entries: dict[EntryKey, bytes]
     records: dict[int, LedgerRecord]
     deletes: frozenset[int]
+
+
+# Errors of one entry in a batch of adds (the others may still be stored).
+_ENTRY_ERRORS = (EntryTooLargeError, WriteCacheFullError, UsageError)
 
 
 def _check_id(kind: str, value: int) -> None:
@@ -310,6 +314,71 @@ class LedgerStorage:
             self._ledgers.note_add(ledger_id, entry_id, piggyback_lac)
         self._stats.adds += 1
         return True
+
+    def add_many(self, ledger_id: int, entries: Sequence[tuple[int, bytes, int]], *,
+                 master_key: bytes, recovery: bool = False) -> dict[int, QuorumlogError]:
+        """Add a batch of one ledger's entries, ``(entry id, data, piggybacked LAC)``
+        each, in order, as :meth:`add` would one by one, under one lock hold.
+
+        What holds for the whole ledger (closed or read-only storage, master
+        key, fencing, deletion) is checked once and raised before anything is
+        stored. Returns the entries that failed on their own (by position in
+        ``entries``: ``EntryTooLargeError``, ``WriteCacheFullError``); the rest
+        are held (a duplicate keeps its first copy, as :meth:`add`). Entry ids
+        ascending and new to the ledger take one dict update; anything else goes
+        one by one.
+        """
+        entry_max_bytes = self._config.entry_max_bytes
+        total, previous = 0, -1
+        for entry_id, data, _ in entries:
+            if not (previous < entry_id < ID_LIMIT and len(data) <= entry_max_bytes
+                    and type(data) is bytes):
+                return self._add_each(ledger_id, entries, master_key, recovery)
+            total += len(data)
+            previous = entry_id
+        if not entries:
+            return {}
+        _check_id("ledger", ledger_id)
+        with self._cond:
+            self._check_open()
+            if self._read_only:
+                self._stats.add_rejected_read_only += 1
+                raise ReadOnlyError(
+                    f"ledger storage {self._directory} is read-only: disk usage is over "
+                    f"{self._config.disk_usage_threshold_fraction:.0%}; write to other bookies")
+            record = self._ledgers.check_add(ledger_id, master_key, recovery=recovery)
+            if not self._write_cache.has_room(total) or (
+                    entries[0][0] <= record.last_entry_id):
+                fresh = None  # waits for room, or duplicates to sort out: one by one
+            else:
+                fresh = entries
+                self._write_cache.put_many(ledger_id, entries, total)
+                self._ledgers.note_add(ledger_id, entries[-1][0],
+                                       max(lac for _, _, lac in entries))
+        if fresh is None:
+            return self._add_each(ledger_id, entries, master_key, recovery)
+        self._stats.adds += len(entries)
+        return {}
+
+    def _add_each(self, ledger_id: int, entries: Sequence[tuple[int, bytes, int]],
+                  master_key: bytes, recovery: bool) -> dict[int, QuorumlogError]:
+        """:meth:`add_many` one entry at a time (duplicates, waits for room, large
+        entries); a ledger-wide error still raises before anything is stored."""
+        failed: dict[int, QuorumlogError] = {}
+        stored_any = False
+        for position, (entry_id, data, lac) in enumerate(entries):
+            try:
+                self.add(ledger_id, entry_id, data, master_key=master_key, piggyback_lac=lac,
+                         recovery=recovery)
+            except InvariantViolation:
+                raise
+            except QuorumlogError as exc:
+                if not stored_any and not isinstance(exc, _ENTRY_ERRORS):
+                    raise  # ledger-wide, and nothing is stored yet
+                failed[position] = exc
+                continue
+            stored_any = True
+        return failed
 
     def _admit(self, ledger_id: int, entry_id: int, master_key: bytes,
                piggyback_lac: int, recovery: bool) -> bool:
