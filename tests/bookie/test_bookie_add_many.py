@@ -188,3 +188,28 @@ def test_append_many_keeps_order_with_single_records_and_splits_large_batches(
     journal.close()
     entries = Wal.open_read_only(tmp_path / "j").read_all().entries
     assert [r for e in entries for r in unpack_entry(e.data)] == expected
+
+
+# ------------------------------------------------------------------ flush in bulk
+
+
+def test_a_flush_writes_frames_sorted_by_ledger_then_entry_across_log_rolls(
+        tmp_path: Path) -> None:
+    big = (1 << 63) - 1  # the largest ledger id: the sort key's high bits
+    ledgers = [big, 2, 1 << 40, 1]
+    with LedgerStorage(tmp_path, small_config()) as storage:
+        for first in range(0, 300, 30):  # interleaved batches, as a busy bookie sees them
+            for ledger_id in ledgers:
+                storage.add_many(ledger_id, triples(ledger_id, first, 30), master_key=KEY)
+        storage.delete_ledger(2)
+        result = storage.flush()
+        assert result.entries == 900
+        locations = list(storage._index.all_locations())
+        assert len(locations) == 900
+        order = [(location.log_id, location.offset) for _, _, location in locations]
+        assert order == sorted(order)  # index order (ledger, entry) is write order
+        assert len({location.log_id for _, _, location in locations}) > 1  # logs rolled
+    with LedgerStorage(tmp_path, small_config()) as storage:  # from the entry logs
+        for ledger_id in (big, 1 << 40, 1):
+            assert storage.get_entry(ledger_id, 299) == triples(ledger_id, 299, 1)[0][1]
+        assert not storage.ledger_exists(2)

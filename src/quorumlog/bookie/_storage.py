@@ -38,8 +38,14 @@ from types import TracebackType
 
 from quorumlog.bookie._caches import EntryKey, ReadCache, SequentialReads, WriteCache
 from quorumlog.bookie._compaction import Compactor
-from quorumlog.bookie._config import LedgerStorageConfig
-from quorumlog.bookie._entrylog import EntryLogs, LogGoneError, PendingFrame, recover_log_files
+from quorumlog.bookie._config import FRAME_OVERHEAD_BYTES, LedgerStorageConfig
+from quorumlog.bookie._entrylog import (
+    AppendedFrames,
+    EntryLogs,
+    LogGoneError,
+    PendingFrame,
+    recover_log_files,
+)
 from quorumlog.bookie._format import (
     ID_LIMIT,
     NO_ENTRY,
@@ -98,6 +104,22 @@ class _FlushPlan:
     entries: dict[EntryKey, bytes]
     records: dict[int, LedgerRecord]
     deletes: frozenset[int]
+
+
+def _sorted_frames(entries: dict[EntryKey, bytes],
+                   deletes: frozenset[int]) -> list[PendingFrame]:
+    """A frozen write cache half as frames sorted by (ledger, entry), deleted
+    ledgers left out. Keys are sorted as one int each (ledger id in the high
+    64 bits): cheaper than comparing tuples."""
+    keys = sorted([ledger_id << 64 | entry_id for ledger_id, entry_id in entries])
+    mask = (1 << 64) - 1
+    frames: list[PendingFrame] = []
+    append = frames.append
+    for key in keys:
+        ledger_id, entry_id = key >> 64, key & mask
+        if ledger_id not in deletes:
+            append((ledger_id, entry_id, entries[ledger_id, entry_id]))
+    return frames
 
 
 # Errors of one entry in a batch of adds (the others may still be stored).
@@ -592,16 +614,13 @@ class LedgerStorage:
         return self._execute(self._plan, checkpoint)
 
     def _execute(self, plan: _FlushPlan, checkpoint: bytes | None) -> FlushResult:
-        frames: list[PendingFrame] = [
-            (lid, eid, data) for (lid, eid), data in sorted(plan.entries.items())
-            if lid not in plan.deletes
-        ]
-        locations = self._logs.append(frames) if frames else []
+        frames = _sorted_frames(plan.entries, plan.deletes)
+        appended = self._logs.append_encoded(frames) if frames else AppendedFrames()
         try:
             with self._commit_lock:
-                self._commit_plan(plan, frames, locations, checkpoint)
+                self._commit_plan(plan, frames, appended, checkpoint)
         finally:
-            self._logs.release(locations)
+            self._logs.release_logs(appended.log_ids)
         with self._cond:
             self._write_cache.release_frozen()
             self._ledgers.forget_deleted(plan.deletes)
@@ -609,7 +628,8 @@ class LedgerStorage:
             self._cond.notify_all()
         for ledger_id in plan.deletes:
             self._forget_reads(ledger_id)
-        data_bytes = sum(len(f[2]) for f in frames)
+        data_bytes = sum(written for _, written in appended.written.values()) - (
+            FRAME_OVERHEAD_BYTES * len(frames))
         self._stats.flushes += 1
         self._stats.flushed_entries += len(frames)
         self._stats.flushed_bytes += data_bytes
@@ -617,12 +637,12 @@ class LedgerStorage:
                            deleted_ledgers=len(plan.deletes))
 
     def _commit_plan(self, plan: _FlushPlan, frames: list[PendingFrame],
-                     locations: list[Location], checkpoint: bytes | None) -> None:
+                     appended: AppendedFrames, checkpoint: bytes | None) -> None:
         batch = self._index.new_batch()
         changes = UsageChanges()
-        for (ledger_id, entry_id, _), location in zip(frames, locations, strict=True):
-            batch.put_location(ledger_id, entry_id, location)
-            changes.made_live(location)
+        batch.put_encoded_locations(frames, appended.locations)
+        for log_id, (end_offset, frame_bytes) in appended.written.items():
+            changes.made_live_run(log_id, end_offset, frame_bytes)
         for ledger_id in plan.deletes:
             for _, location in self._index.ledger_locations(ledger_id):
                 changes.made_dead(location)
