@@ -15,6 +15,7 @@ read-ahead pays off.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 
 from quorumlog.errors import invariant
 
@@ -65,6 +66,19 @@ class WriteCache:
         invariant(self.has_room(len(data)), "write cache put without room")
         self._active[key] = data
         self._active_bytes += len(data)
+
+    def put_many(self, ledger_id: int, entries: Sequence[tuple[int, bytes, int]],
+                 data_bytes: int) -> None:
+        """Put a batch of one ledger's new entries, ``(entry id, data, _)`` each,
+        ``data_bytes`` in all, with one dict update (a batch of adds' hot path)."""
+        batch = {(ledger_id, entry_id): data for entry_id, data, _ in entries}
+        # isdisjoint iterates its argument: the batch, not the halves.
+        invariant(len(batch) == len(entries) and self._active.keys().isdisjoint(batch)
+                  and self._frozen.keys().isdisjoint(batch),
+                  "a batch of adds put into the write cache twice")
+        invariant(self.has_room(data_bytes), "write cache put without room")
+        self._active.update(batch)
+        self._active_bytes += data_bytes
 
     def swap(self) -> dict[EntryKey, bytes]:
         """Freeze the active half and return it; the caller only reads it."""

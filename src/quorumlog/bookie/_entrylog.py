@@ -21,8 +21,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import crc32c
+
 from quorumlog.bookie._config import FRAME_OVERHEAD_BYTES, LOG_HEADER_BYTES, LedgerStorageConfig
 from quorumlog.bookie._format import (
+    FRAME_HEAD,
+    LOCATION,
     Frame,
     FrameIncomplete,
     FrameInvalid,
@@ -30,7 +34,7 @@ from quorumlog.bookie._format import (
     LogUsage,
     check_log_header,
     decode_frame,
-    encode_frame_header,
+    decode_location,
     encode_log_header,
     log_file_name,
     parse_log_file_name,
@@ -131,6 +135,17 @@ def _truncate(path: Path, size: int) -> None:
 
 
 @dataclass(slots=True)
+class AppendedFrames:
+    """Frames appended by :meth:`EntryLogs.append_encoded`: each frame's
+    location encoded for the index, in order; the logs written (in order);
+    per log, its end offset after the write and the bytes written to it."""
+
+    locations: list[bytes] = field(default_factory=list)
+    log_ids: list[int] = field(default_factory=list)
+    written: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
 class _Writer:
     fd: int
     log_id: int
@@ -167,6 +182,13 @@ class EntryLogs:
         Every log written to is marked in flight; the caller must call
         :meth:`release` with the locations once its index batch is done.
         """
+        return [decode_location(value) for value in self.append_encoded(frames).locations]
+
+    def append_encoded(self, frames: Sequence[PendingFrame]) -> AppendedFrames:
+        """:meth:`append` for a flush: the locations already encoded for the
+        index (``encode_location``), one per frame, and each written log's
+        end and bytes, without a Location object per frame; the caller calls
+        :meth:`release_logs` with ``log_ids`` once its index batch is done."""
         touched: list[int] = []
         with self._append_lock:
             try:
@@ -179,23 +201,37 @@ class EntryLogs:
                     retriable=exc.errno == errno.ENOSPC,
                 ) from exc
 
-    def _append_locked(self, frames: Sequence[PendingFrame], touched: list[int]) -> list[Location]:
-        locations: list[Location] = []
+    def _append_locked(self, frames: Sequence[PendingFrame],
+                       touched: list[int]) -> AppendedFrames:
+        """The hot loop of a flush: frame headers (``encode_frame_header``,
+        inlined), location values and per-log totals in one pass."""
+        result = AppendedFrames()
+        locations = result.locations
         chunk: list[bytes] = []
         chunk_bytes = 0
+        head, pack_location = FRAME_HEAD.pack, LOCATION.pack
+        crc = crc32c.crc32c
+        log_bytes_max = self._config.entry_log_max_bytes
+        writer = self._writer
         for ledger_id, entry_id, data in frames:
-            frame_bytes = FRAME_OVERHEAD_BYTES + len(data)
-            if self._must_roll(chunk_bytes + frame_bytes):
-                self._write_chunk(chunk, touched)
+            size = len(data)
+            frame_bytes = FRAME_OVERHEAD_BYTES + size
+            if writer is None or writer.offset + chunk_bytes + frame_bytes > log_bytes_max:
+                # validate() guarantees one frame fits in an empty log, so this
+                # never rolls an empty log.
+                self._write_chunk(chunk, touched, result)
                 chunk, chunk_bytes = [], 0
                 self._roll()
-            writer = self._current_writer()
-            locations.append(Location(writer.log_id, writer.offset + chunk_bytes, frame_bytes))
-            chunk.append(encode_frame_header(ledger_id, entry_id, data))
+                writer = self._current_writer()
+            header = head(size, ledger_id, entry_id)
+            chunk.append(header)
+            chunk.append(crc(data, crc(header)).to_bytes(4, "big"))
             chunk.append(data)
+            locations.append(pack_location(writer.log_id, writer.offset + chunk_bytes,
+                                           frame_bytes))
             chunk_bytes += frame_bytes
-        self._write_chunk(chunk, touched)
-        return locations
+        self._write_chunk(chunk, touched, result)
+        return result
 
     def _current_writer(self) -> _Writer:
         writer = self._writer
@@ -203,15 +239,8 @@ class EntryLogs:
             raise InvariantViolation("invariant violated: appending without an open entry log")
         return writer
 
-    def _must_roll(self, pending_bytes: int) -> bool:
-        writer = self._writer
-        if writer is None:
-            return True
-        # validate() guarantees one frame fits in an empty log, so this never
-        # rolls an empty log.
-        return writer.offset + pending_bytes > self._config.entry_log_max_bytes
-
-    def _write_chunk(self, chunk: list[bytes], touched: list[int]) -> None:
+    def _write_chunk(self, chunk: list[bytes], touched: list[int],
+                     result: AppendedFrames) -> None:
         if not chunk:
             return
         writer = self._current_writer()
@@ -222,6 +251,8 @@ class EntryLogs:
         _write_all(writer.fd, data)
         os.fsync(writer.fd)
         writer.offset += len(data)
+        result.log_ids.append(writer.log_id)
+        result.written[writer.log_id] = (writer.offset, len(data))
 
     def _roll(self) -> None:
         self._close_writer()
@@ -262,6 +293,10 @@ class EntryLogs:
     def release(self, locations: Sequence[Location]) -> None:
         """The index batch for these locations committed (or failed)."""
         self._release_logs(sorted({loc.log_id for loc in locations}))
+
+    def release_logs(self, log_ids: Sequence[int]) -> None:
+        """The index batch for the frames of :meth:`append_encoded` committed (or failed)."""
+        self._release_logs(log_ids)
 
     def is_sealed(self, log_id: int) -> bool:
         """True when nothing will be appended to the log nor indexed into it."""

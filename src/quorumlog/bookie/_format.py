@@ -37,6 +37,13 @@ _LEDGER_KEY = struct.Struct(">Q")
 _LOCATION = struct.Struct(">QQI")
 _LOG_USAGE = struct.Struct(">QQ")
 _FRAME_CRC_COVERED_BYTES = 20
+# The hot loops of a flush (entry log frames, index keys and values) use these
+# directly: the CRC-covered head of a frame (length, ledger id, entry id), an
+# index key, an index location value.
+FRAME_HEAD = struct.Struct(">IQQ")
+ENTRY_KEY = _ENTRY_KEY
+LOCATION = _LOCATION
+invariant(FRAME_HEAD.size == _FRAME_CRC_COVERED_BYTES, "frame head size drifted")
 invariant(_FRAME.size == FRAME_OVERHEAD_BYTES, "frame header size drifted from the config")
 invariant(_LOG_HEADER.size == LOG_HEADER_BYTES, "log header size drifted from the config")
 

@@ -44,6 +44,7 @@ from quorumlog.bookie._rules import (
 )
 from quorumlog.errors import QuorumlogError
 from quorumlog.proto import (
+    ENTRY_OK,
     FLAG_FENCE,
     FLAG_NO_SYNC,
     FLAG_RECOVERY,
@@ -117,13 +118,10 @@ class RequestHandlers:
         """Append a change's records (no await in between: journal order is storage
         order); the future answers the request (done at once when it need not wait)."""
         journal = self._service.journal
-        *quiet, last = write.records or (b"",)
-        for record in quiet:
-            journal.append_quiet(record)
         if write.answer_when_durable:
-            return journal.append(last, sync=sync)
-        if write.records:
-            journal.append_quiet(last)
+            return journal.append_many(write.records, sync=sync)
+        for record in write.records:
+            journal.append_quiet(record)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         done.set_result(None)
         return done
@@ -207,22 +205,30 @@ class RequestHandlers:
                 entry_max_bytes=service.config.storage.entry_max_bytes,
                 keyed=ledger_id in self.keyed)
             done = self._journal_write(batch.write, sync=not (request.flags & FLAG_NO_SYNC))
-            accepted = [len(data) for (_, data), error in zip(entries, batch.errors,
-                                                               strict=True) if error is None]
-            if accepted:
+            failures = len(entries) - batch.errors.count(None)
+            if failures:
+                accepted_bytes = sum(len(data) for (_, data), error in zip(
+                    entries, batch.errors, strict=True) if error is None)
+            else:
+                accepted_bytes = len(payload)
+            if failures < len(entries):
                 self.keyed.add(ledger_id)
                 self.wake_lac(ledger_id)
-                backpressure.added(sum(accepted))
+                backpressure.added(accepted_bytes)
             await done
         except QuorumlogError:
             counters.adds_failed += len(request.entry_ids)
             raise
-        counters.adds_ok += len(accepted)
-        counters.adds_failed += len(entries) - len(accepted)
-        counters.added_bytes += sum(accepted)
+        counters.adds_ok += len(entries) - failures
+        counters.adds_failed += failures
+        counters.added_bytes += accepted_bytes
+        if not failures:  # every entry accepted: no per-entry work
+            return AddEntriesResponse(
+                ledger_id=ledger_id, entry_ids=request.entry_ids,
+                codes=[ENTRY_OK] * len(entries), messages=[""] * len(entries))
         results = [entry_result(error) for error in batch.errors]
         return AddEntriesResponse(
-            ledger_id=ledger_id, entry_ids=list(request.entry_ids),
+            ledger_id=ledger_id, entry_ids=request.entry_ids,
             codes=[code for code, _ in results], messages=[text for _, text in results])
 
     # ------------------------------------------------------------------ reads

@@ -37,7 +37,7 @@ Options, and why:
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +55,7 @@ from rocksdict import (
 
 from quorumlog.bookie._config import LedgerStorageConfig
 from quorumlog.bookie._format import (
+    ENTRY_KEY,
     Location,
     LogUsage,
     decode_entry_key,
@@ -68,7 +69,7 @@ from quorumlog.bookie._format import (
     log_key,
 )
 from quorumlog.bookie._ledgers import LedgerRecord, decode_record, encode_record
-from quorumlog.errors import InvariantViolation, LockedError, StorageError, UsageError
+from quorumlog.errors import InvariantViolation, LockedError, StorageError, UsageError, invariant
 
 CF_LOCATIONS = "locations"
 CF_LEDGERS = "ledgers"
@@ -162,6 +163,15 @@ class IndexBatch:
     def put_location(self, ledger_id: int, entry_id: int, location: Location) -> None:
         self._batch.put(entry_key(ledger_id, entry_id), encode_location(location),
                         self._h.locations_cf)
+
+    def put_encoded_locations(self, frames: Sequence[tuple[int, int, bytes]],
+                              locations: Sequence[bytes]) -> None:
+        """:meth:`put_location` for each ``(ledger id, entry id, _)`` of a flush, with
+        its location already encoded (``EntryLogs.append_encoded``)."""
+        invariant(len(frames) == len(locations), "a location for every flushed frame")
+        put, key, column = self._batch.put, ENTRY_KEY.pack, self._h.locations_cf
+        for (ledger_id, entry_id, _), location in zip(frames, locations, strict=True):
+            put(key(ledger_id, entry_id), location, column)
 
     def delete_ledger(self, ledger_id: int) -> None:
         """Remove the ledger's record and every location of it (one range delete)."""

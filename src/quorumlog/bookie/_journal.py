@@ -41,7 +41,7 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -359,6 +359,43 @@ class Journal:
             group.size_bytes += size
             self._queued_bytes += size
             self._appended_records += 1
+            if sync:
+                group.sync = True
+                future = group.synced
+                if future is None:
+                    future = group.synced = loop.create_future()
+            else:
+                future = group.written
+                if future is None:
+                    future = group.written = loop.create_future()
+            if self._idle or (self._collecting and self._queued_bytes >= self._max_batch_bytes):
+                self._cond.notify()
+        return future
+
+    def append_many(self, records: Sequence[bytes], *, sync: bool = True) -> asyncio.Future[None]:
+        """Queue records in order under one lock hold (a batch of adds); the future
+        is done once the last one is written (and synced if ``sync``), which
+        covers the others: groups are written and settled in order."""
+        loop = self._loop
+        if loop is None or self._closing or self._failure is not None:
+            self._refuse()
+        invariant(bool(records), "append_many needs at least one record")
+        size = sum(map(len, records))
+        if size > self._max_batch_bytes or len(records) > BATCH_RECORDS_MAX:
+            for record in records[:-1]:  # larger than a group: one by one
+                self.append_quiet(record)
+            return self.append(records[-1], sync=sync)
+        with self._cond:
+            group = self._open
+            if group is None or group.size_bytes + size > self._max_batch_bytes or (
+                    len(group.records) + len(records) > BATCH_RECORDS_MAX):
+                group = _Group(time.monotonic())
+                self._groups.append(group)
+                self._open = group
+            group.records.extend(records)
+            group.size_bytes += size
+            self._queued_bytes += size
+            self._appended_records += len(records)
             if sync:
                 group.sync = True
                 future = group.synced

@@ -12,9 +12,11 @@ nothing here is simulated except where the entries live.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from quorumlog.bookie._format import NO_ENTRY
 from quorumlog.bookie._ledgers import LedgerInfo, LedgerRecord, LedgerTable, info_of
-from quorumlog.errors import UsageError
+from quorumlog.errors import QuorumlogError, UsageError
 from quorumlog.proto import NoSuchEntryError
 
 
@@ -82,6 +84,18 @@ class MemoryLedgerStore:
         self._entries.setdefault(ledger_id, {})[entry_id] = bytes(data)
         self._ledgers.note_add(ledger_id, entry_id, piggyback_lac)
         return True
+
+    def add_many(self, ledger_id: int, entries: Sequence[tuple[int, bytes, int]], *,
+                 master_key: bytes, recovery: bool = False) -> dict[int, QuorumlogError]:
+        """As ``LedgerStorage.add_many``: a ledger-wide error raises before
+        anything is stored; nothing fails on its own here (no size bound, no
+        write cache)."""
+        if entries:
+            self._ledgers.check_add(ledger_id, master_key, recovery=recovery)
+        for entry_id, data, lac in entries:
+            self.add(ledger_id, entry_id, data, master_key=master_key, piggyback_lac=lac,
+                     recovery=recovery)
+        return {}
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes:
         self._ledgers.get_live(ledger_id)

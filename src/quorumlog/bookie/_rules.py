@@ -32,6 +32,7 @@ from quorumlog.proto import (
     Envelope,
     NoSuchEntryError,
     NoSuchLedgerError,
+    crc32c_add_lacs,
     parse_envelope,
 )
 
@@ -55,6 +56,9 @@ class LedgerStore(Protocol):
 
     def add(self, ledger_id: int, entry_id: int, data: bytes, *, master_key: bytes,
             piggyback_lac: int = ..., recovery: bool = ...) -> bool: ...
+
+    def add_many(self, ledger_id: int, entries: Sequence[tuple[int, bytes, int]], *,
+                 master_key: bytes, recovery: bool = ...) -> dict[int, QuorumlogError]: ...
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes: ...
 
@@ -133,30 +137,58 @@ def split_batch(payload: bytes | memoryview, entry_ids: Sequence[int],
 def add_entries(store: LedgerStore, ledger_id: int, entries: Sequence[tuple[int, bytes]],
                 master_key: bytes, *, recovery: bool, entry_max_bytes: int,
                 keyed: bool = False) -> BatchAdd:
-    """Apply a batch of adds to one ledger, in order, each exactly as
+    """Apply a batch of adds to one ledger, in order, each with the outcome of
     :func:`add_entry` (an entry over ``entry_max_bytes`` is refused with
     EntryTooLargeError first, as the server does for a single add). One
     entry's error does not stop the others; the accepted entries' records are
-    journaled together, in order."""
-    records: list[bytes] = []
-    errors: list[QuorumlogError | None] = []
-    for entry_id, data in entries:
+    journaled together, in order (the master key of a ledger new to the
+    store first).
+
+    In bulk: the CRC32C envelopes are checked in one pass
+    (``crc32c_add_lacs``; others and failures go through :func:`parse_add`
+    for the precise error), then ``store.add_many`` stores them under one
+    check of the ledger's key and fencing (a ledger-wide error is every
+    checked entry's error)."""
+    errors: list[QuorumlogError | None] = [None] * len(entries)
+    checked: list[tuple[int, bytes, int]] = []
+    positions: list[int] = []
+    for position, ((entry_id, data), quick_lac) in enumerate(
+            zip(entries, crc32c_add_lacs(entries, ledger_id), strict=True)):
         if len(data) > entry_max_bytes:
-            errors.append(EntryTooLargeError(
+            errors[position] = EntryTooLargeError(
                 f"entry {ledger_id}:{entry_id} has {len(data)} bytes, over entry_max_bytes "
-                f"{entry_max_bytes}"))
+                f"{entry_max_bytes}")
             continue
-        try:
-            write = add_entry(store, ledger_id, entry_id, data, master_key, recovery=recovery,
-                              keyed=keyed)
-        except InvariantViolation:
-            raise  # a bug, not one entry's bad input
-        except QuorumlogError as exc:
-            errors.append(exc)
-            continue
-        keyed = True  # the first accepted entry journaled the key if it was needed
-        records.extend(write.records)
-        errors.append(None)
+        lac = quick_lac
+        if lac is None:
+            try:
+                lac = parse_add(data, ledger_id, entry_id).lac
+            except InvariantViolation:
+                raise  # a bug, not one entry's bad input
+            except QuorumlogError as exc:
+                errors[position] = exc
+                continue
+        checked.append((entry_id, data, lac))
+        positions.append(position)
+    if not checked:
+        return BatchAdd(JournalWrite((), answer_when_durable=False), tuple(errors))
+    keyed = keyed or store.ledger_exists(ledger_id)
+    try:
+        failed = store.add_many(ledger_id, checked, master_key=master_key, recovery=recovery)
+    except InvariantViolation:
+        raise  # a bug, not the batch's bad input
+    except QuorumlogError as exc:
+        for position in positions:
+            errors[position] = exc
+        return BatchAdd(JournalWrite((), answer_when_durable=False), tuple(errors))
+    if failed:
+        for index, error in failed.items():
+            errors[positions[index]] = error
+        records = [data for index, (_, data, _) in enumerate(checked) if index not in failed]
+    else:
+        records = [data for _, data, _ in checked]
+    if records and not keyed:
+        records.insert(0, encode_control(KeyRecord(ledger_id, master_key)))
     return BatchAdd(JournalWrite(tuple(records), answer_when_durable=bool(records)),
                     tuple(errors))
 

@@ -31,15 +31,21 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 
 from quorumlog.bookie._caches import EntryKey, ReadCache, SequentialReads, WriteCache
 from quorumlog.bookie._compaction import Compactor
-from quorumlog.bookie._config import LedgerStorageConfig
-from quorumlog.bookie._entrylog import EntryLogs, LogGoneError, PendingFrame, recover_log_files
+from quorumlog.bookie._config import FRAME_OVERHEAD_BYTES, LedgerStorageConfig
+from quorumlog.bookie._entrylog import (
+    AppendedFrames,
+    EntryLogs,
+    LogGoneError,
+    PendingFrame,
+    recover_log_files,
+)
 from quorumlog.bookie._format import (
     ID_LIMIT,
     NO_ENTRY,
@@ -58,7 +64,7 @@ from quorumlog.bookie._results import (
 )
 from quorumlog.bookie._storage_errors import EntryLogCorruptionError
 from quorumlog.bookie._usage import UsageChanges, UsageTable
-from quorumlog.errors import StorageError, UsageError
+from quorumlog.errors import InvariantViolation, QuorumlogError, StorageError, UsageError
 from quorumlog.log import get_logger
 from quorumlog.proto import (
     EntryTooLargeError,
@@ -98,6 +104,26 @@ class _FlushPlan:
     entries: dict[EntryKey, bytes]
     records: dict[int, LedgerRecord]
     deletes: frozenset[int]
+
+
+def _sorted_frames(entries: dict[EntryKey, bytes],
+                   deletes: frozenset[int]) -> list[PendingFrame]:
+    """A frozen write cache half as frames sorted by (ledger, entry), deleted
+    ledgers left out. Keys are sorted as one int each (ledger id in the high
+    64 bits): cheaper than comparing tuples."""
+    keys = sorted([ledger_id << 64 | entry_id for ledger_id, entry_id in entries])
+    mask = (1 << 64) - 1
+    frames: list[PendingFrame] = []
+    append = frames.append
+    for key in keys:
+        ledger_id, entry_id = key >> 64, key & mask
+        if ledger_id not in deletes:
+            append((ledger_id, entry_id, entries[ledger_id, entry_id]))
+    return frames
+
+
+# Errors of one entry in a batch of adds (the others may still be stored).
+_ENTRY_ERRORS = (EntryTooLargeError, WriteCacheFullError, UsageError)
 
 
 def _check_id(kind: str, value: int) -> None:
@@ -311,6 +337,71 @@ class LedgerStorage:
         self._stats.adds += 1
         return True
 
+    def add_many(self, ledger_id: int, entries: Sequence[tuple[int, bytes, int]], *,
+                 master_key: bytes, recovery: bool = False) -> dict[int, QuorumlogError]:
+        """Add a batch of one ledger's entries, ``(entry id, data, piggybacked LAC)``
+        each, in order, as :meth:`add` would one by one, under one lock hold.
+
+        What holds for the whole ledger (closed or read-only storage, master
+        key, fencing, deletion) is checked once and raised before anything is
+        stored. Returns the entries that failed on their own (by position in
+        ``entries``: ``EntryTooLargeError``, ``WriteCacheFullError``); the rest
+        are held (a duplicate keeps its first copy, as :meth:`add`). Entry ids
+        ascending and new to the ledger take one dict update; anything else goes
+        one by one.
+        """
+        entry_max_bytes = self._config.entry_max_bytes
+        total, previous = 0, -1
+        for entry_id, data, _ in entries:
+            if not (previous < entry_id < ID_LIMIT and len(data) <= entry_max_bytes
+                    and type(data) is bytes):
+                return self._add_each(ledger_id, entries, master_key, recovery)
+            total += len(data)
+            previous = entry_id
+        if not entries:
+            return {}
+        _check_id("ledger", ledger_id)
+        with self._cond:
+            self._check_open()
+            if self._read_only:
+                self._stats.add_rejected_read_only += 1
+                raise ReadOnlyError(
+                    f"ledger storage {self._directory} is read-only: disk usage is over "
+                    f"{self._config.disk_usage_threshold_fraction:.0%}; write to other bookies")
+            record = self._ledgers.check_add(ledger_id, master_key, recovery=recovery)
+            if not self._write_cache.has_room(total) or (
+                    entries[0][0] <= record.last_entry_id):
+                fresh = None  # waits for room, or duplicates to sort out: one by one
+            else:
+                fresh = entries
+                self._write_cache.put_many(ledger_id, entries, total)
+                self._ledgers.note_add(ledger_id, entries[-1][0],
+                                       max(lac for _, _, lac in entries))
+        if fresh is None:
+            return self._add_each(ledger_id, entries, master_key, recovery)
+        self._stats.adds += len(entries)
+        return {}
+
+    def _add_each(self, ledger_id: int, entries: Sequence[tuple[int, bytes, int]],
+                  master_key: bytes, recovery: bool) -> dict[int, QuorumlogError]:
+        """:meth:`add_many` one entry at a time (duplicates, waits for room, large
+        entries); a ledger-wide error still raises before anything is stored."""
+        failed: dict[int, QuorumlogError] = {}
+        stored_any = False
+        for position, (entry_id, data, lac) in enumerate(entries):
+            try:
+                self.add(ledger_id, entry_id, data, master_key=master_key, piggyback_lac=lac,
+                         recovery=recovery)
+            except InvariantViolation:
+                raise
+            except QuorumlogError as exc:
+                if not stored_any and not isinstance(exc, _ENTRY_ERRORS):
+                    raise  # ledger-wide, and nothing is stored yet
+                failed[position] = exc
+                continue
+            stored_any = True
+        return failed
+
     def _admit(self, ledger_id: int, entry_id: int, master_key: bytes,
                piggyback_lac: int, recovery: bool) -> bool:
         """Checks before an add (state lock held); False for a duplicate."""
@@ -523,16 +614,13 @@ class LedgerStorage:
         return self._execute(self._plan, checkpoint)
 
     def _execute(self, plan: _FlushPlan, checkpoint: bytes | None) -> FlushResult:
-        frames: list[PendingFrame] = [
-            (lid, eid, data) for (lid, eid), data in sorted(plan.entries.items())
-            if lid not in plan.deletes
-        ]
-        locations = self._logs.append(frames) if frames else []
+        frames = _sorted_frames(plan.entries, plan.deletes)
+        appended = self._logs.append_encoded(frames) if frames else AppendedFrames()
         try:
             with self._commit_lock:
-                self._commit_plan(plan, frames, locations, checkpoint)
+                self._commit_plan(plan, frames, appended, checkpoint)
         finally:
-            self._logs.release(locations)
+            self._logs.release_logs(appended.log_ids)
         with self._cond:
             self._write_cache.release_frozen()
             self._ledgers.forget_deleted(plan.deletes)
@@ -540,7 +628,8 @@ class LedgerStorage:
             self._cond.notify_all()
         for ledger_id in plan.deletes:
             self._forget_reads(ledger_id)
-        data_bytes = sum(len(f[2]) for f in frames)
+        data_bytes = sum(written for _, written in appended.written.values()) - (
+            FRAME_OVERHEAD_BYTES * len(frames))
         self._stats.flushes += 1
         self._stats.flushed_entries += len(frames)
         self._stats.flushed_bytes += data_bytes
@@ -548,12 +637,12 @@ class LedgerStorage:
                            deleted_ledgers=len(plan.deletes))
 
     def _commit_plan(self, plan: _FlushPlan, frames: list[PendingFrame],
-                     locations: list[Location], checkpoint: bytes | None) -> None:
+                     appended: AppendedFrames, checkpoint: bytes | None) -> None:
         batch = self._index.new_batch()
         changes = UsageChanges()
-        for (ledger_id, entry_id, _), location in zip(frames, locations, strict=True):
-            batch.put_location(ledger_id, entry_id, location)
-            changes.made_live(location)
+        batch.put_encoded_locations(frames, appended.locations)
+        for log_id, (end_offset, frame_bytes) in appended.written.items():
+            changes.made_live_run(log_id, end_offset, frame_bytes)
         for ledger_id in plan.deletes:
             for _, location in self._index.ledger_locations(ledger_id):
                 changes.made_dead(location)

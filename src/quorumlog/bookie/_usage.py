@@ -35,6 +35,12 @@ class UsageChanges:
         self.written(location)
         self.live[location.log_id] += location.frame_bytes
 
+    def made_live_run(self, log_id: int, end_offset: int, frame_bytes: int) -> None:
+        """Frames of ``frame_bytes`` in all, ending at ``end_offset``, were
+        appended to the log and are live (a flush's frames, per log)."""
+        self.ends[log_id] = max(self.ends.get(log_id, 0), end_offset)
+        self.live[log_id] += frame_bytes
+
     def made_dead(self, location: Location) -> None:
         self.live[location.log_id] -= location.frame_bytes
 
