@@ -118,3 +118,26 @@ def test_entry_batches_join_into_one_chunk() -> None:
     got = record_batch_of_entries("s", 1, 9, columns)
     assert got is not None
     assert got.to_pylist() == _rows_by_rows(payloads, 20).to_pylist()
+
+
+def test_task_chunk_trims_batches_and_names_a_broken_entry() -> None:
+    """_decode_chunk: the task's first/end batch trim the chunk's first and
+    last entries only when they are the task's; a broken entry raises
+    MessageFormatError from the row decoder (no silent row loss)."""
+    from quorumlog.spark._plan import ReadTask
+    from quorumlog.spark._source import _decode_chunk
+
+    payloads = [encode_entry([OutgoingMessage(b"%d.%d" % (e, b)) for b in range(4)])
+                for e in range(6)]
+    batch = EntryBatch.of_entries(9, [LedgerEntry(9, 10 + k, p) for k, p in enumerate(payloads)])
+    task = ReadTask("s", 1, 0, 9, first_entry=10, last_entry=15, first_batch=2, end_batch=1)
+    rows = _decode_chunk(task, [batch])
+    assert rows.column("value").to_pylist()[:3] == [b"0.2", b"0.3", b"1.0"]
+    assert rows.column("value").to_pylist()[-2:] == [b"4.3", b"5.0"]
+    assert rows.num_rows == 2 + 4 * 4 + 1
+    later = ReadTask("s", 1, 0, 9, first_entry=8, last_entry=20, first_batch=2, end_batch=1)
+    assert _decode_chunk(later, [batch]).num_rows == 24  # neither end is the task's
+    broken = EntryBatch.of_entries(9, [LedgerEntry(9, 10, payloads[0]),
+                                       LedgerEntry(9, 11, payloads[1][:-1])])
+    with pytest.raises(MessageFormatError):
+        _decode_chunk(task, [broken])
