@@ -500,6 +500,44 @@ def test_pipelined_batch_reads_survive_a_corrupt_and_a_crashed_replica() -> None
     in_world(test)
 
 
+@pytest.mark.parametrize("digest", ["crc32c", "hmac-sha256"])
+@pytest.mark.parametrize("shape", [(2, 2, 2), (3, 2, 2)])
+def test_raw_batches_cover_the_range_with_buffers_and_bounds(
+        digest: str, shape: tuple[int, int, int]) -> None:
+    """read_raw hands out EntryBatch values (one buffer, payload bounds) that
+    cover the range exactly, in order: empty payloads, one entry, batches cut
+    by the byte bound, a corrupt copy on one replica (read from the other)."""
+
+    async def test(world: LedgerWorld) -> None:
+        c = client(world, batch_read_entries_max=16, batch_read_bytes_max=400)
+        lh = await c.create_ledger(*shape, password=PW, digest=DigestType(digest))
+        payloads = [b"" if i % 5 == 0 else b"p%d-" % i * (i % 7) for i in range(60)]
+        for payload in payloads:
+            lh.append_async(payload)
+        await lh.close()
+        owner = lh.metadata.write_set_bookies(23)[0]
+        envelope = world.bookies[owner].entries(lh.id)[23]
+        world.bookies[owner].damage_entry(lh.id, 23, envelope[:-1] + bytes([envelope[-1] ^ 1]))
+        rh = await c.open_ledger(lh.id, password=PW)
+        batches = await rh.read_batch_raw(0, 59)
+        assert all(len(b) > 0 for b in batches)
+        assert [b.first_entry_id for b in batches] == [
+            0, *(b.last_entry_id + 1 for b in batches[:-1])]
+        assert batches[-1].last_entry_id == 59
+        assert [p for b in batches for p in b.payloads()] == payloads
+        if shape[0] == shape[1]:
+            assert len(batches) < 60  # batch reads, many entries per buffer
+            assert any(len(b) < 16 for b in batches[:-1])  # some cut by the byte bound
+        assert [e.payload for e in await rh.read_batch(0, 59)] == payloads
+        (one,) = await rh.read_batch_raw(7, 7)
+        assert (one.first_entry_id, len(one), one.payload(0)) == (7, 1, payloads[7])
+        assert [(e.entry_id, e.payload) for e in one.entries()] == [(7, payloads[7])]
+        with pytest.raises(ReadPastLacError):
+            await rh.read_batch_raw(59, 60)
+
+    in_world(test)
+
+
 # ----- bad input ------------------------------------------------------------------------------
 
 
@@ -550,14 +588,24 @@ def test_metadata_decode_of_stored_value() -> None:
 
 
 def test_crc32c_batch_fast_path_agrees_with_decode_entry() -> None:
-    """The batch read's inline checks accept exactly what decode_entry accepts."""
-    from quorumlog.proto import crc32c_payloads, decode_entry, encode_entry
+    """The batch read's one-pass checks accept exactly what decode_entry accepts,
+    and stop at the first envelope decode_entry refuses."""
+    from quorumlog.proto import crc32c_batch_bounds, decode_entry, encode_entry
 
     crc = DigestType.CRC32C
+
+    def payloads(batch: list[bytes], skip: int = 0) -> list[bytes]:
+        buffer = b"x" * skip + b"".join(batch)
+        starts, ends = crc32c_batch_bounds(memoryview(buffer)[skip:], [len(e) for e in batch],
+                                           5, 10)
+        return [buffer[skip + s:skip + e] for s, e in zip(starts, ends, strict=True)]
+
     good = [encode_entry(5, 10 + i, 9 + i, b"payload-%d" % i, digest=crc) for i in range(20)]
-    assert crc32c_payloads(good, 5, 10) == [b"payload-%d" % i for i in range(20)]
-    assert crc32c_payloads([memoryview(e) for e in good], 5, 10) == crc32c_payloads(good, 5, 10)
-    assert crc32c_payloads([], 5, 10) == []
+    assert payloads(good) == [b"payload-%d" % i for i in range(20)]
+    assert payloads(good, skip=7) == payloads(good)
+    assert payloads([]) == []
+    empty = [encode_entry(5, 10 + i, 9, b"", digest=crc) for i in range(3)]
+    assert payloads(empty) == [b"", b"", b""]
     flipped = bytearray(good[3])
     flipped[-1] ^= 1
     hmac_entry = encode_entry(5, 10, 9, b"x", digest=DigestType.HMAC_SHA256, key=b"k" * 32)
@@ -571,7 +619,7 @@ def test_crc32c_batch_fast_path_agrees_with_decode_entry() -> None:
         "LAC below -1": [encode_entry(5, 10, -2, b"x", digest=crc)],
     }
     for name, batch in bad_batches.items():
-        assert crc32c_payloads(batch, 5, 10) is None, name
+        assert payloads(batch) == [b"payload-%d" % i for i in range(len(batch) - 1)], name
         with pytest.raises(DigestMismatchError):  # the careful path names the problem
             for k, envelope in enumerate(batch):
                 decode_entry(envelope, ledger_id=5, entry_id=10 + k, digest=crc, source="b1")

@@ -7,6 +7,7 @@ drive them against bookies through :class:`BookieTransport` (rpc in
 production, simulated bookies in ``quorumlog.sim``). See docs/ledger.md.
 """
 
+from quorumlog.ledger._batch import EntryBatch, LedgerEntry
 from quorumlog.ledger._blocking import (
     BlockingLedgerClient,
     BlockingReadHandle,
@@ -57,7 +58,7 @@ from quorumlog.ledger._quorum import (
     RecoveryVerdict,
     Schedule,
 )
-from quorumlog.ledger._read import LedgerEntry, ReadHandle
+from quorumlog.ledger._read import ReadHandle
 from quorumlog.ledger._recovery import answer_of
 from quorumlog.ledger._write import RACK_LABELS, WriteHandle, known_placement
 from quorumlog.proto import DigestType
@@ -74,6 +75,7 @@ __all__ = [
     "BookieTransport",
     "CoverageSet",
     "DigestType",
+    "EntryBatch",
     "EntryReply",
     "EntryUnavailableError",
     "Fragment",

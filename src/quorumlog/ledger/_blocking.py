@@ -7,10 +7,11 @@ from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from quorumlog import rpc
+from quorumlog.ledger._batch import LedgerEntry
 from quorumlog.ledger._client import LedgerClient, _connect
 from quorumlog.ledger._config import LedgerClientConfig
 from quorumlog.ledger._metadata import LedgerMetadata
-from quorumlog.ledger._read import LedgerEntry, ReadHandle
+from quorumlog.ledger._read import ReadHandle
 from quorumlog.ledger._write import WriteHandle
 from quorumlog.proto import DigestType
 

@@ -73,10 +73,28 @@ class EntryReply:
 
 @dataclass(frozen=True, slots=True)
 class BatchReply:
-    """Consecutive envelopes from ``first_entry_id`` on (maybe fewer than asked)."""
+    """Consecutive envelopes from ``first_entry_id`` on (maybe fewer than asked),
+    back to back in ``buffer``, ``sizes[i]`` bytes each (checked to add up)."""
 
-    envelopes: list[bytes | memoryview]
+    buffer: bytes | memoryview
+    sizes: list[int]
     lac: int
+
+    def __post_init__(self) -> None:
+        if sum(self.sizes) != len(self.buffer) or (self.sizes and min(self.sizes) < 0):
+            raise rpc.ConnectionClosedError(
+                f"a bookie sent a batch of {len(self.buffer)} bytes whose entry sizes "
+                f"do not add up to it")
+
+    def envelopes(self) -> list[bytes | memoryview]:
+        """The envelopes one by one (a view each, no copy)."""
+        view = memoryview(self.buffer)
+        out: list[bytes | memoryview] = []
+        offset = 0
+        for size in self.sizes:
+            out.append(view[offset:offset + size])
+            offset += size
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,16 +259,7 @@ class RpcBookieTransport:
             max_bytes=max_bytes,
         )
         response, payload = await self._call(bookie, request, None, timeout_s)
-        envelopes: list[bytes | memoryview] = []
-        offset = 0
-        for size in response.sizes:
-            if size < 0 or offset + size > len(payload):
-                raise rpc.ConnectionClosedError(
-                    f"bookie {bookie} sent a batch whose sizes do not match its payload"
-                )
-            envelopes.append(payload[offset:offset + size])
-            offset += size
-        return BatchReply(envelopes, response.lac)
+        return BatchReply(payload, response.sizes, response.lac)
 
     async def read_lac(
         self, bookie: str, ledger_id: int, *, timeout_s: float, previous_lac: int = -1,

@@ -14,14 +14,14 @@ reads, long-poll tailing, and the read handle.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncGenerator, Awaitable, Sequence
-
-import msgspec
+from collections.abc import AsyncGenerator, Awaitable
 
 from quorumlog.errors import QuorumlogError, UsageError
+from quorumlog.ledger._batch import EntryBatch, LedgerEntry
 from quorumlog.ledger._bookie_client import (
     BatchReply,
     BookieOutcome,
@@ -36,22 +36,16 @@ from quorumlog.ledger._fanout import fan_out
 from quorumlog.ledger._metadata import LedgerMetadata
 from quorumlog.ledger._metrics import LEDGER_METRICS
 from quorumlog.proto import (
+    DIGEST_SIZES,
+    ENVELOPE_HEADER,
     DigestMismatchError,
     DigestType,
     NoSuchEntryError,
     UnauthorizedError,
-    crc32c_payloads,
+    crc32c_batch_bounds,
     decode_entry,
     mac_key,
 )
-
-
-class LedgerEntry(msgspec.Struct, frozen=True):
-    """One entry read back: its ids and payload."""
-
-    ledger_id: int
-    entry_id: int
-    payload: bytes
 
 
 class EntryReader:
@@ -74,19 +68,51 @@ class EntryReader:
         LEDGER_METRICS.read_bytes += len(parsed.payload)
         return LedgerEntry(self._ledger_id, entry_id, bytes(parsed.payload))
 
-    def decode_many(self, envelopes: Sequence[bytes | memoryview], first_entry_id: int,
-                    bookie: str) -> list[LedgerEntry]:
-        """Verify consecutive envelopes of a batch read (fast path for CRC32C)."""
+    def verify_batch(self, reply: BatchReply, first_entry_id: int, count: int,
+                     bookie: str) -> EntryBatch:
+        """The longest prefix (at most ``count``) of a batch read's envelopes
+        whose ids and digests check out, checked in one pass over the buffer.
+        A bad envelope ends the prefix and is logged with the precise error;
+        the caller reads the rest from another replica."""
+        sizes = reply.sizes[:count]
         if self._digest is DigestType.CRC32C:
-            payloads = crc32c_payloads(envelopes, self._ledger_id, first_entry_id)
-            if payloads is not None:
-                ledger_id = self._ledger_id
-                LEDGER_METRICS.read_entries += len(payloads)
-                LEDGER_METRICS.read_bytes += sum(map(len, payloads))
-                return [LedgerEntry(ledger_id, first_entry_id + k, payload)
-                        for k, payload in enumerate(payloads)]
-        return [self.decode(envelope, first_entry_id + k, bookie)
-                for k, envelope in enumerate(envelopes)]
+            starts, ends = crc32c_batch_bounds(reply.buffer, sizes, self._ledger_id,
+                                               first_entry_id)
+        else:
+            starts, ends = self._verify_keyed(reply.buffer, sizes, first_entry_id)
+        batch = EntryBatch(self._ledger_id, first_entry_id, reply.buffer, starts, ends)
+        if len(batch) < len(sizes):
+            bad = len(batch)
+            offset = sum(sizes[:bad])
+            envelope = memoryview(reply.buffer)[offset:offset + sizes[bad]]
+            try:
+                self.decode(envelope, first_entry_id + bad, bookie)
+            except DigestMismatchError as exc:
+                self._ctx.log.warning("ledger_entry_digest_mismatch", bookie=bookie,
+                                      ledger=self._ledger_id, entry=first_entry_id + bad,
+                                      error=str(exc))
+        LEDGER_METRICS.read_entries += len(batch)
+        LEDGER_METRICS.read_bytes += batch.payload_bytes
+        return batch
+
+    def _verify_keyed(self, buffer: bytes | memoryview, sizes: list[int],
+                      first_entry_id: int) -> tuple[array.array[int], array.array[int]]:
+        """Payload bounds of the valid prefix of HMAC envelopes (one decode each)."""
+        starts: array.array[int] = array.array("q")
+        ends: array.array[int] = array.array("q")
+        view = memoryview(buffer)
+        skip = ENVELOPE_HEADER.size + DIGEST_SIZES[DigestType.HMAC_SHA256]
+        position = 0
+        for k, size in enumerate(sizes):
+            try:
+                decode_entry(view[position:position + size], ledger_id=self._ledger_id,
+                             entry_id=first_entry_id + k, digest=self._digest, key=self._key)
+            except DigestMismatchError:
+                break
+            starts.append(position + skip)
+            ends.append(position + size)
+            position += size
+        return starts, ends
 
     async def _read_one(self, bookie: str, entry_id: int) -> LedgerEntry:
         loop = asyncio.get_running_loop()
@@ -137,11 +163,12 @@ class EntryReader:
         raise _read_failure(self._ledger_id, entry_id, errors)
 
     async def read_range(self, metadata: LedgerMetadata, first: int,
-                         last: int) -> AsyncGenerator[LedgerEntry, None]:
-        """Entries ``first..last`` in order (pipelined; batched when E == Qw)."""
+                         last: int) -> AsyncGenerator[EntryBatch, None]:
+        """Entries ``first..last`` in order, as batches (pipelined; batch reads
+        when E == Qw). Never yields an empty batch."""
         if metadata.ensemble_size == metadata.write_quorum:
-            async for entry in self._read_batches(metadata, first, last):
-                yield entry
+            async for batch in self._read_batches(metadata, first, last):
+                yield batch
             return
         window = self._ctx.config.read_entries_in_flight_max
         in_flight: deque[asyncio.Task[LedgerEntry]] = deque()
@@ -151,12 +178,15 @@ class EntryReader:
                 while next_id <= last and len(in_flight) < window:
                     in_flight.append(asyncio.ensure_future(self.read_entry(metadata, next_id)))
                     next_id += 1
-                yield await in_flight.popleft()
+                ready = [await in_flight.popleft()]
+                while in_flight and in_flight[0].done():  # hand out what is here together
+                    ready.append(in_flight.popleft().result())
+                yield EntryBatch.of_entries(self._ledger_id, ready)
         finally:
             cancel_quietly(in_flight)
 
     async def _read_batches(self, metadata: LedgerMetadata, first: int,
-                            last: int) -> AsyncGenerator[LedgerEntry, None]:
+                            last: int) -> AsyncGenerator[EntryBatch, None]:
         """Batch reads pipelined over the replicas: up to ``batch_reads_in_flight_max``
         segments are being read while the oldest one is handed out. A segment
         that fails or comes back short is finished by :meth:`_read_segment`."""
@@ -174,12 +204,12 @@ class EntryReader:
                     next_id = segment_last + 1
                 segment_first, segment_last, bookie, task = in_flight.popleft()
                 got = await self._batch_entries(bookie, segment_first, segment_last, task)
-                for entry in got:
-                    yield entry
-                if segment_first + len(got) <= segment_last:
-                    async for entry in self._read_segment(
-                            metadata, segment_first + len(got), segment_last):
-                        yield entry
+                if got is not None:
+                    yield got
+                after = segment_first if got is None else got.last_entry_id + 1
+                if after <= segment_last:
+                    async for batch in self._read_segment(metadata, after, segment_last):
+                        yield batch
         finally:
             cancel_quietly([task for *_, task in in_flight])
 
@@ -195,18 +225,19 @@ class EntryReader:
         return entry_id + count - 1, list(metadata.ensembles[index].bookies)
 
     async def _batch_entries(self, bookie: str, first: int, last: int,
-                             reply: Awaitable[BatchReply]) -> list[LedgerEntry]:
-        """The verified entries of one batch read; [] when it failed (logged).
-        A bookie refusing the master key is raised: no replica will do better."""
+                             reply: Awaitable[BatchReply]) -> EntryBatch | None:
+        """The verified entries of one batch read; None when it failed or the
+        first entry did not verify (logged). A bookie refusing the master key
+        is raised: no replica will do better."""
         try:
-            batch = await reply
-            return self.decode_many(batch.envelopes[: last - first + 1], first, bookie)
+            batch = self.verify_batch(await reply, first, last - first + 1, bookie)
         except QuorumlogError as exc:
             if isinstance(exc, UnauthorizedError):
                 raise
             self._ctx.log.debug("ledger_batch_read_failed", bookie=bookie,
                                 ledger=self._ledger_id, entry=first, error=str(exc))
-            return []
+            return None
+        return batch if len(batch) else None
 
     async def _batch(self, bookie: str, first: int, last: int) -> BatchReply:
         loop = asyncio.get_running_loop()
@@ -218,23 +249,23 @@ class EntryReader:
         return reply
 
     async def _read_segment(self, metadata: LedgerMetadata, first: int,
-                            last: int) -> AsyncGenerator[LedgerEntry, None]:
+                            last: int) -> AsyncGenerator[EntryBatch, None]:
         """Entries ``first..last`` one batch at a time, trying each replica in
         turn, then single reads (which raise the precise error)."""
         entry_id = first
         while entry_id <= last:
             segment_last, bookies = self._segment(metadata, entry_id, last)
-            got: list[LedgerEntry] = []
+            got: EntryBatch | None = None
             for bookie in bookies:
                 got = await self._batch_entries(bookie, entry_id, segment_last,
                                                 self._batch(bookie, entry_id, segment_last))
-                if got:
+                if got is not None:
                     break
-            if not got:
-                got = [await self.read_entry(metadata, entry_id)]  # the precise error
-            for entry in got:
-                yield entry
-            entry_id += len(got)
+            if got is None:  # the precise error, or the entry from a retried replica
+                got = EntryBatch.of_entries(self._ledger_id,
+                                            [await self.read_entry(metadata, entry_id)])
+            yield got
+            entry_id = got.last_entry_id + 1
 
     async def read_lac(self, metadata: LedgerMetadata) -> int:
         """The highest LAC the last fragment's bookies report (at least the
@@ -380,24 +411,37 @@ class ReadHandle:
                 f"({self._lac}){' of the closed ledger' if self.is_closed else ''}; "
                 "entries past the LAC may never exist")
 
-    async def read(self, first: int, last: int) -> AsyncGenerator[LedgerEntry, None]:
-        """Entries ``first..last`` (inclusive) in order; never past the LAC."""
+    async def read_raw(self, first: int, last: int) -> AsyncGenerator[EntryBatch, None]:
+        """Entries ``first..last`` (inclusive) in order, as :class:`EntryBatch`
+        values (one buffer each, digests checked, no per-entry objects); never
+        past the LAC."""
         await self._check_range(first, last)
         next_id = first
         refreshed = False
         while next_id <= last:
             try:
-                async for entry in self._reader.read_range(self._metadata, next_id, last):
-                    next_id = entry.entry_id + 1
-                    yield entry
+                async for batch in self._reader.read_range(self._metadata, next_id, last):
+                    next_id = batch.last_entry_id + 1
+                    yield batch
             except (EntryUnavailableError, NoSuchEntryError):
                 if self.is_closed or refreshed:
                     raise
                 refreshed = True
                 await self.refresh()  # an ensemble change may have moved entries
 
+    async def read(self, first: int, last: int) -> AsyncGenerator[LedgerEntry, None]:
+        """Entries ``first..last`` (inclusive) in order; never past the LAC."""
+        async with contextlib.aclosing(self.read_raw(first, last)) as batches:
+            async for batch in batches:
+                for entry in batch.entries():
+                    yield entry
+
     async def read_batch(self, first: int, last: int) -> list[LedgerEntry]:
         return [entry async for entry in self.read(first, last)]
+
+    async def read_batch_raw(self, first: int, last: int) -> list[EntryBatch]:
+        """Entries ``first..last`` as a few :class:`EntryBatch` values (bulk readers)."""
+        return [batch async for batch in self.read_raw(first, last)]
 
     async def read_entry(self, entry_id: int) -> LedgerEntry:
         await self._check_range(entry_id, entry_id)

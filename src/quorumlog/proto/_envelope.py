@@ -19,6 +19,7 @@ readers verify the digest of every entry they read.
 
 from __future__ import annotations
 
+import array
 import enum
 import hashlib
 import hmac
@@ -112,34 +113,44 @@ def parse_envelope(data: bytes | memoryview) -> Envelope:
 
 _CRC32C_CODE = _DIGEST_CODES[DigestType.CRC32C]
 _CRC32C_START = ENVELOPE_HEADER.size + DIGEST_SIZES[DigestType.CRC32C]
+_CRC32C_HEAD = struct.Struct(">QQqIBI")  # header + CRC32C: one unpack per envelope
 
 
-def crc32c_payloads(envelopes: Sequence[bytes | memoryview], ledger_id: int,
-                    first_entry_id: int) -> list[bytes] | None:
-    """Payloads of consecutive CRC32C envelopes ``first_entry_id, first_entry_id + 1, ...``
-    of ``ledger_id``, every check of :func:`decode_entry` done inline (a batch
-    read's hot loop); None as soon as one envelope fails any check, so the
-    caller decodes them one by one for the precise error."""
-    unpack = ENVELOPE_HEADER.unpack_from
-    stored_crc = _CRC.unpack_from
+def crc32c_batch_bounds(buffer: bytes | memoryview, sizes: Sequence[int], ledger_id: int,
+                        first_entry_id: int) -> tuple[array.array[int], array.array[int]]:
+    """Payload bounds of CRC32C envelopes back to back in ``buffer`` (``sizes[i]``
+    bytes each) for entries ``first_entry_id, first_entry_id + 1, ...`` of
+    ``ledger_id``: payload ``i`` is ``buffer[starts[i]:ends[i]]``.
+
+    Every check of :func:`decode_entry` is done inline in one pass over the
+    buffer, and nothing per entry outlives the loop (a batch read's hot path).
+    The bounds cover the longest valid prefix: they stop at the first envelope
+    that fails any check, so the caller can decode that one with
+    :func:`decode_entry` for the precise error.
+    """
+    view = memoryview(buffer)
+    total = len(view)
+    unpack = _CRC32C_HEAD.unpack_from
     crc = crc32c.crc32c
     header_bytes, start = ENVELOPE_HEADER.size, _CRC32C_START
-    payloads: list[bytes] = []
-    entry_id = first_entry_id
-    for data in envelopes:
-        view = memoryview(data)
-        if len(view) < start:
-            return None
-        ledger, entry, lac, length, code = unpack(view)
+    starts: array.array[int] = array.array("q")
+    ends: array.array[int] = array.array("q")
+    position, entry_id = 0, first_entry_id
+    for size in sizes:
+        end = position + size
+        if size < start or end > total:
+            break
+        ledger, entry, lac, length, code, stored = unpack(view, position)
+        payload = position + start
         if (ledger != ledger_id or entry != entry_id or code != _CRC32C_CODE or lac < -1
-                or len(view) != start + length):
-            return None
-        payload = view[start:]
-        if crc(payload, crc(view[:header_bytes])) != stored_crc(view, header_bytes)[0]:
-            return None
-        payloads.append(bytes(payload))
-        entry_id += 1
-    return payloads
+                or length != size - start
+                or crc(view[payload:end], crc(view[position:position + header_bytes]))
+                != stored):
+            break
+        starts.append(payload)
+        ends.append(end)
+        position, entry_id = end, entry_id + 1
+    return starts, ends
 
 
 def decode_entry(

@@ -222,8 +222,8 @@ class SimBookie:
             entries = self._memory.read_batch(ledger_id, first, max_entries, max_bytes)
         except (NoSuchEntryError, NoSuchLedgerError) as exc:
             raise self._absent(exc, ledger_id, first) from None
-        out: list[bytes | memoryview] = list(entries)
-        return BatchReply(out, self._memory.last_add_confirmed(ledger_id))
+        return BatchReply(b"".join(entries), [len(e) for e in entries],
+                          self._memory.last_add_confirmed(ledger_id))
 
     def lac_reply(self, ledger_id: int, previous_lac: int, with_entry: bool) -> LacReply:
         info = self._memory.ledger_info(ledger_id)

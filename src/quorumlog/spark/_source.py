@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import concurrent.futures
 import dataclasses
 import datetime
@@ -11,6 +12,7 @@ from typing import Any
 
 import msgspec
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -36,14 +38,16 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from quorumlog.errors import UsageError
-from quorumlog.ledger import LedgerClient
+from quorumlog.ledger import EntryBatch, LedgerClient
 from quorumlog.log import get_logger
 from quorumlog.spark import _io
 from quorumlog.spark._arrow import (
     SCHEMA_DDL,
+    EntryColumns,
     check_write_schema,
     messages_of,
     record_batch,
+    record_batch_of_entries,
 )
 from quorumlog.spark._options import SourceOptions, parse
 from quorumlog.spark._plan import (
@@ -176,19 +180,20 @@ def read_partition(partition: QuorumlogInputPartition) -> Iterator[pa.RecordBatc
                                         recovery=False))
     chunk = READ_CHUNK_ENTRIES_FIRST
     last = min(task.last_entry, task.first_entry + chunk - 1)
-    pending: concurrent.futures.Future[list[Any]] | None = _io.submit(
-        handle.read_batch(task.first_entry, last))
+    pending: concurrent.futures.Future[list[EntryBatch]] | None = _io.submit(
+        handle.read_batch_raw(task.first_entry, last))
     try:
         while pending is not None:
-            entries = pending.result(_io.CALL_TIMEOUT_S)
-            size = sum(len(item.payload) for item in entries)
-            average = max(1, size // max(1, len(entries)))
+            batches = pending.result(_io.CALL_TIMEOUT_S)
+            entries = sum(map(len, batches))
+            size = sum(batch.payload_bytes for batch in batches)
+            average = max(1, size // max(1, entries))
             chunk = max(1, min(READ_CHUNK_ENTRIES_MAX, READ_CHUNK_BYTES // average))
             first, pending = last + 1, None
             if first <= task.last_entry:
                 last = min(task.last_entry, first + chunk - 1)
-                pending = _io.submit(handle.read_batch(first, last))
-            batch = _decode_chunk(task, entries)
+                pending = _io.submit(handle.read_batch_raw(first, last))
+            batch = _decode_chunk(task, batches)
             for offset in range(0, batch.num_rows, partition.batch_rows):
                 yield batch.slice(offset, partition.batch_rows)
     finally:
@@ -196,14 +201,54 @@ def read_partition(partition: QuorumlogInputPartition) -> Iterator[pa.RecordBatc
             pending.cancel()
 
 
-def _decode_chunk(task: ReadTask, entries: list[Any]) -> pa.RecordBatch:
+def entry_columns(batches: list[EntryBatch]) -> EntryColumns:
+    """One buffer for a chunk's consecutive entry batches (one memcpy), with
+    their payload bounds shifted into it."""
+    if len(batches) == 1:
+        only = batches[0]
+        return EntryColumns(only.buffer, _int64(only.starts), _int64(only.ends),
+                            only.first_entry_id)
+    shift = 0
+    starts, ends = [], []
+    for batch in batches:
+        offset = pa.scalar(shift, pa.int64())  # an Arrow scalar: see _arrow._timestamps
+        starts.append(pc.add(_int64(batch.starts), offset))
+        ends.append(pc.add(_int64(batch.ends), offset))
+        shift += len(batch.buffer)
+    first = batches[0].first_entry_id if batches else 0
+    return EntryColumns(b"".join(batch.buffer for batch in batches),
+                        pa.concat_arrays(starts) if starts else pa.array([], pa.int64()),
+                        pa.concat_arrays(ends) if ends else pa.array([], pa.int64()), first)
+
+
+def _int64(values: array.array[int]) -> pa.Array:
+    """An int64 Arrow array over an ``array("q")`` (no copy)."""
+    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
+
+
+def _decode_chunk(task: ReadTask, batches: list[EntryBatch]) -> pa.RecordBatch:
+    """Rows of a chunk of consecutive entries, built column-wise from the
+    buffers; an entry that breaks the format is decoded entry by entry, which
+    raises MessageFormatError naming it."""
+    if batches:
+        first_id, last_id = batches[0].first_entry_id, batches[-1].last_entry_id
+        columns = entry_columns(batches)
+        rows = record_batch_of_entries(
+            task.stream, task.partition, task.ledger_id, columns,
+            first_batch=task.first_batch if first_id == task.first_entry else 0,
+            last_entry_last_batch=(task.end_batch - 1 if task.end_batch > 0
+                                   and last_id == task.last_entry else -1),
+            publish_min_ms=task.publish_min_ms, publish_max_ms=task.publish_max_ms)
+        if rows is not None:
+            return rows
     sink = ColumnSink()
-    for item in entries:
-        entry_id = int(item.entry_id)
-        first_batch = task.first_batch if entry_id == task.first_entry else 0
-        last_batch = (task.end_batch - 1 if task.end_batch > 0
-                      and entry_id == task.last_entry else -1)
-        decode_entry_columns(bytes(item.payload), sink, entry_id, first_batch, last_batch)
+    for batch in batches:
+        for k, payload in enumerate(batch.payloads()):
+            entry_id = batch.first_entry_id + k
+            first_batch = task.first_batch if entry_id == task.first_entry else 0
+            last_batch = (task.end_batch - 1 if task.end_batch > 0
+                          and entry_id == task.last_entry else -1)
+            decode_entry_columns(payload, sink, entry_id, first_batch, last_batch)
     return record_batch(task.stream, task.partition, task.ledger_id, sink,
                         publish_min_ms=task.publish_min_ms, publish_max_ms=task.publish_max_ms)
 

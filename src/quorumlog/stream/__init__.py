@@ -29,11 +29,16 @@ from quorumlog.stream._client import (
 from quorumlog.stream._config import RetentionPolicy, RolloverPolicy, StreamConfig
 from quorumlog.stream._consumer import Consumer, ConsumerConfig
 from quorumlog.stream._entry import (
+    BATCH_MESSAGES_MAX,
+    ENTRY_HEADER_BYTES,
+    ENTRY_PREFIX_WORD,
+    MESSAGE_HEADER_BYTES,
     ColumnSink,
     DecodedMessage,
     OutgoingMessage,
     decode_entry,
     decode_entry_columns,
+    decode_properties,
     encode_entry,
 )
 from quorumlog.stream._errors import (
@@ -78,8 +83,12 @@ from quorumlog.stream._retention import RoundRobin, partition_for_key
 from quorumlog.stream._subscriptions import PartitionCursor, SubscriptionInfo
 
 __all__ = [
+    "BATCH_MESSAGES_MAX",
     "EARLIEST",
+    "ENTRY_HEADER_BYTES",
+    "ENTRY_PREFIX_WORD",
     "LATEST",
+    "MESSAGE_HEADER_BYTES",
     "BadPositionError",
     "BlockingConsumer",
     "BlockingProducer",
@@ -131,6 +140,7 @@ __all__ = [
     "check_name",
     "decode_entry",
     "decode_entry_columns",
+    "decode_properties",
     "encode_entry",
     "end_position",
     "first_position",

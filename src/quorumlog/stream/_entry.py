@@ -33,6 +33,9 @@ _SINGLE = struct.Struct("<2sBBIqiII")  # entry header + first message header
 _NO_PROPERTIES: list[tuple[str, str]] = []  # shared: never mutated
 ENTRY_HEADER_BYTES = _ENTRY_HEADER.size  # 8
 MESSAGE_HEADER_BYTES = _MESSAGE_HEADER.size  # 20
+ENTRY_PREFIX_WORD = int.from_bytes(MAGIC + bytes((FORMAT_VERSION, 0)), "little")
+"""The first 4 bytes of every entry (magic, version, flags) as a little-endian
+u32: what a columnar decoder compares in one vector operation."""
 BATCH_MESSAGES_MAX = 100_000  # a decoder refuses entries claiming more (bounds the work)
 KEY_MAX_BYTES = 64 * 1024  # keys route and index; large data belongs in the value
 PROPERTIES_MAX_BYTES = 64 * 1024
@@ -77,6 +80,14 @@ def encode_properties(properties: Mapping[str, str] | None) -> bytes:
         raise UsageError(f"message properties take {len(data)} bytes; at most "
                          f"{PROPERTIES_MAX_BYTES} allowed")
     return data
+
+
+def decode_properties(data: bytes | memoryview) -> dict[str, str]:
+    """A message's properties from their msgpack bytes; MessageFormatError if malformed."""
+    try:
+        return _PROPS_DECODER.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise MessageFormatError(f"message properties are malformed: {exc}") from None
 
 
 def checked_message_bytes(message: OutgoingMessage) -> int:
