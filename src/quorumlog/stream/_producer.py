@@ -218,14 +218,18 @@ class Producer:
         writer = self._writers[partition]
         if writer.failed is not None:
             raise writer.failed
-        message = OutgoingMessage(bytes(value), key=key_bytes,
-                                  properties=dict(properties) if properties else None)
-        size = self._checked_size(message)
-        if self._room_free <= 0 or self._room_waiters:
+        props = dict(properties) if properties else None
+        if self._room_free > 0 and not self._room_waiters:  # room now: one message object
+            message = OutgoingMessage(bytes(value), key=key_bytes, properties=props,
+                                      publish_time_ms=writer.next_publish_ms())
+            size = self._checked_size(message)
+        else:  # checked before waiting; the publish time is taken after the wait
+            message = OutgoingMessage(bytes(value), key=key_bytes, properties=props)
+            size = self._checked_size(message)
             await self._wait_for_room()
+            message = OutgoingMessage(message.value, key=key_bytes, properties=props,
+                                      publish_time_ms=writer.next_publish_ms())
         self._room_free -= 1
-        message = OutgoingMessage(message.value, key=message.key, properties=message.properties,
-                                  publish_time_ms=writer.next_publish_ms())
         loop = self._loop
         future: asyncio.Future[MessageId] = loop.create_future()
         self._outstanding.add(future)
