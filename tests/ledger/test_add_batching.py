@@ -194,3 +194,29 @@ def test_one_refused_entry_of_a_batch_replaces_only_for_that_entry() -> None:
         assert lh.metadata.ensembles[-1].first_entry_id == 2
 
     in_world(test)
+
+
+def test_batches_order_resends_and_drop_repeats() -> None:
+    """``_batches``: a pass's appends (ascending) keep their order without a
+    sort; a resend queued behind newer entries is put in its place, and a
+    later queueing of the same entry replaces the earlier one."""
+    from quorumlog.ledger._write import _batches
+
+    @dataclass
+    class Add:
+        entry_id: int
+
+    adds = {i: Add(i) for i in range(6)}
+
+    def queued(entry_id: int, tag: bytes) -> Any:
+        return (adds[entry_id], 0, tag)
+
+    ascending = [queued(i, b"x") for i in range(4)]
+    assert _batches(ascending) == [ascending]
+    mixed = [queued(3, b"a"), queued(4, b"a"), queued(1, b"old"), queued(2, b"a"),
+             queued(1, b"new")]
+    assert [(q[0].entry_id, q[2]) for q in _batches(mixed)[0]] == [
+        (1, b"new"), (2, b"a"), (3, b"a"), (4, b"a")]
+    many = [(Add(i), 0, b"z") for i in range(wire.ADD_BATCH_ENTRIES_MAX + 1)]
+    split = _batches(many)
+    assert [len(b) for b in split] == [wire.ADD_BATCH_ENTRIES_MAX, 1]

@@ -134,12 +134,18 @@ def _batches(queue: list[_Queued]) -> list[list[_Queued]]:
     (a resend queued behind a newer entry is put in its place; a later queueing
     of the same entry replaces an earlier one), at most ADD_BATCH_ENTRIES_MAX
     entries and ADD_BATCH_BYTES_MAX bytes (a larger entry goes alone)."""
-    by_entry = {queued[0].entry_id: queued for queued in queue}
+    ordered = queue
+    previous = -1
+    for queued in queue:  # appends of one pass come ascending: no dict, no sort
+        if queued[0].entry_id <= previous:
+            by_entry = {item[0].entry_id: item for item in queue}
+            ordered = [by_entry[entry_id] for entry_id in sorted(by_entry)]
+            break
+        previous = queued[0].entry_id
     batches: list[list[_Queued]] = []
     batch: list[_Queued] = []
     batch_bytes = 0
-    for entry_id in sorted(by_entry):
-        queued = by_entry[entry_id]
+    for queued in ordered:
         size = len(queued[2])
         if batch and (len(batch) >= wire.ADD_BATCH_ENTRIES_MAX
                       or batch_bytes + size > wire.ADD_BATCH_BYTES_MAX):
@@ -175,6 +181,8 @@ class WriteHandle:
         self._ensemble = metadata.current_ensemble
         self._schedule = metadata.schedule
         self._write_sets = [self._schedule.write_set(i) for i in range(metadata.ensemble_size)]
+        self._ensemble_size = self._schedule.ensemble_size  # E, Qa: fixed for the ledger's life
+        self._ack_quorum = self._schedule.ack_quorum
         self._rack_label = RACK_LABELS[placement]
         self._master_key = master_key(password)
         self._digest = metadata.digest
@@ -338,10 +346,12 @@ class WriteHandle:
         invariant(entry_id == self._next_entry_id,
                   f"entry {entry_id} added out of order (next is {self._next_entry_id})")
         self._next_entry_id += 1
-        future: asyncio.Future[int] = self._loop.create_future()
-        pending = _PendingAdd(entry_id, envelope, size, ack_quorum=self._schedule.ack_quorum,
-                              ensemble_size=self._schedule.ensemble_size, future=future,
-                              started_s=self._loop.time())
+        loop = self._loop
+        future: asyncio.Future[int] = loop.create_future()
+        ensemble_size = self._ensemble_size
+        pending = _PendingAdd(entry_id, envelope, size, ack_quorum=self._ack_quorum,
+                              ensemble_size=ensemble_size, future=future,
+                              started_s=loop.time())
         self._pending.append(pending)
         self._outstanding_bytes += size
         self._adds_since_tick += 1
@@ -349,7 +359,7 @@ class WriteHandle:
         if self._delayed_failures and not self._changing:
             self._start_change()
         if not self._changing:
-            self._send(pending, self._write_sets[entry_id % self._schedule.ensemble_size])
+            self._send(pending, self._write_sets[entry_id % ensemble_size])
         return future
 
     def _send(self, pending: _PendingAdd, indexes: tuple[int, ...] | list[int]) -> None:
@@ -410,8 +420,28 @@ class WriteHandle:
         else:
             errors = list(future.result())
         invariant(len(errors) == len(batch), "a batch answer has one result per entry")
+        if self._state is HandleState.FAILED:
+            return  # every pending add already failed
+        # Acks are counted entry by entry and the LAC moved once, after them (not
+        # a drain per entry); an error is handled only after the acks before it
+        # have confirmed what they can, as if each entry had been answered alone.
+        ack_seen = False
         for (pending, index, _), entry_error in zip(batch, errors, strict=True):
+            if entry_error is None:
+                if (pending.sent_to[index] == bookie and not pending.done
+                        and pending.acks.complete_and_check(index)):
+                    ack_seen = True
+                continue
+            if ack_seen:
+                self._drain_if_head_durable()
+                ack_seen = False
             self._on_add_result(pending, index, bookie, entry_error)
+        if ack_seen:
+            self._drain_if_head_durable()
+
+    def _drain_if_head_durable(self) -> None:
+        if self._pending and self._pending[0].acks.complete:
+            self._drain()
 
     def _on_add_done(
         self, pending: _PendingAdd, index: int, bookie: str, future: asyncio.Future[Any]

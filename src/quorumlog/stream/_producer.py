@@ -3,11 +3,22 @@
 One producer holds the writer lease of every partition of its stream (one meta
 session, kept alive here). A keyed message goes to ``crc32c(key) % P``;
 messages without a key go round robin. Messages bound for one partition are
-packed into one entry until ``batch_messages_max`` / ``batch_bytes_max`` or
-``batch_delay_ms`` after the first (Pulsar: batchingMaxMessages = 1000,
-batchingMaxBytes = 128 KiB, batchingMaxPublishDelay = 1 ms). A send completes
-when its entry is durable (acknowledged by the ack quorum) and gives the
-message's :class:`MessageId`.
+packed into one entry until ``batch_messages_max`` / ``batch_bytes_max``
+(Pulsar: batchingMaxMessages = 1000, batchingMaxBytes = 128 KiB). When a
+batch goes depends on the partition's link, not on a timer alone:
+
+- fewer than ``batch_eager_entries_max`` of the partition's entries in flight
+  (the link is idle or nearly so): the batch goes at the end of the loop pass
+  that started it, so what was sent in one pass shares one entry and nothing
+  waits for a timer;
+- otherwise the batch keeps filling, and goes as soon as one of the entries in
+  flight completes (ack clocking), or ``batch_delay_ms`` after its first
+  message (Pulsar's batchingMaxPublishDelay = 1 ms) if none completes first.
+
+So at low and medium load a message waits for no timer, and under load the
+entries grow instead of the queue. A send completes when its entry is durable
+(acknowledged by the ack quorum) and gives the message's :class:`MessageId`.
+Batches leave in the order they were started, whichever rule sends them.
 """
 
 from __future__ import annotations
@@ -15,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -45,6 +57,12 @@ class ProducerConfig(Config, frozen=True):
     batch_messages_max: int = 1000  # Pulsar batchingMaxMessages
     batch_bytes_max: int = 128 * 1024  # Pulsar batchingMaxBytes
     batch_delay_ms: float = 1.0  # Pulsar batchingMaxPublishDelayMicros = 1000
+    # A batch goes at the end of its loop pass while fewer than this many of
+    # the partition's entries are in flight; at or above it, the batch waits
+    # for an entry to complete (or batch_delay_ms). Small: each eager entry
+    # costs the bookies a request, and past a few in flight a bigger entry
+    # serves the messages better than another small one.
+    batch_eager_entries_max: int = 4
     pending_messages_max: int = 10_000  # sends beyond this wait (bounded memory)
     lease_wait_ms: int = 30_000  # how long open waits for another writer's lease
     # How often the producer (the owner of the stream's writes) recomputes the
@@ -57,6 +75,9 @@ class ProducerConfig(Config, frozen=True):
         require(self.batch_messages_max >= 1, "batch_messages_max must be >= 1")
         require(self.batch_bytes_max >= 1, "batch_bytes_max must be >= 1")
         require(self.batch_delay_ms >= 0, "batch_delay_ms must be >= 0")
+        require(self.batch_eager_entries_max >= 0,
+                "batch_eager_entries_max must be >= 0 (0: always wait for batch_delay_ms "
+                "or an entry to complete)")
         require(self.pending_messages_max >= 1, "pending_messages_max must be >= 1")
         require(self.lease_wait_ms >= 0, "lease_wait_ms must be >= 0")
         require(self.backlog_interval_ms >= 0, "backlog_interval_ms must be >= 0 (0: off)")
@@ -75,12 +96,13 @@ class MessageId:
 
 
 class _Batch:
-    __slots__ = ("bytes", "futures", "messages", "timer")
+    __slots__ = ("bytes", "futures", "messages", "scheduled", "timer")
 
     def __init__(self) -> None:
         self.messages: list[OutgoingMessage] = []
         self.futures: list[asyncio.Future[MessageId]] = []
         self.bytes = 0
+        self.scheduled = False  # its flush is arranged (end of pass, timer or completion)
         self.timer: asyncio.TimerHandle | None = None
 
 
@@ -97,7 +119,15 @@ class Producer:
         self.partitions = record.config.partitions
         self._writers: list[PartitionWriter] = []
         self._batches = [_Batch() for _ in range(self.partitions)]
-        self._room = asyncio.Semaphore(config.pending_messages_max)
+        # Entries submitted to each partition's writer and not yet completed.
+        self._entries_in_flight = [0] * self.partitions
+        self._entries_sent = 0  # entries this producer submitted (all partitions)
+        self._loop = asyncio.get_running_loop()
+        # Room for sends: messages queued or in flight, at most pending_messages_max.
+        # A counter, not an asyncio.Semaphore: a send with room takes it without
+        # a coroutine, and a whole entry's messages give it back in one step.
+        self._room_free = config.pending_messages_max
+        self._room_waiters: deque[asyncio.Future[None]] = deque()
         self._round_robin = RoundRobin()
         self._keepalive: asyncio.Task[None] | None = None
         self._backlog: asyncio.Task[None] | None = None
@@ -188,15 +218,21 @@ class Producer:
         writer = self._writers[partition]
         if writer.failed is not None:
             raise writer.failed
-        message = OutgoingMessage(bytes(value), key=key_bytes,
-                                  properties=dict(properties) if properties else None)
-        size = self._checked_size(message)
-        await self._room.acquire()
-        message = OutgoingMessage(message.value, key=message.key, properties=message.properties,
-                                  publish_time_ms=writer.next_publish_ms())
-        future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        props = dict(properties) if properties else None
+        if self._room_free > 0 and not self._room_waiters:  # room now: one message object
+            message = OutgoingMessage(bytes(value), key=key_bytes, properties=props,
+                                      publish_time_ms=writer.next_publish_ms())
+            size = self._checked_size(message)
+        else:  # checked before waiting; the publish time is taken after the wait
+            message = OutgoingMessage(bytes(value), key=key_bytes, properties=props)
+            size = self._checked_size(message)
+            await self._wait_for_room()
+            message = OutgoingMessage(message.value, key=key_bytes, properties=props,
+                                      publish_time_ms=writer.next_publish_ms())
+        self._room_free -= 1
+        loop = self._loop
+        future: asyncio.Future[MessageId] = loop.create_future()
         self._outstanding.add(future)
-        future.add_done_callback(self._done)
         if (self._batches[partition].messages
                 and ENTRY_HEADER_BYTES + self._batches[partition].bytes + size
                 > self._client.config.entry_max_bytes):
@@ -209,9 +245,13 @@ class Producer:
         if (not config.batching or len(batch.messages) >= config.batch_messages_max
                 or batch.bytes >= config.batch_bytes_max):
             self._flush(partition)
-        elif batch.timer is None:
-            batch.timer = asyncio.get_running_loop().call_later(
-                config.batch_delay_ms / 1000, self._flush, partition)
+        elif not batch.scheduled:
+            batch.scheduled = True
+            if self._entries_in_flight[partition] < config.batch_eager_entries_max:
+                loop.call_soon(self._flush_batch, partition, batch)  # end of this pass
+            else:  # the link is busy: an entry's completion or the timer sends it
+                batch.timer = loop.call_later(config.batch_delay_ms / 1000,
+                                              self._flush_batch, partition, batch)
         return future
 
     def _checked_size(self, message: OutgoingMessage) -> int:
@@ -234,23 +274,58 @@ class Producer:
                 "and of every bookie")
         return size
 
-    def _done(self, future: asyncio.Future[MessageId]) -> None:
-        self._outstanding.discard(future)
-        self._room.release()
+    async def _wait_for_room(self) -> None:
+        """Wait (first come, first served) until a send may take room."""
+        while True:
+            waiter = self._loop.create_future()
+            self._room_waiters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                self._wake_room_waiters()  # pass on a wake-up this send cannot use
+                raise
+            finally:
+                with contextlib.suppress(ValueError):
+                    self._room_waiters.remove(waiter)
+            if self._room_free > 0:
+                return
+
+    def _finish(self, futures: list[asyncio.Future[MessageId]]) -> None:
+        """The messages of one batch have their outcome: give their room back."""
+        self._outstanding.difference_update(futures)
+        self._room_free += len(futures)
+        self._wake_room_waiters()
+
+    def _wake_room_waiters(self) -> None:
+        woken = 0
+        for waiter in self._room_waiters:
+            if woken >= self._room_free:
+                break
+            if not waiter.done():
+                waiter.set_result(None)
+                woken += 1
+
+    def _flush_batch(self, partition: int, batch: _Batch) -> None:
+        """Send ``batch`` if it is still the partition's open batch (a size limit
+        or ``flush()`` may have sent it already)."""
+        if self._batches[partition] is batch:
+            self._flush(partition)
 
     def _flush(self, partition: int) -> None:
         batch = self._batches[partition]
         if batch.timer is not None:
             batch.timer.cancel()
-        if not batch.messages:
             batch.timer = None
+        if not batch.messages:
             return
         self._batches[partition] = _Batch()
         try:
             payload = encode_entry(batch.messages)
         except QuorumlogError as exc:
             for future in batch.futures:
-                future.set_exception(exc)
+                if not future.done():
+                    future.set_exception(exc)
+            self._finish(batch.futures)
             return
         info = EntryInfo(messages=len(batch.messages),
                          first_publish_ms=batch.messages[0].publish_time_ms,
@@ -260,15 +335,25 @@ class Producer:
             entry = writer.submit(payload, info)
         except QuorumlogError as exc:
             for future in batch.futures:
-                future.set_exception(exc)
+                if not future.done():
+                    future.set_exception(exc)
+            self._finish(batch.futures)
             return
+        self._entries_in_flight[partition] += 1
+        self._entries_sent += 1
         entry.add_done_callback(functools.partial(self._resolve, partition, batch.futures,
                                                   batch.bytes))
 
     def _resolve(self, partition: int, futures: list[asyncio.Future[MessageId]],
                  batch_bytes: int, entry: asyncio.Future[Position]) -> None:
+        self._entries_in_flight[partition] -= 1
+        waiting = self._batches[partition]
+        if (waiting.messages and waiting.timer is not None
+                and self._entries_in_flight[partition] < self._config.batch_eager_entries_max):
+            self._flush(partition)  # an entry left the link: the waiting batch goes now
         error: BaseException | None = (UsageError("the send was cancelled") if entry.cancelled()
                                        else entry.exception())
+        self._finish(futures)
         if error is not None:
             for future in futures:
                 if not future.done():
@@ -318,3 +403,13 @@ class Producer:
     @property
     def writers(self) -> list[PartitionWriter]:
         return list(self._writers)
+
+    @property
+    def entries_in_flight(self) -> int:
+        """Entries submitted to the partitions' writers and not yet completed."""
+        return sum(self._entries_in_flight)
+
+    @property
+    def entries_sent(self) -> int:
+        """Entries (batches of messages) this producer submitted so far."""
+        return self._entries_sent

@@ -1,0 +1,141 @@
+"""When the producer sends a batch (issue 17: batching without queueing delay).
+
+A batch goes at the end of the loop pass that started it while the
+partition has fewer than ``batch_eager_entries_max`` entries in flight, and
+otherwise when an entry in flight completes; the ``batch_delay_ms`` timer is
+only the bound. The tests set that timer to ten minutes, so a batch that
+waited for it would miss the deadlines: they check what sends a batch, not
+how fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterator
+
+import pytest
+
+from quorumlog import node as cluster
+from quorumlog import rpc
+from quorumlog.errors import ConfigError
+from quorumlog.stream import MessageId, ProducerConfig, StreamClient, StreamConfig
+
+DEADLINE_S = 30.0
+NEVER_MS = 600_000.0  # a batch_delay_ms no test may wait for
+
+
+@pytest.fixture(scope="module")
+def meta(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    with cluster.running(tmp_path_factory.mktemp("batching") / "cluster", 3) as addresses:
+        yield addresses
+
+
+async def _done(futures: list[asyncio.Future[MessageId]]) -> list[MessageId]:
+    return list(await asyncio.wait_for(asyncio.gather(*futures), DEADLINE_S))
+
+
+def test_batch_on_an_idle_link_goes_in_the_same_loop_pass(meta: list[str]) -> None:
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("eager", StreamConfig(partitions=1))
+            producer = await client.producer("eager", config=ProducerConfig(
+                batch_delay_ms=NEVER_MS))
+            futures = [await producer.send_async(b"m%d" % i) for i in range(3)]
+            assert producer.entries_sent == 0  # still one pass: the batch is open
+            await asyncio.sleep(0)  # the end of the pass that queued them
+            assert producer.entries_sent == 1
+            ids = await _done(futures)
+            assert {(m.position.ledger_id, m.position.entry_id) for m in ids} == {
+                (ids[0].position.ledger_id, ids[0].position.entry_id)}
+            assert [m.position.batch_index for m in ids] == [0, 1, 2]
+            await producer.close()
+
+    rpc.run(main())
+
+
+def test_busy_link_batch_goes_when_an_entry_completes(meta: list[str]) -> None:
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("clocked", StreamConfig(partitions=1))
+            producer = await client.producer("clocked", config=ProducerConfig(
+                batch_delay_ms=NEVER_MS, batch_eager_entries_max=1))
+            first = await producer.send_async(b"first")
+            await asyncio.sleep(0)
+            assert (producer.entries_sent, producer.entries_in_flight) == (1, 1)
+            waiting = [await producer.send_async(b"w%d" % i) for i in range(3)]
+            await asyncio.sleep(0)
+            assert producer.entries_sent == 1  # the link is busy: the batch fills
+            assert not any(f.done() for f in waiting)
+            head = (await _done([first]))[0]
+            assert producer.entries_sent == 2  # sent by the first entry's completion
+            ids = await _done(waiting)
+            assert [(m.position.ledger_id, m.position.entry_id, m.position.batch_index)
+                    for m in ids] == [(head.position.ledger_id, head.position.entry_id + 1, i)
+                                      for i in range(3)]
+            await producer.close()
+
+    rpc.run(main())
+
+
+def test_order_kept_whichever_rule_sends_the_batch(meta: list[str]) -> None:
+    """Sends with and without loop passes between them mix eager batches, batches
+    sent by completions and size-limited ones; the partition keeps send order."""
+    count = 400
+
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("mixed", StreamConfig(partitions=1))
+            producer = await client.producer("mixed", config=ProducerConfig(
+                batch_delay_ms=NEVER_MS, batch_eager_entries_max=2, batch_messages_max=7))
+            rng = random.Random(17)
+            futures = []
+            for i in range(count):
+                futures.append(await producer.send_async(b"%05d" % i))
+                if rng.random() < 0.3:
+                    await asyncio.sleep(0)
+            ids = await _done(futures)
+            positions = [(m.position.entry_id, m.position.batch_index) for m in ids]
+            assert positions == sorted(positions) and len(set(positions)) == count
+            assert 1 < producer.entries_sent < count
+            await producer.close()
+            async with await client.reader("mixed", "earliest") as reader:
+                got = []
+                while len(got) < count:
+                    message = await reader.read_next(int(DEADLINE_S * 1000))
+                    assert message is not None
+                    got.append(message.value)
+            assert got == [b"%05d" % i for i in range(count)]
+
+    rpc.run(main())
+
+
+def test_negative_eager_bound_is_refused() -> None:
+    with pytest.raises(ConfigError, match="batch_eager_entries_max"):
+        ProducerConfig(batch_eager_entries_max=-1).validate()
+
+
+def test_sends_past_pending_messages_max_wait_for_room_in_order(meta: list[str]) -> None:
+    """pending_messages_max bounds queued + in-flight messages: a send past it
+    waits until an entry completes; a cancelled waiting send passes its turn on."""
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("room", StreamConfig(partitions=1))
+            producer = await client.producer("room", config=ProducerConfig(
+                pending_messages_max=2, batch_delay_ms=NEVER_MS))
+            held = [await producer.send_async(b"a"), await producer.send_async(b"b")]
+            blocked = asyncio.ensure_future(producer.send_async(b"cancelled"))
+            third = asyncio.ensure_future(producer.send_async(b"c"))
+            await asyncio.sleep(0)
+            assert not blocked.done() and not third.done()
+            blocked.cancel()
+            await _done(held)  # their entry completed: room for one more
+            c = await asyncio.wait_for(third, DEADLINE_S)
+            got = await _done([c])
+            assert got[0].position.entry_id == 1
+            await producer.close()
+            async with await client.reader("room", "earliest") as reader:
+                values = [(await reader.read_next(int(DEADLINE_S * 1000))) for _ in range(3)]
+            assert [m.value for m in values if m is not None] == [b"a", b"b", b"c"]
+
+    rpc.run(main())
