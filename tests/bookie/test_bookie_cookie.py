@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Coroutine, Iterator
@@ -47,6 +46,7 @@ from quorumlog.bookie._cookie import (
 )
 from quorumlog.errors import ConfigError, StorageError
 from quorumlog.meta import BlockingMetaClient, MetaClient
+from quorumlog.node._cluster import free_port
 from quorumlog.proto import (
     BOOKIE_REGISTRY_PREFIX,
     LEDGER_ID_COUNTER,
@@ -68,13 +68,6 @@ CLI_TIMEOUT_S = 120.0
 def meta(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
     with cluster.running(tmp_path_factory.mktemp("cookie-meta") / "cluster", 1) as addresses:
         yield addresses
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

@@ -5,7 +5,6 @@ error naming the field. Real node processes on 127.0.0.1."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -16,17 +15,11 @@ import pytest
 
 from quorumlog.errors import ConfigError
 from quorumlog.node import load_node_config
+from quorumlog.node._cluster import free_port
 
 DEADLINE_S = 60.0
 POLL_INTERVAL_S = 0.2
 CLI_TIMEOUT_S = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def write_config(directory: Path, node: str, *, member: str) -> Path:

@@ -14,15 +14,9 @@ from pathlib import Path
 import pytest
 
 from quorumlog import node as cluster
+from quorumlog.node._cluster import free_port
 
 NODE_TIMEOUT_S = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.fixture
@@ -61,3 +55,17 @@ def test_metrics_port_in_use_is_one_error_line_before_any_role_starts(
     assert metrics in errors[0] and "metrics_listen" in errors[0], errors[0]
     assert not (tmp_path / "data").exists(), "a role started before the port was checked"
 
+
+
+def test_free_port_is_outside_the_ephemeral_range_and_bindable() -> None:
+    # A port from the kernel's ephemeral range can be taken by any outgoing connection
+    # between free_port() and the node's bind: the dup test's second cluster failed so.
+    from quorumlog.node._cluster import _ephemeral_port_range
+
+    low, high = _ephemeral_port_range()
+    ports = {free_port() for _ in range(50)}
+    assert all(not low <= port <= high for port in ports), sorted(ports)
+    assert len(ports) > 40  # random, not one port handed out again and again
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))

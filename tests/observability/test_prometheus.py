@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from prometheus_client import start_http_server
 
 from quorumlog import node as cluster
 from quorumlog import rpc
+from quorumlog.node._cluster import free_port
 
 from . import load
 from .test_dashboard import DASHBOARD, dashboard_exprs, substitute
@@ -44,12 +44,6 @@ QUERY_DEADLINE_S = 60.0
 HTTP_TIMEOUT_S = 5.0
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def get_json(url: str) -> Any:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ClassVar, TypeVar
 
@@ -125,10 +124,3 @@ async def read_until_eof(reader: asyncio.StreamReader, timeout_s: float = 5.0) -
 
 async def gather_all(*awaitables: Awaitable[Any]) -> list[Any]:
     return list(await asyncio.gather(*awaitables, return_exceptions=True))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port

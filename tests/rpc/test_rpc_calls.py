@@ -17,6 +17,7 @@ from quorumlog.errors import (
     QuorumlogError,
     UsageError,
 )
+from quorumlog.node._cluster import free_port
 from quorumlog.rpc._frame import HEADER, LENGTH_FIELD_BYTES
 
 from .support import (
@@ -26,7 +27,6 @@ from .support import (
     FailRequest,
     UnservedRequest,
     fail,
-    free_port,
     hello_frame,
     message_frame,
     run,

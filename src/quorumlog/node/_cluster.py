@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -37,6 +38,15 @@ from quorumlog.proto import BookieStatusRequest
 DEFAULT_DIR = Path(os.environ.get("QUORUMLOG_CLUSTER_DIR", ".quorumlog/cluster"))
 CLUSTER_FILE = "cluster.json"
 UP_TIMEOUT_S = 60.0
+# free_port(): where the kernel's ephemeral range is read, the range used when it cannot be,
+# the lowest port handed out (above the registered services most machines run), the
+# smallest span worth picking from, and how many random ports to try before bind(0).
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+EPHEMERAL_RANGE_DEFAULT = (32768, 60999)
+FREE_PORT_MIN = 20000
+FREE_PORT_SPAN_MIN = 1000
+FREE_PORT_TRIES = 64
+PORT_MAX = 65535
 # `quorumlog restart`: how long a restarted node may take to serve every role
 # (a bookie replays its journal first).
 RESTART_TIMEOUT_S = 60.0
@@ -77,11 +87,45 @@ class NodeInfo:
     log: str
 
 
+def _ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections (and of bind(0))."""
+    try:
+        low, high = Path(EPHEMERAL_RANGE_FILE).read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return EPHEMERAL_RANGE_DEFAULT
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def free_port() -> int:
+    """A port on 127.0.0.1 that no socket holds now, chosen outside the kernel's ephemeral
+    range. A port from bind(0) is free when asked, but it comes from the range the kernel
+    also gives to outgoing connections, so on a busy machine (clients, other clusters) one
+    of them could take it before the node binds it, and the node failed to start."""
+    low, high = _ephemeral_port_range()
+    if low - FREE_PORT_MIN > FREE_PORT_SPAN_MIN:
+        candidates = range(FREE_PORT_MIN, low)
+    elif PORT_MAX - high > FREE_PORT_SPAN_MIN:
+        candidates = range(high + 1, PORT_MAX + 1)
+    else:
+        candidates = range(0)
+    rng = random.SystemRandom()
+    for _ in range(FREE_PORT_TRIES if candidates else 0):
+        port = rng.choice(candidates)
+        if _bindable(port):
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        chosen: int = sock.getsockname()[1]
+        return chosen
 
 
 def node_roles(node_id: int, nodes: int) -> list[str]:
