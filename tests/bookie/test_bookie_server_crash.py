@@ -1,7 +1,8 @@
 """A bookie process receiving pipelined adds is killed with SIGKILL at random moments.
 
 Each round starts the bookie (tests/bookie/bookie_server_child.py) on the same
-directories, writes new ledgers with pipelined adds (some no-sync), fences a
+directories, writes new ledgers with pipelined adds (some no-sync, some in
+AddEntriesRequest batches: the bulk add path), fences a
 ledger of the previous round, and is killed after a random delay. After each
 restart every acknowledged entry of every round reads back byte-identical with
 a valid digest; entries sent but not acknowledged may be missing but are never
@@ -22,11 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from server_helpers import KEY, add, check_entry, connect, read
+from server_helpers import KEY, add, add_batch, check_entry, connect, envelope, read
 
 from quorumlog import rpc
 from quorumlog.errors import QuorumlogError
 from quorumlog.proto import (
+    ENTRY_OK,
     FenceRequest,
     LedgerFencedError,
     LedgerInfoRequest,
@@ -42,6 +44,7 @@ IN_FLIGHT = 64
 KILL_DELAY_S = (0.05, 0.8)
 ROUND_TIMEOUT_S = 30.0
 READ_PIPELINE = 256
+BATCH_ENTRIES_MAX = 32
 
 
 @dataclass
@@ -75,28 +78,46 @@ class Child:
 
 async def _writer(conn: rpc.Connection, ledger_id: int, history: History,
                   rng: random.Random) -> None:
-    """Pipelined adds of one ledger until the connection dies or the ledger is full."""
+    """Pipelined adds of one ledger until the connection dies or the ledger is full.
+
+    By ledger id mod 4: single adds synced, single adds no-sync, batches
+    (``AddEntriesRequest`` of 1 to BATCH_ENTRIES_MAX entries, the bookie's bulk
+    path) synced, batches no-sync. An entry of a batch counts as acknowledged
+    only when the answer came and its own code is ENTRY_OK."""
     no_sync = ledger_id % 2 == 1
+    batched = ledger_id % 4 >= 2
     slots = asyncio.Semaphore(IN_FLIGHT // LEDGERS_PER_ROUND)
     acked = history.acked.setdefault(ledger_id, set())
     pending: set[asyncio.Task[None]] = set()
 
-    async def one(entry_id: int) -> None:
+    async def one(entry_ids: list[int]) -> None:
         try:
-            await add(conn, ledger_id, entry_id, no_sync=no_sync)
+            if batched:
+                answer = await add_batch(
+                    conn, ledger_id, [(e, envelope(ledger_id, e)) for e in entry_ids],
+                    no_sync=no_sync)
+                assert answer.entry_ids == entry_ids, answer
+                acked.update(e for e, code in zip(entry_ids, answer.codes, strict=True)
+                             if code == ENTRY_OK)
+            else:
+                await add(conn, ledger_id, entry_ids[0], no_sync=no_sync)
+                acked.add(entry_ids[0])
         except QuorumlogError:
             return
         finally:
             slots.release()
-        acked.add(entry_id)
 
-    for entry_id in range(ENTRIES_PER_LEDGER_MAX):
+    entry_id = 0
+    while entry_id < ENTRIES_PER_LEDGER_MAX:
         await slots.acquire()
         if conn.closed:
             slots.release()
             break
-        history.sent[ledger_id] = entry_id
-        task = asyncio.create_task(one(entry_id))
+        count = rng.randint(1, BATCH_ENTRIES_MAX) if batched else 1
+        entry_ids = list(range(entry_id, min(ENTRIES_PER_LEDGER_MAX, entry_id + count)))
+        entry_id = entry_ids[-1] + 1
+        history.sent[ledger_id] = entry_ids[-1]
+        task = asyncio.create_task(one(entry_ids))
         pending.add(task)
         task.add_done_callback(pending.discard)
         if rng.random() < 0.01:
