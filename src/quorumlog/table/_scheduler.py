@@ -20,10 +20,17 @@ Policies, in order of priority, one change per group at a time and at most
    scatter width, load), wait until its applied index is within
    ``catchup_entries_max`` of the leader's, then promote it and remove the
    dead voter in one joint change;
-2. *balance replicas*: while one live node holds more than
+2. *replica count*: a group with fewer voters than its table's replica count
+   (``set_replicas_target``; a voter removed for good, or a table created
+   short) gets a learner on a node chosen by ``place_replicas``, promoted
+   once caught up without removing anyone; a group with more sheds voters,
+   dead ones first, then a live non-leader on the most loaded node, one
+   ``remove`` at a time. A group whose count is not known yet (a new meta
+   leader before its first record sync) keeps its current voter count;
+3. *balance replicas*: while one live node holds more than
    ``replica_imbalance_max`` replicas more than another, move a replica from
    the most to the least loaded node (same learner, promote, remove steps);
-3. *balance leaders*: while one live node leads more than
+4. *balance leaders*: while one live node leads more than
    ``leader_imbalance_max`` groups more than another, transfer a leadership.
 
 A voter about to be removed that leads its group first hands leadership to
@@ -33,6 +40,7 @@ another voter.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -180,6 +188,8 @@ class Scheduler:
         self.pending: dict[int, PendingChange] = {}
         self.recent: list[FinishedChange] = []
         self._moves: dict[int, _Move] = {}
+        # group -> its table's replica count (the records' TableRecord.replicas)
+        self.replicas_target: dict[int, int] = {}
         self._seed = seed
 
     # ----- the view -------------------------------------------------------------
@@ -202,9 +212,15 @@ class Scheduler:
                 view.leader = 0  # it led the group and no longer does
         self._settle(now_ms)
 
+    def set_replicas_target(self, group_id: int, replicas: int) -> None:
+        """The replica count of the group's table (from its record in meta)."""
+        invariant(replicas >= 1, f"group {group_id}: replica count {replicas} < 1")
+        self.replicas_target[group_id] = replicas
+
     def forget_group(self, group_id: int) -> None:
         """A dropped table's group."""
         self.groups.pop(group_id, None)
+        self.replicas_target.pop(group_id, None)
         self.pending.pop(group_id, None)
         self._moves.pop(group_id, None)
 
@@ -289,11 +305,32 @@ class Scheduler:
             move = None
         if group.learners:
             return self._continue_move(group, move, now_ms)
+        target = self.replicas_target.get(group.group_id, len(group.voters))
+        if len(group.voters) > target:
+            return self._shrink(group, target, now_ms)
         dead = [v for v in group.voters if self._replaceable(v, now_ms)]
         if dead:
             return self._add_learner(group, dead[0], now_ms,
                                      f"replace replica on dead node {dead[0]}")
+        if len(group.voters) < target:
+            return self._add_learner(group, 0, now_ms,
+                                     f"group has {len(group.voters)} of {target} replicas")
         return None
+
+    def _shrink(self, group: GroupView, target: int, now_ms: int) -> ScheduledChange | None:
+        """One voter fewer for a group above its replica count: a dead voter first
+        (never a live one while a dead one stays), else a live non-leader on the
+        most loaded node. The leader is live here (``_plan_group``), so a group of
+        two or more voters always has a non-leader to remove."""
+        reason = f"group has {len(group.voters)} voters, its table {target} replicas"
+        dead = [v for v in group.voters if self.is_dead(v, now_ms)]
+        if dead:
+            return self._change(group, ChangeKind.REMOVE, dead[0], reason=reason)
+        counts = self._replica_counts(now_ms)
+        others = [v for v in group.voters if v != group.leader]
+        invariant(bool(others), f"group {group.group_id}: no non-leader voter to remove")
+        victim = max(others, key=lambda v: (counts.get(v, 0), v))
+        return self._change(group, ChangeKind.REMOVE, victim, reason=reason)
 
     def _continue_move(self, group: GroupView, move: _Move | None,
                        now_ms: int) -> ScheduledChange | None:
@@ -306,10 +343,11 @@ class Scheduler:
                                 reason=f"learner on node {learner} is dead")
         if move is None:  # a new meta leader found the learner: pick the voter to go
             victim = self._victim(group, now_ms)
-            move = _Move(learner, victim, f"replica moves from node {victim} to {learner}",
-                         now_ms)
+            reason = (f"replica moves from node {victim} to {learner}" if victim
+                      else f"learner on node {learner} adds a replica")
+            move = _Move(learner, victim, reason, now_ms)
             self._moves[group.group_id] = move
-        elif not self.is_dead(move.victim, now_ms):
+        elif move.victim and not self.is_dead(move.victim, now_ms):
             # A voter died while a move (a balance) was under way: the learner replaces
             # the dead voter instead. Promoting it in place of a live voter would leave the
             # group with a dead voter and one live voter fewer (found by the simulator).
@@ -347,6 +385,9 @@ class Scheduler:
         return self._change(group, ChangeKind.PROMOTE, learner, move.victim, move.reason)
 
     def _victim(self, group: GroupView, now_ms: int) -> int:
+        """The voter a found learner replaces (0: none, the group is short)."""
+        if len(group.voters) < self.replicas_target.get(group.group_id, len(group.voters)):
+            return 0
         dead = [v for v in group.voters if self.is_dead(v, now_ms)]
         if dead:
             return dead[0]
@@ -398,7 +439,8 @@ class Scheduler:
             group = self.groups[gid]
             if (high in group.voters and low not in group.voters and not group.learners
                     and group.leader and not self.is_dead(group.leader, now_ms)
-                    and not group.change_in_progress):
+                    and not group.change_in_progress
+                    and self._keeps_zones(group.voters, high, low)):
                 change = self._add_learner(group, high, now_ms,
                                            f"balance replicas: node {high} to node {low}",
                                            only={low})
@@ -406,6 +448,14 @@ class Scheduler:
                     return change
                 self._moves.pop(gid, None)
         return None
+
+    def _keeps_zones(self, voters: tuple[int, ...], leaving: int, coming: int) -> bool:
+        """Whether moving a replica from ``leaving`` to ``coming`` keeps the group over
+        as many zones (a balance move never trades zone spread for load)."""
+        def zones(members: Iterable[int]) -> int:
+            return len({self.nodes[n].zone if n in self.nodes else f"?{n}" for n in members})
+        after = [v for v in voters if v != leaving] + [coming]
+        return zones(after) >= zones(voters)
 
     def _dead_voters(self, now_ms: int) -> list[int]:
         return [v for g in self.groups.values() for v in g.voters if self.is_dead(v, now_ms)]
