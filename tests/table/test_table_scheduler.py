@@ -30,6 +30,7 @@ class Cluster:
         self.leader = {g: m[0] for g, m in groups.items()}
         self.epoch = dict.fromkeys(groups, 1)
         self.applied = {g: dict.fromkeys(m, 100) for g, m in groups.items()}
+        self.size_bytes: dict[int, int] = {}  # what each group's leader reports
 
     def report(self, node: int) -> NodeReport:
         groups = []
@@ -41,7 +42,8 @@ class Cluster:
                 group_id=g, leader=lead, epoch=self.epoch[g],
                 applied_index=self.applied[g].get(node, 0),
                 voters=tuple(self.voters[g]) if lead else (),
-                learners=tuple(self.learners[g]) if lead else ()))
+                learners=tuple(self.learners[g]) if lead else (),
+                size_bytes=self.size_bytes.get(g, 0) if lead else 0))
         return NodeReport(node_id=node, address=f"n{node}", zone=self.zones.get(node, "z"),
                           disk_free_bytes=1 << 30, groups=tuple(groups))
 
@@ -396,3 +398,33 @@ def test_a_learner_found_by_a_new_scheduler_in_a_short_group_is_promoted_alone()
     scheduler.set_replicas_target(10, 3)
     (change,) = cluster.beat(scheduler, 0)
     assert (change.kind, change.node_id, change.remove_node_id) == (ChangeKind.PROMOTE, 3, 0)
+
+
+def test_a_group_doubled_up_in_a_zone_spreads_once_a_zone_it_lacks_is_live() -> None:
+    """Found by the table simulator with several nodes per zone (seeds 38, 84): a
+    replacement made while zone c was down doubled up in zone a, and nothing spread
+    the group again once zone c came back."""
+    zones = {1: "a", 2: "a", 3: "b", 4: "c"}
+    cluster = Cluster([1, 2, 3, 4], {10: [1, 2, 3], 11: [4, 1, 3]}, zones)
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    assert cluster.beat(scheduler, 0) == []  # no balancing before a whole view
+    (change,) = cluster.beat(scheduler, 1_000)
+    # Node 2 leaves (zone a twice, not the leader), for node 4 (zone c).
+    assert (change.group_id, change.kind, change.node_id) == (10, ChangeKind.ADD_LEARNER, 4)
+    cluster.apply(change)
+    changes = run(cluster, scheduler, 1_200, 20)
+    assert (changes[0].kind, changes[0].node_id, changes[0].remove_node_id) == (
+        ChangeKind.PROMOTE, 4, 2)
+    # Replica balancing may then move zone a's replica within zone a, never out of it.
+    assert {zones[n] for n in cluster.voters[10]} == {"a", "b", "c"}
+    assert {zones[n] for n in cluster.voters[11]} == {"a", "b", "c"}
+
+
+def test_replica_balancing_moves_the_smallest_group_first() -> None:
+    cluster = Cluster([1, 2, 3], {10: [1, 2, 3], 11: [2, 3, 1], 12: [3, 1, 2]})
+    cluster.size_bytes = {10: 500 << 20, 11: 100 << 20, 12: 300 << 20}
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    run(cluster, scheduler, 0, 3)
+    cluster.nodes.append(4)
+    (change,) = cluster.beat(scheduler, 1_000)
+    assert (change.group_id, change.kind, change.node_id) == (11, ChangeKind.ADD_LEARNER, 4)

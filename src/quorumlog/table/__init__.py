@@ -88,7 +88,12 @@ from quorumlog.table._layout import (
 )
 from quorumlog.table._machine import PartitionMachine, observe_duplicates
 from quorumlog.table._messages import PartitionNotHostedError
-from quorumlog.table._placement import NotEnoughTableNodesError
+from quorumlog.table._placement import (
+    ClusterLoad,
+    NodeCandidate,
+    NotEnoughTableNodesError,
+    place_replicas,
+)
 from quorumlog.table._scheduler import (
     ChangeKind,
     GroupReport,
@@ -124,6 +129,7 @@ __all__ = [
     "CheckAndMutateCommand",
     "CheckResult",
     "CheckType",
+    "ClusterLoad",
     "CollectGarbage",
     "DeleteCommand",
     "Done",
@@ -140,6 +146,7 @@ __all__ = [
     "MultiDeleteCommand",
     "MultiSetCommand",
     "Mutation",
+    "NodeCandidate",
     "NodeReport",
     "NonIdempotentWriteRefusedError",
     "NotAnIntegerError",
@@ -194,6 +201,7 @@ __all__ = [
     "make_timetag",
     "observe_duplicates",
     "partition_of",
+    "place_replicas",
     "record_needs_update",
     "report_of",
     "table_node_key",

@@ -27,10 +27,13 @@ Policies, in order of priority, one change per group at a time and at most
    dead ones first, then a live non-leader on the most loaded node, one
    ``remove`` at a time. A group whose count is not known yet (a new meta
    leader before its first record sync) keeps its current voter count;
-3. *balance replicas*: while one live node holds more than
+3. *spread zones*: a group whose voters share a zone while a zone it lacks has a
+   live node moves one of them there (same learner, promote, remove steps);
+4. *balance replicas*: while one live node holds more than
    ``replica_imbalance_max`` replicas more than another, move a replica from
-   the most to the least loaded node (same learner, promote, remove steps);
-4. *balance leaders*: while one live node leads more than
+   the most to the least loaded node (same learner, promote, remove steps),
+   of the smallest group there (by the bytes its leader reports);
+5. *balance leaders*: while one live node leads more than
    ``leader_imbalance_max`` groups more than another, transfer a leadership.
 
 A voter about to be removed that leads its group first hands leadership to
@@ -275,7 +278,8 @@ class Scheduler:
         # every other change to finish: one move at a time, cluster-wide.
         full_view = now_ms - self.started_ms >= self.config.node_dead_after_ms
         if full_view and not issued and not self.pending and not self._moves:
-            change = self._balance_replicas(now_ms) or self._balance_leaders(now_ms)
+            change = (self._balance_zones(now_ms) or self._balance_replicas(now_ms)
+                      or self._balance_leaders(now_ms))
             if change is not None and self._admit(change, now_ms):
                 issued.append(change)
         return issued
@@ -435,7 +439,8 @@ class Scheduler:
         high = max(counts, key=lambda n: (counts[n], -n))
         if counts[high] - counts[low] <= self.config.replica_imbalance_max:
             return None
-        for gid in sorted(self.groups):
+        # The smallest group first: a move copies the group's data to the new node.
+        for gid in sorted(self.groups, key=lambda g: (self.groups[g].size_bytes, g)):
             group = self.groups[gid]
             if (high in group.voters and low not in group.voters and not group.learners
                     and group.leader and not self.is_dead(group.leader, now_ms)
@@ -447,6 +452,36 @@ class Scheduler:
                 if change is not None and change.node_id == low:
                     return change
                 self._moves.pop(gid, None)
+        return None
+
+    def _zone(self, node: int) -> str:
+        view = self.nodes.get(node)
+        return view.zone if view is not None else f"unknown-{node}"
+
+    def _balance_zones(self, now_ms: int) -> ScheduledChange | None:
+        """Move a replica of a group whose voters share a zone while a zone it lacks
+        has a live node (a replacement made while a zone was down had to double up
+        in another; nothing spread it again once the zone came back)."""
+        live = self.live_nodes(now_ms)
+        live_zones = {n.zone for n in live}
+        counts = self._replica_counts(now_ms)
+        for gid in sorted(self.groups):
+            group = self.groups[gid]
+            if (group.learners or not group.leader or group.change_in_progress
+                    or any(self.is_dead(v, now_ms) for v in group.voters)):
+                continue
+            zones = [self._zone(v) for v in group.voters]
+            if len(set(zones)) >= min(len(zones), len(live_zones)):
+                continue
+            lacking = {n.node_id for n in live if n.zone not in zones}
+            crowded = [v for v in group.voters if zones.count(self._zone(v)) > 1]
+            victim = max(crowded, key=lambda v: (v != group.leader, counts.get(v, 0), v))
+            change = self._add_learner(group, victim, now_ms,
+                                       f"spread zones: replica moves off node {victim}",
+                                       only=lacking)
+            if change is not None and change.node_id in lacking:
+                return change
+            self._moves.pop(gid, None)
         return None
 
     def _keeps_zones(self, voters: tuple[int, ...], leaving: int, coming: int) -> bool:
