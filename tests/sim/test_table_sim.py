@@ -28,6 +28,8 @@ DEFAULT_SEEDS = range(0, 16)
 # so today they are only more seeds. ZONE_SEEDS failed without the zone spreading.
 FOUND_BUG_SEEDS = (12, 17, 31, 48, 64, 1227, 88892615441718, 88892615442410, 5_000_546)
 ZONE_SEEDS = (38, 84, 94)
+# A new scheduler picked the only voter of a growing 1-voter group as the one to go.
+REPLICA_COUNT_SEEDS = (207215719920,)
 LARGE_RANGE_START = 5_000_000
 LARGE_RANGE_SEEDS = 600
 
@@ -48,8 +50,8 @@ def test_table_seed_passes(seed: int) -> None:
 
 
 @pytest.mark.sim
-@pytest.mark.parametrize("seed", ZONE_SEEDS)
-def test_zone_seed_passes(seed: int) -> None:
+@pytest.mark.parametrize("seed", ZONE_SEEDS + REPLICA_COUNT_SEEDS)
+def test_found_seed_passes(seed: int) -> None:
     assert run_table_seed(seed).passed, _explain(seed)
 
 

@@ -237,6 +237,7 @@ def test_a_voter_dying_during_a_move_is_the_one_the_learner_replaces() -> None:
     cluster.learners[1] = [4]
     cluster.applied[1][4] = 0  # catching up
     scheduler = Scheduler(CONFIG, started_ms=0)
+    scheduler.set_replicas_target(1, 3)  # the record sync
     assert cluster.beat(scheduler, 1_000) == []
     victim = scheduler._moves[1].victim
     dying = next(v for v in cluster.voters[1] if v not in (victim, cluster.leader[1]))
@@ -292,6 +293,7 @@ def test_a_learner_that_has_not_reported_is_not_promoted_on_a_short_log() -> Non
     cluster.applied[1] = dict.fromkeys([1, 2, 3], 5)  # a young group: 5 entries
     cluster.learners[1] = [4]
     scheduler = Scheduler(CONFIG, started_ms=0)
+    scheduler.set_replicas_target(1, 3)  # the record sync
     empty = NodeReport(node_id=4, address="n4", zone="z", disk_free_bytes=1 << 30, groups=())
     for now in (500, 1_000):  # node 4 is alive but has not opened the replica yet
         scheduler.heartbeat(empty, now)
@@ -428,3 +430,27 @@ def test_replica_balancing_moves_the_smallest_group_first() -> None:
     cluster.nodes.append(4)
     (change,) = cluster.beat(scheduler, 1_000)
     assert (change.group_id, change.kind, change.node_id) == (11, ChangeKind.ADD_LEARNER, 4)
+
+
+def test_a_new_scheduler_waits_for_the_replica_count_before_deciding_a_found_learner() -> None:
+    """Found by the table simulator (seed 207215719920): a scheduler that took over
+    before its first record sync found the learner of a 1-voter group growing to 3,
+    picked the only voter (the leader) as the one to go, and waited forever for a
+    leader transfer with nobody to take it."""
+    cluster = Cluster([1, 2, 3], {10: [1]})
+    cluster.learners[10] = [2]
+    cluster.applied[10][2] = 100
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    assert cluster.beat(scheduler, 0) == []  # the count is not known yet
+    assert 10 not in scheduler._moves
+    scheduler.set_replicas_target(10, 3)
+    run(cluster, scheduler, 200, 10)
+    assert sorted(cluster.voters[10]) == [1, 2, 3] and not cluster.learners[10]
+
+
+def test_a_one_voter_group_is_never_moved_by_balancing() -> None:
+    cluster = Cluster([1, 2, 3], {g: [1] for g in range(10, 15)})
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    for g in range(10, 15):
+        scheduler.set_replicas_target(g, 1)
+    assert run(cluster, scheduler, 0, 20) == []

@@ -346,6 +346,11 @@ class Scheduler:
             return self._change(group, ChangeKind.REMOVE, learner,
                                 reason=f"learner on node {learner} is dead")
         if move is None:  # a new meta leader found the learner: pick the voter to go
+            if group.group_id not in self.replicas_target:
+                # Whether the learner grows the group or replaces a voter depends on
+                # the table's replica count: wait for the first record sync (a 1-voter
+                # group's only voter was picked to go, forever; seed 207215719920).
+                return None
             victim = self._victim(group, now_ms)
             reason = (f"replica moves from node {victim} to {learner}" if victim
                       else f"learner on node {learner} adds a replica")
@@ -389,8 +394,10 @@ class Scheduler:
         return self._change(group, ChangeKind.PROMOTE, learner, move.victim, move.reason)
 
     def _victim(self, group: GroupView, now_ms: int) -> int:
-        """The voter a found learner replaces (0: none, the group is short)."""
-        if len(group.voters) < self.replicas_target.get(group.group_id, len(group.voters)):
+        """The voter a found learner replaces (0: none, the group is short or has one
+        voter, which cannot hand its leadership to anyone)."""
+        if (len(group.voters) < self.replicas_target.get(group.group_id, len(group.voters))
+                or len(group.voters) < 2):
             return 0
         dead = [v for v in group.voters if self.is_dead(v, now_ms)]
         if dead:
@@ -442,7 +449,10 @@ class Scheduler:
         # The smallest group first: a move copies the group's data to the new node.
         for gid in sorted(self.groups, key=lambda g: (self.groups[g].size_bytes, g)):
             group = self.groups[gid]
+            # A 1-voter group cannot move: its leader, the voter to go, has nobody
+            # to hand leadership to.
             if (high in group.voters and low not in group.voters and not group.learners
+                    and len(group.voters) >= 2
                     and group.leader and not self.is_dead(group.leader, now_ms)
                     and not group.change_in_progress
                     and self._keeps_zones(group.voters, high, low)):
@@ -468,6 +478,7 @@ class Scheduler:
         for gid in sorted(self.groups):
             group = self.groups[gid]
             if (group.learners or not group.leader or group.change_in_progress
+                    or len(group.voters) < 2
                     or any(self.is_dead(v, now_ms) for v in group.voters)):
                 continue
             zones = [self._zone(v) for v in group.voters]
