@@ -1,7 +1,9 @@
 """The ``quorumlog.table`` PySpark data source: batch read and upsert write of a table.
 
-Read: one Spark partition per table partition, each a paged scan of that
-partition's leader (linearizable reads) or, with ``staleOk=true``, of one of
+Read: one Spark partition per table partition, each a paged scan of one
+point in time of that partition (``snapshot``, default true: a scan context
+on the replica, table/_scan_contexts.py; a task whose context is lost fails
+and Spark runs it again) on its leader (linearizable reads) or, with ``staleOk=true``, of one of
 its followers (the driver picks a non-leader replica of each partition from the
 meta leader's scheduler view, in turn, so the reads stay off the leaders; a
 follower read may miss the latest writes, docs/table.md), as Arrow batches with
@@ -65,6 +67,7 @@ class TableOptions:
     table: str
     page_records: int
     stale_ok: bool = False
+    snapshot: bool = True
 
 
 def parse_table_options(options: Mapping[str, str]) -> TableOptions:
@@ -83,10 +86,14 @@ def parse_table_options(options: Mapping[str, str]) -> TableOptions:
         raise UsageError(f"option pageRecords={raw!r} is not an integer") from None
     if not 1 <= page <= SCAN_LIMIT_MAX:
         raise UsageError(f"option pageRecords={page} must be in 1..{SCAN_LIMIT_MAX}")
-    stale = lowered.get("staleok", "false").strip().lower()
-    if stale not in ("true", "false"):
-        raise UsageError(f"option staleOk={stale!r} must be true or false")
-    return TableOptions(meta, table, page, stale_ok=stale == "true")
+    flags = {}
+    for name, default in (("staleOk", "false"), ("snapshot", "true")):
+        value = lowered.get(name.lower(), default).strip().lower()
+        if value not in ("true", "false"):
+            raise UsageError(f"option {name}={value!r} must be true or false")
+        flags[name] = value == "true"
+    return TableOptions(meta, table, page, stale_ok=flags["staleOk"],
+                        snapshot=flags["snapshot"])
 
 
 def _client(meta: tuple[str, ...]) -> TableClient:
@@ -260,7 +267,7 @@ def read_table_partition(options: TableOptions,
         stop=push.stop if partition.hash_key is not None else None,
         start_inclusive=push.start_inclusive or partition.hash_key is None,
         stop_inclusive=push.stop_inclusive, page_records=options.page_records,
-        stale_ok=options.stale_ok, prefer_node=partition.read_node)
+        stale_ok=options.stale_ok, prefer_node=partition.read_node, snapshot=options.snapshot)
 
     async def next_page() -> list[Any]:
         rows = []

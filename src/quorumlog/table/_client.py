@@ -27,7 +27,13 @@ from typing import Any, TypeVar
 import msgspec
 
 from quorumlog import rpc
-from quorumlog.errors import DeadlineExceededError, NotLeaderError, TransientError, UsageError
+from quorumlog.errors import (
+    DeadlineExceededError,
+    NotLeaderError,
+    TransientError,
+    UsageError,
+    invariant,
+)
 from quorumlog.meta import MetaClient
 from quorumlog.table._codec import check_key, check_value
 from quorumlog.table._commands import (
@@ -419,14 +425,21 @@ class TableClient:
                            start: bytes = b"", stop: bytes | None = None,
                            start_inclusive: bool = True, stop_inclusive: bool = False,
                            page_records: int = SCAN_PAGE_RECORDS, stale_ok: bool = False,
-                           prefer_node: int = 0) -> AsyncIterator[ScanItem]:
+                           prefer_node: int = 0, snapshot: bool = False
+                           ) -> AsyncIterator[ScanItem]:
         """Live records of one partition with their expire_ts_s and timetag: the
         whole partition, or (``hash_key``) a sort-key range of one hash_key, which
         must belong to ``partition``. For bulk readers such as Spark.
 
         ``stale_ok``: read one replica's own store (``prefer_node`` first if it
         hosts the partition, e.g. a follower from :meth:`stale_read_nodes`), every
-        page from the same replica while it answers."""
+        page from the same replica while it answers.
+
+        ``snapshot``: every page from one point in time (a scan context on the
+        replica that answers the first page, table/_scan_contexts.py); if that
+        replica stops answering or the context expires, the scan raises
+        (``ScanContextExpiredError`` or the transport's error) rather than go on
+        from another point in time: read the partition again."""
         _check_page(page_records)
         if hash_key is not None:
             check_key(hash_key, start)
@@ -436,13 +449,19 @@ class TableClient:
         if prefer_node:
             await self._layout(table)  # learns the nodes' addresses
         pin = _Pin(self._addresses.get(prefer_node) if prefer_node else None)
+        context_id = 0
         while True:
             template = TableScanRequest(
                 table_id=0, partition=partition, hash_key=hash_key or b"",
                 full=hash_key is None, start=start, stop=stop, start_inclusive=start_inclusive,
                 stop_inclusive=stop_inclusive, limit=page_records, after=after, details=True,
-                stale_ok=stale_ok)
-            response = await self._scan_response(table, partition, template, pin)
+                stale_ok=stale_ok, open_context=snapshot and not context_id,
+                context_id=context_id)
+            if context_id:
+                response = await self._context_page(table, pin.address or "", template)
+            else:
+                response = await self._scan_response(table, partition, template, pin)
+            context_id = response.context_id
             for (h, s, v), (expire_ts_s, timetag) in zip(response.items, response.details,
                                                          strict=True):
                 yield ScanItem(h, s, v, expire_ts_s, timetag)
@@ -468,6 +487,16 @@ class TableClient:
             followers = [m for m in record.members if m != leader]
             out.append(followers[p % len(followers)] if leader and followers else 0)
         return tuple(out)
+
+    async def _context_page(self, table: str, address: str,
+                            template: TableScanRequest) -> TableScanResponse:
+        """The next page of a snapshot scan, from the node that holds its context."""
+        invariant(bool(address), "a snapshot scan's context has a node")
+        layout = await self._layout(table)
+        request = msgspec.structs.replace(template, table_id=layout.record.table_id)
+        response: TableScanResponse = await self._pool.call(
+            address, request, timeout_s=self._request_timeout_s)
+        return response
 
     async def _scan_response(self, table: str, partition: int, template: TableScanRequest,
                              pin: _Pin) -> TableScanResponse:
