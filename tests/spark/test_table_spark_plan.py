@@ -37,6 +37,21 @@ def test_options_are_checked_with_their_names() -> None:
         parse_table_options({"meta": "a:1", "table": "t", "pageRecords": "0"})
 
 
+def test_stale_ok_option() -> None:
+    assert not parse_table_options({"meta": "a:1", "table": "t"}).stale_ok
+    assert parse_table_options({"meta": "a:1", "table": "t", "staleOk": "True"}).stale_ok
+    assert not parse_table_options({"meta": "a:1", "table": "t", "staleok": "false"}).stale_ok
+    with pytest.raises(UsageError, match="staleOk='yes' must be true or false"):
+        parse_table_options({"meta": "a:1", "table": "t", "staleOk": "yes"})
+
+
+def test_snapshot_option_is_on_by_default() -> None:
+    assert parse_table_options({"meta": "a:1", "table": "t"}).snapshot
+    assert not parse_table_options({"meta": "a:1", "table": "t", "snapshot": "false"}).snapshot
+    with pytest.raises(UsageError, match="snapshot='1' must be true or false"):
+        parse_table_options({"meta": "a:1", "table": "t", "snapshot": "1"})
+
+
 def test_write_columns() -> None:
     check_table_write_schema({"hash_key": "binary", "sort_key": "string", "value": "binary",
                               "ttl_s": "int"})

@@ -10,7 +10,10 @@ cores. The pushdown and option rules run in the default test run
 from __future__ import annotations
 
 import shutil
+import time
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,9 +34,15 @@ SORT_KEYS = 5
 
 
 @pytest.fixture(scope="module")
-def meta(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
-    with cluster.running(tmp_path_factory.mktemp("spark-table") / "cluster", 3) as addresses:
-        yield addresses
+def cluster_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    directory = tmp_path_factory.mktemp("spark-table") / "cluster"
+    with cluster.running(directory, 3):
+        yield directory
+
+
+@pytest.fixture(scope="module")
+def meta(cluster_dir: Path) -> list[str]:
+    return cluster.meta_addresses(cluster_dir)
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +61,12 @@ def _rows() -> list[tuple[bytes, bytes, bytes, int]]:
             for h in range(HASH_KEYS) for s in range(SORT_KEYS)]
 
 
-def _reader(spark: Any, meta: list[str], table: str) -> Any:
-    return (spark.read.format("quorumlog.table").option("meta", ",".join(meta))
-            .option("table", table).option("pageRecords", "7").load())
+def _reader(spark: Any, meta: list[str], table: str, **options: str) -> Any:
+    reader = (spark.read.format("quorumlog.table").option("meta", ",".join(meta))
+              .option("table", table).option("pageRecords", "7"))
+    for name, value in options.items():
+        reader = reader.option(name, value)
+    return reader.load()
 
 
 def test_write_then_read_back_with_pushdown(spark: Any, meta: list[str]) -> None:
@@ -99,3 +111,43 @@ def test_bad_options_and_columns_are_clear_errors(spark: Any, meta: list[str]) -
     with pytest.raises(Exception, match="overwrite is not supported"):
         (frame.drop("extra").write.format("quorumlog.table").option("meta", ",".join(meta))
          .option("table", "sparkt").mode("overwrite").save())
+
+
+def _scans(cluster_dir: Path) -> dict[int, float]:
+    """Each node's count of scan requests it answered (its /metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for node in cluster.load(cluster_dir):
+        with urllib.request.urlopen(f"http://{node.metrics}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+        out[node.id] = sum(
+            sample.value for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "quorumlog_table_requests_total"
+            and sample.labels.get("op") == "scan" and sample.labels.get("result") == "ok")
+    return out
+
+
+def test_stale_ok_reads_each_partition_from_a_follower(spark: Any, meta: list[str],
+                                                       cluster_dir: Path) -> None:
+    """``staleOk``: the driver picks a follower of each partition (from the
+    scheduler's view); the partition's leader serves none of the read's scans."""
+    rows = [(b"h%d" % h, b"s", b"v%d" % h) for h in range(20)]
+    with BlockingTableClient(meta) as tables:
+        tables.create_table("sparkstale", partitions=1, replicas=3)
+        for h, s, v in rows:
+            tables.set("sparkstale", h, s, v)
+        layout = tables.table_info("sparkstale")
+        deadline = time.monotonic() + 15
+        while tables.stale_read_nodes("sparkstale") == (0,):  # the view learns the leader
+            assert time.monotonic() < deadline, "the scheduler view named no follower"
+            time.sleep(0.2)
+        (follower,) = tables.stale_read_nodes("sparkstale")
+    assert follower in layout.partitions[0].members
+    before = _scans(cluster_dir)
+    df = _reader(spark, meta, "sparkstale", staleOk="true")
+    read = sorted((r.hash_key, r.sort_key, r.value) for r in df.collect())
+    assert read == sorted(rows)
+    served = {n: c - before[n] for n, c in _scans(cluster_dir).items() if c != before[n]}
+    assert set(served) == {follower}, served

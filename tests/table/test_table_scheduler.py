@@ -30,6 +30,7 @@ class Cluster:
         self.leader = {g: m[0] for g, m in groups.items()}
         self.epoch = dict.fromkeys(groups, 1)
         self.applied = {g: dict.fromkeys(m, 100) for g, m in groups.items()}
+        self.size_bytes: dict[int, int] = {}  # what each group's leader reports
 
     def report(self, node: int) -> NodeReport:
         groups = []
@@ -41,7 +42,8 @@ class Cluster:
                 group_id=g, leader=lead, epoch=self.epoch[g],
                 applied_index=self.applied[g].get(node, 0),
                 voters=tuple(self.voters[g]) if lead else (),
-                learners=tuple(self.learners[g]) if lead else ()))
+                learners=tuple(self.learners[g]) if lead else (),
+                size_bytes=self.size_bytes.get(g, 0) if lead else 0))
         return NodeReport(node_id=node, address=f"n{node}", zone=self.zones.get(node, "z"),
                           disk_free_bytes=1 << 30, groups=tuple(groups))
 
@@ -235,6 +237,7 @@ def test_a_voter_dying_during_a_move_is_the_one_the_learner_replaces() -> None:
     cluster.learners[1] = [4]
     cluster.applied[1][4] = 0  # catching up
     scheduler = Scheduler(CONFIG, started_ms=0)
+    scheduler.set_replicas_target(1, 3)  # the record sync
     assert cluster.beat(scheduler, 1_000) == []
     victim = scheduler._moves[1].victim
     dying = next(v for v in cluster.voters[1] if v not in (victim, cluster.leader[1]))
@@ -290,6 +293,7 @@ def test_a_learner_that_has_not_reported_is_not_promoted_on_a_short_log() -> Non
     cluster.applied[1] = dict.fromkeys([1, 2, 3], 5)  # a young group: 5 entries
     cluster.learners[1] = [4]
     scheduler = Scheduler(CONFIG, started_ms=0)
+    scheduler.set_replicas_target(1, 3)  # the record sync
     empty = NodeReport(node_id=4, address="n4", zone="z", disk_free_bytes=1 << 30, groups=())
     for now in (500, 1_000):  # node 4 is alive but has not opened the replica yet
         scheduler.heartbeat(empty, now)
@@ -298,3 +302,155 @@ def test_a_learner_that_has_not_reported_is_not_promoted_on_a_short_log() -> Non
     cluster.applied[1][4] = 5  # it opened the replica and caught up
     changes = cluster.beat(scheduler, 1_100)
     assert changes and changes[0].kind in (ChangeKind.PROMOTE, ChangeKind.TRANSFER_LEADER)
+
+
+# ----- the replica-count policy --------------------------------------------------
+
+
+def test_a_short_group_grows_to_its_tables_replica_count() -> None:
+    """A group that lost a voter for good (removed) or was created short gets a
+    learner, promoted without removing anyone, until it has the table's count."""
+    cluster = Cluster([1, 2, 3, 4], {10: [1, 2], 11: [3]})
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    scheduler.set_replicas_target(10, 3)
+    scheduler.set_replicas_target(11, 3)
+    changes = run(cluster, scheduler, 0, 20)
+    grow = [c for c in changes if c.kind is not ChangeKind.TRANSFER_LEADER]
+    assert [c.kind for c in grow if c.group_id == 10] == [ChangeKind.ADD_LEARNER,
+                                                          ChangeKind.PROMOTE]
+    assert all(c.remove_node_id == 0 for c in grow)
+    assert len(cluster.voters[10]) == 3 and len(cluster.voters[11]) == 3
+    assert not cluster.learners[10] and not cluster.learners[11]
+    assert run(cluster, scheduler, 4_000, 5) == []  # never above the count
+
+
+def test_a_group_keeps_its_voter_count_until_its_replica_count_is_known() -> None:
+    cluster = Cluster([1, 2, 3, 4], {10: [1, 2]})
+    scheduler = Scheduler(CONFIG, started_ms=0)  # a new meta leader before its record sync
+    assert run(cluster, scheduler, 0, 5) == []
+    scheduler.set_replicas_target(10, 2)
+    assert run(cluster, scheduler, 1_000, 5) == []
+
+
+def test_a_short_group_grows_across_zones_and_within_the_rate_limit() -> None:
+    """Also: the replica balancing that follows never trades a group's zone spread
+    for load (it moved zone b's only replica onto a zone-a node before)."""
+    zones = {1: "a", 2: "a", 3: "b", 4: "c", 5: "c"}
+    groups = {g: [1, 3] for g in range(10, 15)}
+    cluster = Cluster([1, 2, 3, 4, 5], groups, zones)
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    for g in groups:
+        scheduler.set_replicas_target(g, 3)
+    first = cluster.beat(scheduler, 0)
+    # Zone c is the one the groups lack; at most changes_per_node_max per node.
+    assert first and all(c.kind is ChangeKind.ADD_LEARNER and zones[c.node_id] == "c"
+                         for c in first)
+    busy = [c.node_id for c in first]
+    assert all(busy.count(n) <= CONFIG.changes_per_node_max for n in busy)
+    assert len(first) < len(groups)
+    for change in first:
+        cluster.apply(change)
+    run(cluster, scheduler, 200, 60)
+    for g in groups:
+        assert len(cluster.voters[g]) == 3 and not cluster.learners[g]
+        assert {zones[n] for n in cluster.voters[g]} == {"a", "b", "c"}
+
+
+def test_a_group_above_its_replica_count_sheds_a_live_non_leader() -> None:
+    cluster = Cluster([1, 2, 3, 4, 5], {10: [1, 2, 3, 4, 5], 11: [4, 5, 1]})
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    scheduler.set_replicas_target(10, 3)
+    scheduler.set_replicas_target(11, 3)
+    (first,) = cluster.beat(scheduler, 0)
+    # Nodes 4 and 5 hold the most replicas; node 1 leads: never the leader.
+    assert (first.kind, first.node_id) == (ChangeKind.REMOVE, 5)
+    cluster.apply(first)
+    changes = run(cluster, scheduler, 200, 10)
+    assert [(c.kind, c.node_id) for c in changes
+            if c.kind is not ChangeKind.TRANSFER_LEADER] == [(ChangeKind.REMOVE, 4)]
+    assert sorted(cluster.voters[10]) == [1, 2, 3]
+    assert sorted(cluster.voters[11]) == [1, 4, 5]
+
+
+def test_a_group_above_its_replica_count_sheds_a_dead_voter_first() -> None:
+    cluster = Cluster([1, 2, 3, 4], {10: [1, 2, 3, 4]})
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    scheduler.set_replicas_target(10, 3)
+    cluster.down.add(2)  # never heard from: dead one node_dead_after_ms after the start
+    (change,) = cluster.beat(scheduler, 1_100)
+    assert (change.kind, change.node_id) == (ChangeKind.REMOVE, 2)
+
+
+def test_a_short_group_waits_for_enough_live_nodes() -> None:
+    cluster = Cluster([1, 2, 3], {10: [1, 2]})
+    cluster.down.add(3)
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    scheduler.set_replicas_target(10, 3)
+    assert run(cluster, scheduler, 1_100, 5) == []
+    cluster.down.discard(3)  # node 3 comes back: the group grows onto it
+    run(cluster, scheduler, 3_000, 5)
+    assert sorted(cluster.voters[10]) == [1, 2, 3]
+
+
+def test_a_learner_found_by_a_new_scheduler_in_a_short_group_is_promoted_alone() -> None:
+    cluster = Cluster([1, 2, 3], {10: [1, 2]})
+    cluster.learners[10] = [3]
+    cluster.applied[10][3] = 100
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    scheduler.set_replicas_target(10, 3)
+    (change,) = cluster.beat(scheduler, 0)
+    assert (change.kind, change.node_id, change.remove_node_id) == (ChangeKind.PROMOTE, 3, 0)
+
+
+def test_a_group_doubled_up_in_a_zone_spreads_once_a_zone_it_lacks_is_live() -> None:
+    """Found by the table simulator with several nodes per zone (seeds 38, 84): a
+    replacement made while zone c was down doubled up in zone a, and nothing spread
+    the group again once zone c came back."""
+    zones = {1: "a", 2: "a", 3: "b", 4: "c"}
+    cluster = Cluster([1, 2, 3, 4], {10: [1, 2, 3], 11: [4, 1, 3]}, zones)
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    assert cluster.beat(scheduler, 0) == []  # no balancing before a whole view
+    (change,) = cluster.beat(scheduler, 1_000)
+    # Node 2 leaves (zone a twice, not the leader), for node 4 (zone c).
+    assert (change.group_id, change.kind, change.node_id) == (10, ChangeKind.ADD_LEARNER, 4)
+    cluster.apply(change)
+    changes = run(cluster, scheduler, 1_200, 20)
+    assert (changes[0].kind, changes[0].node_id, changes[0].remove_node_id) == (
+        ChangeKind.PROMOTE, 4, 2)
+    # Replica balancing may then move zone a's replica within zone a, never out of it.
+    assert {zones[n] for n in cluster.voters[10]} == {"a", "b", "c"}
+    assert {zones[n] for n in cluster.voters[11]} == {"a", "b", "c"}
+
+
+def test_replica_balancing_moves_the_smallest_group_first() -> None:
+    cluster = Cluster([1, 2, 3], {10: [1, 2, 3], 11: [2, 3, 1], 12: [3, 1, 2]})
+    cluster.size_bytes = {10: 500 << 20, 11: 100 << 20, 12: 300 << 20}
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    run(cluster, scheduler, 0, 3)
+    cluster.nodes.append(4)
+    (change,) = cluster.beat(scheduler, 1_000)
+    assert (change.group_id, change.kind, change.node_id) == (11, ChangeKind.ADD_LEARNER, 4)
+
+
+def test_a_new_scheduler_waits_for_the_replica_count_before_deciding_a_found_learner() -> None:
+    """Found by the table simulator (seed 207215719920): a scheduler that took over
+    before its first record sync found the learner of a 1-voter group growing to 3,
+    picked the only voter (the leader) as the one to go, and waited forever for a
+    leader transfer with nobody to take it."""
+    cluster = Cluster([1, 2, 3], {10: [1]})
+    cluster.learners[10] = [2]
+    cluster.applied[10][2] = 100
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    assert cluster.beat(scheduler, 0) == []  # the count is not known yet
+    assert 10 not in scheduler._moves
+    scheduler.set_replicas_target(10, 3)
+    run(cluster, scheduler, 200, 10)
+    assert sorted(cluster.voters[10]) == [1, 2, 3] and not cluster.learners[10]
+
+
+def test_a_one_voter_group_is_never_moved_by_balancing() -> None:
+    cluster = Cluster([1, 2, 3], {g: [1] for g in range(10, 15)})
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    for g in range(10, 15):
+        scheduler.set_replicas_target(g, 1)
+    assert run(cluster, scheduler, 0, 20) == []

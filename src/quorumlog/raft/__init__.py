@@ -23,6 +23,7 @@ from quorumlog.raft._liveness import PeerLiveness
 from quorumlog.raft._log_tail import (
     LOG_TAIL_FILE_NAME,
     compaction_target,
+    first_retained_index,
     retained_from,
     snapshot_tail,
 )
@@ -116,6 +117,7 @@ __all__ = [
     "compaction_target",
     "decode_message",
     "encode_message",
+    "first_retained_index",
     "fold_epoch",
     "format_entries",
     "format_message",

@@ -69,6 +69,7 @@ from quorumlog.raft._journal import CHECKPOINT_BYTES_DEFAULT, JOURNAL_DIR_NAME, 
 from quorumlog.raft._liveness import PeerLiveness
 from quorumlog.raft._log_tail import (
     compaction_target,
+    first_retained_index,
     read_log_tail,
     retained_from,
     snapshot_tail,
@@ -561,7 +562,8 @@ class RaftHost:
         bound = self.config.snapshot_log_tail_bytes_max
         try:
             return snapshot_tail(functools.partial(self.retained_entries, group.group_id),
-                                 floor, index, bound)
+                                 floor, index, bound, first_retained=first_retained_index(
+                                     group.storage, self._log_tail(group)))
         except CompactedError as exc:
             _log.warning("raft_snapshot_log_tail_left_out", node=self.node_id,
                          group=group.group_id, floor=floor, index=index, reason=exc.message)

@@ -64,6 +64,7 @@ from quorumlog.raft import (
     Role,
     Snapshot,
     compaction_target,
+    first_retained_index,
     format_message,
     retained_from,
     snapshot_tail,
@@ -489,7 +490,9 @@ class SimRaftHost:
         try:  # RaftHost._snapshot_tail
             tail = snapshot_tail(
                 lambda lo, hi, size: self.retained_entries(0, lo, hi, size),
-                floor, index, self.snapshot_log_tail_bytes_max) or []
+                floor, index, self.snapshot_log_tail_bytes_max,
+                first_retained=first_retained_index(
+                    storage, snapshot_tail_of(storage.snapshot()))) or []
             self.stats.tails_kept += bool(tail)
         except CompactedError:
             tail = []

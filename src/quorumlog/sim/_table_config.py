@@ -19,7 +19,15 @@ class TableSimConfig(Config, frozen=True):
 
     nodes: int = 0  # 0: 5, 6 or 7 table nodes, drawn from the seed
     groups: int = 6  # partition groups (one partition = one Raft group)
-    replicas: int = 3
+    replicas: int = 3  # the table's replica count the scheduler restores
+    # Zones the nodes are spread over (node n in zone (n - 1) % zones); 0: drawn
+    # from the seed, half the runs one zone per node, the rest 2 or 3 zones with
+    # several nodes each, so that placement has zones to respect.
+    zones: int = 0
+    # A group starts with 1, 2 or 4 voters instead of `replicas` (a table created
+    # with fewer live nodes than its count, a voter removed for good, one added by
+    # hand): the scheduler must bring it to `replicas`.
+    odd_size_group_probability: float = 0.3
 
     tick_interval_ms: int = 10  # one Raft tick
     election_timeout_ticks: int = 10
@@ -84,6 +92,7 @@ class TableSimConfig(Config, frozen=True):
         require(self.nodes == 0 or 4 <= self.nodes <= 9, "nodes must be 0 (5-7) or 4..9")
         require(1 <= self.groups <= 64, "groups must be in 1..64")
         require(self.replicas == 3, "the table simulator runs 3-replica groups")
+        require(0 <= self.zones <= 9, "zones must be 0 (drawn from the seed) or 1..9")
         require(0 <= self.permanent_crashes <= 1, "permanent_crashes must be 0 or 1")
         require(self.replace_dead_after_ms >= self.node_dead_after_ms,
                 "replace_dead_after_ms must be >= node_dead_after_ms")
@@ -95,7 +104,7 @@ class TableSimConfig(Config, frozen=True):
                      "partition_scheduler_probability", "failover_probability_per_tick",
                      "failover_at_heal_probability", "compaction_probability_per_tick",
                      "dup_skip_mode_probability", "remote_outage_probability_per_tick",
-                     "dup_delete_probability"):
+                     "dup_delete_probability", "odd_size_group_probability"):
             value = getattr(self, name)
             require(0.0 <= value <= 1.0, f"{name} must be a probability in [0, 1]")
         require(0 < self.remote_outage_ms_min <= self.remote_outage_ms_max,

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from quorumlog.errors import InvariantViolation, invariant
-from quorumlog.meta import MetaStateMachine, PutOp, Request, Txn
+from quorumlog.meta import MetaStateMachine, PutOp, RangeOp, Request, Txn
 from quorumlog.raft import (
     CompactedError,
     ConfChangeError,
@@ -83,7 +83,9 @@ from quorumlog.sim._trace import Tracer
 from quorumlog.table import (
     ChangeKind,
     ChangeOutcome,
+    ClusterLoad,
     FailMode,
+    NodeCandidate,
     NodeReport,
     PartitionRecord,
     ScheduledChange,
@@ -94,6 +96,7 @@ from quorumlog.table import (
     conf_change_of,
     encode_entry,
     keeps_replica,
+    place_replicas,
     record_needs_update,
     report_of,
 )
@@ -103,6 +106,12 @@ SCHEDULER_ENDPOINT = 0
 
 WRITER_ENDPOINT = 10_000
 """The writers' endpoint; responses carry their group id."""
+
+GROUP_BYTES_PAGE_RECORDS = 1_000  # a leader's size is summed over pages this long
+GROUP_BYTES_PAGE_BYTES = 1 << 20
+
+SAFE_VOTERS_MIN = 3
+"""A node stays dead for good only if every group it votes in has this many voters."""
 
 _ENCODER = msgspec.msgpack.Encoder()
 
@@ -201,6 +210,8 @@ class _Stats:
     writes_acked: int = 0
     compactions: int = 0
     floor_checks: int = 0
+    groups_started_odd: int = 0  # groups whose first voter count was not the table's
+    group_bytes_reported_max: int = 0  # the largest size a leader reported
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +253,11 @@ class TableSimulation:
         self._pre_vote = root.random() < 0.7
         self._check_quorum = root.random() < 0.7
         self.node_count = config.nodes or 5 + root.randrange(3)
+        zone_count = config.zones or (self.node_count if root.random() < 0.5
+                                      else 2 + root.randrange(2))
+        self.zone_of = {n: f"zone-{(n - 1) % zone_count}"
+                        for n in range(1, self.node_count + 1)}
+        placement_rng = random.Random(root.getrandbits(64))
         self.clock = VirtualClock()
         self.timers = TimerQueue()
         self.network: SimNetwork[_Packet] = SimNetwork(network_rng, TABLE_NETWORK)
@@ -259,8 +275,17 @@ class TableSimulation:
         self.invariants: dict[int, RaftInvariants] = {}
         self.records: dict[int, PartitionRecord] = {}
         self.writers: dict[int, _Writer] = {}
+        # Placed as ``create_table`` places a table's partitions (zones, scatter width,
+        # load); some groups start with another voter count than the table's.
+        candidates = [NodeCandidate(n, self.zone_of[n]) for n in sorted(self.nodes)]
+        load = ClusterLoad.of(())
         for gid in range(1, config.groups + 1):
-            members = tuple(sorted(root.sample(sorted(self.nodes), config.replicas)))
+            size = config.replicas
+            if root.random() < config.odd_size_group_probability:
+                size = min(root.choice((1, 2, config.replicas + 1)), self.node_count)
+            members = tuple(sorted(place_replicas(candidates, size, load, rng=placement_rng)))
+            load.add(members)
+            self.stats.groups_started_odd += int(size != config.replicas)
             self.records[gid] = PartitionRecord(members=members)
             self.invariants[gid] = RaftInvariants()
             self.writers[gid] = _Writer(gid, target=members[0])
@@ -461,13 +486,36 @@ class TableSimulation:
                              functools.partial(self._heartbeat_timer, node))
         if not node.up:
             return
-        groups = tuple(report_of(gid, host.raft, host.applied_index, 0)
+        groups = tuple(report_of(gid, host.raft, host.applied_index, self._group_bytes(host))
                        for gid, host in sorted(node.replicas.items()) if host.up)
+        self.stats.group_bytes_reported_max = max(
+            [self.stats.group_bytes_reported_max, *(g.size_bytes for g in groups)])
         report = NodeReport(node_id=node.node_id, address=f"sim:{node.node_id}",
-                            zone=f"zone-{node.node_id}", disk_free_bytes=0, groups=groups)
+                            zone=self.zone_of[node.node_id], disk_free_bytes=0, groups=groups)
         self.stats.heartbeats += 1
         self.network.send(self.clock.now_ms, node.node_id, SCHEDULER_ENDPOINT,
                           _Heartbeat(report))
+
+    def _group_bytes(self, host: SimRaftHost) -> int:
+        """What a leader reports as its group's size (``group_report``: the leader
+        only): the bytes of the keys and values its state machine holds. Production
+        measures the replica's RocksDB directory, whose size depends on flushes and
+        compactions; the logical bytes keep a run deterministic."""
+        if host.raft.role is not Role.LEADER:
+            return 0
+        machine = host.machine
+        if isinstance(machine, MetaStateMachine):
+            kvs = machine.range(RangeOp(key="g", prefix=True)).kvs
+            return sum(len(kv.key) + len(kv.value) for kv in kvs)
+        if isinstance(machine, SimTableReplica):
+            total, after = 0, None
+            while True:
+                page, after = machine.store.stored_page(after, GROUP_BYTES_PAGE_RECORDS,
+                                                        GROUP_BYTES_PAGE_BYTES)
+                total += sum(len(h) + len(s) + len(r.value) for h, s, r in page)
+                if after is None:
+                    return total
+        return 0
 
     def _on_heartbeat(self, source: int, report: NodeReport) -> None:
         """``SchedulerService._on_heartbeat``, with checks on what the scheduler decides."""
@@ -501,6 +549,7 @@ class TableSimulation:
                              self._sync_records)
         changed = False
         for gid, record in sorted(self.records.items()):
+            self.scheduler.set_replicas_target(gid, self.config.replicas)
             view = self.scheduler.groups.get(gid)
             if view is None or not record_needs_update(view, record):
                 continue
@@ -716,12 +765,37 @@ class TableSimulation:
                              functools.partial(self._restart, node))
 
     def _crash_for_good(self) -> None:
-        candidates = [n for _, n in sorted(self.nodes.items()) if not n.dead_for_good]
+        # Never a voter of a group below 3 voters (one that started short and has not
+        # grown yet): its quorum would be lost for good, which no scheduler repairs.
+        fragile = self._short_group_voters()
+        candidates = [n for _, n in sorted(self.nodes.items())
+                      if not n.dead_for_good and n.node_id not in fragile]
+        if not candidates:
+            self._trace(f"no node may stay dead: voters of short groups {sorted(fragile)}")
+            return
         node = candidates[self._nemesis.randrange(len(candidates))]
         if node.up:
             self._crash(node, "for good")
         node.dead_for_good = True
         self._trace(f"node {node.node_id} stays dead")
+
+    def _short_group_voters(self) -> set[int]:
+        """Nodes that are members, in a record or in any replica's configuration,
+        of a group with fewer than 3 voters there: its voters, and its learners,
+        which the scheduler may promote before it sees their node die (seed 39)."""
+        out: set[int] = set()
+        for gid, record in sorted(self.records.items()):
+            configs = [(set(record.members), set(record.replicas))]
+            for _, node in sorted(self.nodes.items()):
+                if gid in node.replicas and node.replicas[gid].up:  # a crashed one has no core
+                    conf = node.replicas[gid].raft.conf_state
+                    configs.append((set(conf.voters), set(conf.members())))
+                    if conf.voters_outgoing:
+                        configs.append((set(conf.voters_outgoing), set(conf.members())))
+            for voters, members in configs:
+                if len(voters) < SAFE_VOTERS_MIN:
+                    out |= members
+        return out
 
     def _restart(self, node: _TableNode) -> None:
         if node.up or node.dead_for_good:
@@ -965,6 +1039,11 @@ class TableSimulation:
             return f"configuration {conf} is not {self.config.replicas} settled voters"
         if not set(voters) <= live:
             return f"voters {voters} not all on live nodes {sorted(live)}"
+        zones = {self.zone_of[v] for v in voters}
+        zones_possible = min(len(voters), len({self.zone_of[n] for n in live}))
+        if len(zones) < zones_possible:
+            return (f"voters {voters} span zones {sorted(zones)}, {zones_possible} "
+                    "possible over the live nodes")
         record = self.records[gid]
         if tuple(voters) != tuple(sorted(record.members)) or record.learners:
             return f"record {record} behind the configuration {voters}"
@@ -996,6 +1075,7 @@ class TableSimulation:
     def _result(self, violation: str | None, detail: str) -> TableSimResult:
         stats = {name: getattr(self.stats, name) for name in _Stats.__slots__}
         stats["nodes"] = self.node_count
+        stats["zones"] = len(set(self.zone_of.values()))
         stats["messages_sent"] = self.network.stats.sent
         if self.dup is not None:
             stats.update({f"dup_{name}": getattr(self.dup.stats, name)

@@ -1,7 +1,13 @@
 """The ``quorumlog.table`` PySpark data source: batch read and upsert write of a table.
 
-Read: one Spark partition per table partition, each a paged scan of that
-partition's leader (linearizable reads), as Arrow batches with the columns
+Read: one Spark partition per table partition, each a paged scan of one
+point in time of that partition (``snapshot``, default true: a scan context
+on the replica, table/_scan_contexts.py; a task whose context is lost fails
+and Spark runs it again) on its leader (linearizable reads) or, with ``staleOk=true``, of one of
+its followers (the driver picks a non-leader replica of each partition from the
+meta leader's scheduler view, in turn, so the reads stay off the leaders; a
+follower read may miss the latest writes, docs/table.md), as Arrow batches with
+the columns
 ``hash_key, sort_key, value`` (binary), ``timetag`` and ``expire_ts`` (long;
 0: no TTL). Pushdown: ``hash_key = x`` (or ``IN``) reads only the partitions
 of those hash keys, with a sort-key scan of each; sort_key comparisons narrow
@@ -60,6 +66,8 @@ class TableOptions:
     meta: tuple[str, ...]
     table: str
     page_records: int
+    stale_ok: bool = False
+    snapshot: bool = True
 
 
 def parse_table_options(options: Mapping[str, str]) -> TableOptions:
@@ -78,7 +86,14 @@ def parse_table_options(options: Mapping[str, str]) -> TableOptions:
         raise UsageError(f"option pageRecords={raw!r} is not an integer") from None
     if not 1 <= page <= SCAN_LIMIT_MAX:
         raise UsageError(f"option pageRecords={page} must be in 1..{SCAN_LIMIT_MAX}")
-    return TableOptions(meta, table, page)
+    flags = {}
+    for name, default in (("staleOk", "false"), ("snapshot", "true")):
+        value = lowered.get(name.lower(), default).strip().lower()
+        if value not in ("true", "false"):
+            raise UsageError(f"option {name}={value!r} must be true or false")
+        flags[name] = value == "true"
+    return TableOptions(meta, table, page, stale_ok=flags["staleOk"],
+                        snapshot=flags["snapshot"])
 
 
 def _client(meta: tuple[str, ...]) -> TableClient:
@@ -204,11 +219,13 @@ def push_filter(pushdown: _Pushdown, item: Filter) -> None:
 class TablePartition(InputPartition):
     """One table partition to read: whole, or the sort-key range of one hash key."""
 
-    def __init__(self, partition: int, hash_key: bytes | None, pushdown: _Pushdown) -> None:
+    def __init__(self, partition: int, hash_key: bytes | None, pushdown: _Pushdown,
+                 read_node: int = 0) -> None:
         super().__init__(partition)
         self.partition = partition
         self.hash_key = hash_key
         self.pushdown = pushdown
+        self.read_node = read_node  # staleOk: the replica to read first (0: any)
 
 
 class TableReader(DataSourceReader):
@@ -225,9 +242,12 @@ class TableReader(DataSourceReader):
         client = _client(self.options.meta)
         layout = _io.run(client.table_info(self.options.table))
         count = layout.record.partitions
+        nodes = (_io.run(client.stale_read_nodes(self.options.table))
+                 if self.options.stale_ok else (0,) * count)
         if self.pushdown.hash_keys is None:
-            return [TablePartition(p, None, self.pushdown) for p in range(count)]
-        return [TablePartition(partition_of(key, count), key, self.pushdown)
+            return [TablePartition(p, None, self.pushdown, nodes[p]) for p in range(count)]
+        return [TablePartition(partition_of(key, count), key, self.pushdown,
+                               nodes[partition_of(key, count)])
                 for key in sorted(self.pushdown.hash_keys)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -246,7 +266,8 @@ def read_table_partition(options: TableOptions,
         start=push.start if partition.hash_key is not None else b"",
         stop=push.stop if partition.hash_key is not None else None,
         start_inclusive=push.start_inclusive or partition.hash_key is None,
-        stop_inclusive=push.stop_inclusive, page_records=options.page_records)
+        stop_inclusive=push.stop_inclusive, page_records=options.page_records,
+        stale_ok=options.stale_ok, prefer_node=partition.read_node, snapshot=options.snapshot)
 
     async def next_page() -> list[Any]:
         rows = []

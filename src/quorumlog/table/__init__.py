@@ -56,6 +56,8 @@ from quorumlog.table._errors import (
     KeyTooLargeError,
     NonIdempotentWriteRefusedError,
     NotAnIntegerError,
+    ScanContextExpiredError,
+    ScanContextsFullError,
     TableError,
     ValueTooLargeError,
     WriteOutcomeUnknownError,
@@ -88,7 +90,12 @@ from quorumlog.table._layout import (
 )
 from quorumlog.table._machine import PartitionMachine, observe_duplicates
 from quorumlog.table._messages import PartitionNotHostedError
-from quorumlog.table._placement import NotEnoughTableNodesError
+from quorumlog.table._placement import (
+    ClusterLoad,
+    NodeCandidate,
+    NotEnoughTableNodesError,
+    place_replicas,
+)
 from quorumlog.table._scheduler import (
     ChangeKind,
     GroupReport,
@@ -124,6 +131,7 @@ __all__ = [
     "CheckAndMutateCommand",
     "CheckResult",
     "CheckType",
+    "ClusterLoad",
     "CollectGarbage",
     "DeleteCommand",
     "Done",
@@ -140,6 +148,7 @@ __all__ = [
     "MultiDeleteCommand",
     "MultiSetCommand",
     "Mutation",
+    "NodeCandidate",
     "NodeReport",
     "NonIdempotentWriteRefusedError",
     "NotAnIntegerError",
@@ -149,6 +158,8 @@ __all__ = [
     "PartitionRecord",
     "Record",
     "Refused",
+    "ScanContextExpiredError",
+    "ScanContextsFullError",
     "ScanItem",
     "ScanPage",
     "ScheduleRow",
@@ -194,6 +205,7 @@ __all__ = [
     "make_timetag",
     "observe_duplicates",
     "partition_of",
+    "place_replicas",
     "record_needs_update",
     "report_of",
     "table_node_key",

@@ -27,7 +27,13 @@ from typing import Any, TypeVar
 import msgspec
 
 from quorumlog import rpc
-from quorumlog.errors import DeadlineExceededError, NotLeaderError, TransientError, UsageError
+from quorumlog.errors import (
+    DeadlineExceededError,
+    NotLeaderError,
+    TransientError,
+    UsageError,
+    invariant,
+)
 from quorumlog.meta import MetaClient
 from quorumlog.table._codec import check_key, check_value
 from quorumlog.table._commands import (
@@ -66,10 +72,12 @@ from quorumlog.table._errors import (
     NotAnIntegerError,
     WriteOutcomeUnknownError,
 )
+from quorumlog.table._heartbeat import fetch_schedule
 from quorumlog.table._layout import (
     TableLayout,
     create_table,
     drop_table,
+    group_id_of,
     list_tables,
     partition_of,
     table_info,
@@ -95,6 +103,9 @@ OPERATION_DEADLINE_S = 20.0  # all attempts of one operation (covers a re-electi
 REQUEST_TIMEOUT_S = 5.0  # one attempt
 RETRY_BACKOFF_S = 0.05  # after a round of members without a leader
 SCAN_PAGE_RECORDS = 1000
+# Looking up which replica leads each partition (to read stale from followers)
+# waits this long for the meta leader's scheduler view, then reads without a choice.
+FOLLOWER_LOOKUP_DEADLINE_S = 5.0
 DUP_START_DEADLINE_S = 30.0  # dup add waits this long for every partition to start shipping
 DUP_START_POLL_S = 0.1
 SESSION_RESTARTS_MAX = 1  # a write refused as session_expired is sent again in a new session
@@ -130,6 +141,7 @@ class TableClient:
                  request_timeout_s: float = REQUEST_TIMEOUT_S,
                  exactly_once: bool = True) -> None:
         self.meta = MetaClient(meta_addresses)
+        self._meta_addresses = list(meta_addresses)
         self._exactly_once = exactly_once
         self._sessions: dict[tuple[int, int], _WriterSession] = {}
         self._pool = rpc.Pool()
@@ -379,27 +391,31 @@ class TableClient:
             check_key(hash_key, stop)
         _check_page(page_records)
         after: bytes | None = None
+        pin = _Pin()  # a stale scan pages through one replica while it answers
         while True:
             items, after = await self._scan_page(table, hash_key, None, TableScanRequest(
                 table_id=0, partition=0, hash_key=hash_key, start=start, stop=stop,
                 start_inclusive=start_inclusive, stop_inclusive=stop_inclusive,
-                limit=page_records, reverse=reverse, after=after, stale_ok=stale_ok))
+                limit=page_records, reverse=reverse, after=after, stale_ok=stale_ok), pin=pin)
             for _, sort_key, value in items:
                 yield sort_key, value
             if after is None:
                 return
 
-    async def full_scan(self, table: str, *, page_records: int = SCAN_PAGE_RECORDS
-                        ) -> AsyncIterator[tuple[bytes, bytes, bytes]]:
-        """(hash_key, sort_key, value) of the whole table, partition by partition."""
+    async def full_scan(self, table: str, *, page_records: int = SCAN_PAGE_RECORDS,
+                        stale_ok: bool = False) -> AsyncIterator[tuple[bytes, bytes, bytes]]:
+        """(hash_key, sort_key, value) of the whole table, partition by partition.
+        ``stale_ok``: each partition is read from one replica's own store (followers
+        before the leader the client knows of), as it is; no ReadIndex round."""
         _check_page(page_records)
         layout = await self._layout(table)
         for partition in range(layout.record.partitions):
             after: bytes | None = None
+            pin = _Pin()
             while True:
                 items, after = await self._scan_page(table, b"", partition, TableScanRequest(
                     table_id=0, partition=partition, full=True, limit=page_records,
-                    after=after))
+                    after=after, stale_ok=stale_ok), pin=pin)
                 for item in items:
                     yield item
                 if after is None:
@@ -408,22 +424,44 @@ class TableClient:
     async def scan_records(self, table: str, partition: int, *, hash_key: bytes | None = None,
                            start: bytes = b"", stop: bytes | None = None,
                            start_inclusive: bool = True, stop_inclusive: bool = False,
-                           page_records: int = SCAN_PAGE_RECORDS) -> AsyncIterator[ScanItem]:
+                           page_records: int = SCAN_PAGE_RECORDS, stale_ok: bool = False,
+                           prefer_node: int = 0, snapshot: bool = False
+                           ) -> AsyncIterator[ScanItem]:
         """Live records of one partition with their expire_ts_s and timetag: the
         whole partition, or (``hash_key``) a sort-key range of one hash_key, which
-        must belong to ``partition``. For bulk readers such as Spark."""
+        must belong to ``partition``. For bulk readers such as Spark.
+
+        ``stale_ok``: read one replica's own store (``prefer_node`` first if it
+        hosts the partition, e.g. a follower from :meth:`stale_read_nodes`), every
+        page from the same replica while it answers.
+
+        ``snapshot``: every page from one point in time (a scan context on the
+        replica that answers the first page, table/_scan_contexts.py); if that
+        replica stops answering or the context expires, the scan raises
+        (``ScanContextExpiredError`` or the transport's error) rather than go on
+        from another point in time: read the partition again."""
         _check_page(page_records)
         if hash_key is not None:
             check_key(hash_key, start)
             if stop is not None:
                 check_key(hash_key, stop)
         after: bytes | None = None
+        if prefer_node:
+            await self._layout(table)  # learns the nodes' addresses
+        pin = _Pin(self._addresses.get(prefer_node) if prefer_node else None)
+        context_id = 0
         while True:
             template = TableScanRequest(
                 table_id=0, partition=partition, hash_key=hash_key or b"",
                 full=hash_key is None, start=start, stop=stop, start_inclusive=start_inclusive,
-                stop_inclusive=stop_inclusive, limit=page_records, after=after, details=True)
-            response = await self._scan_response(table, partition, template)
+                stop_inclusive=stop_inclusive, limit=page_records, after=after, details=True,
+                stale_ok=stale_ok, open_context=snapshot and not context_id,
+                context_id=context_id)
+            if context_id:
+                response = await self._context_page(table, pin.address or "", template)
+            else:
+                response = await self._scan_response(table, partition, template, pin)
+            context_id = response.context_id
             for (h, s, v), (expire_ts_s, timetag) in zip(response.items, response.details,
                                                          strict=True):
                 yield ScanItem(h, s, v, expire_ts_s, timetag)
@@ -431,17 +469,50 @@ class TableClient:
             if after is None:
                 return
 
-    async def _scan_response(self, table: str, partition: int,
-                             template: TableScanRequest) -> TableScanResponse:
+    async def stale_read_nodes(self, table: str) -> tuple[int, ...]:
+        """Per partition, a replica to read stale from that does not lead it (by the
+        meta leader's scheduler view; followers taken in turn to spread the reads),
+        or 0 where none is known (no view within ``FOLLOWER_LOOKUP_DEADLINE_S``, a
+        one-replica group)."""
+        layout = await self._layout(table)
+        try:
+            view = await fetch_schedule(self._meta_addresses, self._pool,
+                                        deadline_s=FOLLOWER_LOOKUP_DEADLINE_S)
+        except DeadlineExceededError:
+            return (0,) * layout.record.partitions
+        leaders = {g.group_id: g.leader for g in view.groups}
+        out = []
+        for p, record in enumerate(layout.partitions):
+            leader = leaders.get(group_id_of(layout.record.table_id, p), 0)
+            followers = [m for m in record.members if m != leader]
+            out.append(followers[p % len(followers)] if leader and followers else 0)
+        return tuple(out)
+
+    async def _context_page(self, table: str, address: str,
+                            template: TableScanRequest) -> TableScanResponse:
+        """The next page of a snapshot scan, from the node that holds its context."""
+        invariant(bool(address), "a snapshot scan's context has a node")
+        layout = await self._layout(table)
+        request = msgspec.structs.replace(template, table_id=layout.record.table_id)
+        response: TableScanResponse = await self._pool.call(
+            address, request, timeout_s=self._request_timeout_s)
+        return response
+
+    async def _scan_response(self, table: str, partition: int, template: TableScanRequest,
+                             pin: _Pin) -> TableScanResponse:
         async def send(address: str, layout: TableLayout, target: int) -> TableScanResponse:
             request = msgspec.structs.replace(
                 template, table_id=layout.record.table_id, partition=target)
-            return await self._pool.call(address, request, timeout_s=self._request_timeout_s)
+            response: TableScanResponse = await self._pool.call(
+                address, request, timeout_s=self._request_timeout_s)
+            pin.address = address
+            return response
 
-        return await self._route(table, b"", send, partition=partition)
+        return await self._route(table, b"", send, partition=partition,
+                                 stale_ok=template.stale_ok, prefer=pin.address)
 
     async def _scan_page(self, table: str, hash_key: bytes, partition: int | None,
-                         template: TableScanRequest
+                         template: TableScanRequest, *, pin: _Pin | None = None
                          ) -> tuple[list[tuple[bytes, bytes, bytes]], bytes | None]:
         async def send(address: str, layout: TableLayout, target: int
                        ) -> tuple[list[tuple[bytes, bytes, bytes]], bytes | None]:
@@ -449,10 +520,13 @@ class TableClient:
                 template, table_id=layout.record.table_id, partition=target)
             response = await self._pool.call(address, request,
                                              timeout_s=self._request_timeout_s)
+            if pin is not None:
+                pin.address = address
             return response.items, response.next_after
 
         return await self._route(table, hash_key, send, partition=partition,
-                                 stale_ok=template.stale_ok)
+                                 stale_ok=template.stale_ok,
+                                 prefer=pin.address if pin is not None else None)
 
     # ----- routing ----------------------------------------------------------------------
 
@@ -467,9 +541,12 @@ class TableClient:
 
     async def _route(self, table: str, hash_key: bytes,
                      send: Callable[[str, TableLayout, int], Awaitable[T]], *,
-                     partition: int | None = None, stale_ok: bool = False) -> T:
-        """Send to the partition's leader, or with ``stale_ok`` to its replicas in a
-        random order (follower reads spread over the copyset)."""
+                     partition: int | None = None, stale_ok: bool = False,
+                     prefer: str | None = None) -> T:
+        """Send to the partition's leader, or with ``stale_ok`` to its replicas: the
+        ``prefer`` address first if it is one, then the others in a random order with
+        the leader the client knows of last (follower reads spread over the copyset,
+        off the leader)."""
         deadline = time.monotonic() + self._deadline_s
         layout = await self._layout(table)
         last: Exception | None = None
@@ -481,7 +558,7 @@ class TableClient:
             candidates = [self._leaders[key]] if key in self._leaders and not stale_ok else []
             candidates += [self._addresses[m] for m in members if m in self._addresses]
             if stale_ok:
-                candidates = random.sample(candidates, len(candidates))
+                candidates = _stale_order(candidates, prefer, self._leaders.get(key))
             for address in dict.fromkeys(candidates):
                 try:
                     result = await send(address, layout, target)
@@ -519,6 +596,23 @@ class TableClient:
         raise DeadlineExceededError(
             f"table {table!r}: no leader of the partition answered within "
             f"{self._deadline_s:.0f} s (last error: {last}); check `quorumlog status`")
+
+
+class _Pin:
+    """The replica a stale scan reads its pages from (the last one that answered)."""
+
+    __slots__ = ("address",)
+
+    def __init__(self, address: str | None = None) -> None:
+        self.address = address
+
+
+def _stale_order(candidates: list[str], prefer: str | None, leader: str | None) -> list[str]:
+    """Replicas to try for a stale read: ``prefer`` first, the known leader last."""
+    first = [prefer] if prefer in candidates else []
+    last = [leader] if leader in candidates and leader != prefer else []
+    rest = [c for c in candidates if c not in first and c not in last]
+    return first + random.sample(rest, len(rest)) + last
 
 
 def _check_page(page_records: int) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quorumlog.errors import QuorumlogError, UsageError
+from quorumlog.errors import QuorumlogError, TransientError, UsageError
 
 
 class TableError(QuorumlogError):
@@ -38,3 +38,12 @@ class NonIdempotentWriteRefusedError(TableError, UsageError):
     """An increment or check-and-mutate on a duplicated table: under
     last-writer-wins, concurrent ones on two clusters do not add up, so the
     table refuses them unless allowed (``quorumlog dup allow-non-idempotent``)."""
+
+
+class ScanContextExpiredError(TableError):
+    """A snapshot scan's context is gone (idle too long, its node restarted, or its
+    replica moved away): read the partition again from the start."""
+
+
+class ScanContextsFullError(TableError, TransientError):
+    """A node has as many snapshot scans open as it allows; retry later."""

@@ -21,6 +21,8 @@ from quorumlog.table._errors import (
     BadTableRequestError,
     KeyTooLargeError,
     NotAnIntegerError,
+    ScanContextExpiredError,
+    ScanContextsFullError,
     TableError,
     ValueTooLargeError,
 )
@@ -88,6 +90,8 @@ class TableScanResponse(rpc.Message, frozen=True):
     next_after: bytes | None
     # With ``details``: (expire_ts_s, timetag) of each item, in the same order.
     details: list[tuple[int, int]] = []
+    # A snapshot scan's context for the next page (0: none, or this was the last page).
+    context_id: int = 0
 
 
 class TableScanRequest(rpc.Request[TableScanResponse], frozen=True):
@@ -107,6 +111,10 @@ class TableScanRequest(rpc.Request[TableScanResponse], frozen=True):
     after: bytes | None = None
     details: bool = False  # also answer each record's expire_ts_s and timetag
     stale_ok: bool = False  # any replica answers from its own store (no ReadIndex)
+    # Snapshot scans (table/_scan_contexts.py): open a context on this first page,
+    # or read the next page of an open one (sent to the node that holds it).
+    open_context: bool = False
+    context_id: int = 0
 
 
 class TableCountResponse(rpc.Message, frozen=True):
@@ -150,5 +158,7 @@ for _code, _cls in (
     (3006, PartitionNotHostedError),
     (3007, TableExistsError),
     (3008, NotEnoughTableNodesError),
+    (3009, ScanContextExpiredError),
+    (3010, ScanContextsFullError),
 ):
     rpc.register_error(_code, _cls)

@@ -20,10 +20,20 @@ Policies, in order of priority, one change per group at a time and at most
    scatter width, load), wait until its applied index is within
    ``catchup_entries_max`` of the leader's, then promote it and remove the
    dead voter in one joint change;
-2. *balance replicas*: while one live node holds more than
+2. *replica count*: a group with fewer voters than its table's replica count
+   (``set_replicas_target``; a voter removed for good, or a table created
+   short) gets a learner on a node chosen by ``place_replicas``, promoted
+   once caught up without removing anyone; a group with more sheds voters,
+   dead ones first, then a live non-leader on the most loaded node, one
+   ``remove`` at a time. A group whose count is not known yet (a new meta
+   leader before its first record sync) keeps its current voter count;
+3. *spread zones*: a group whose voters share a zone while a zone it lacks has a
+   live node moves one of them there (same learner, promote, remove steps);
+4. *balance replicas*: while one live node holds more than
    ``replica_imbalance_max`` replicas more than another, move a replica from
-   the most to the least loaded node (same learner, promote, remove steps);
-3. *balance leaders*: while one live node leads more than
+   the most to the least loaded node (same learner, promote, remove steps),
+   of the smallest group there (by the bytes its leader reports);
+5. *balance leaders*: while one live node leads more than
    ``leader_imbalance_max`` groups more than another, transfer a leadership.
 
 A voter about to be removed that leads its group first hands leadership to
@@ -33,6 +43,7 @@ another voter.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -180,6 +191,8 @@ class Scheduler:
         self.pending: dict[int, PendingChange] = {}
         self.recent: list[FinishedChange] = []
         self._moves: dict[int, _Move] = {}
+        # group -> its table's replica count (the records' TableRecord.replicas)
+        self.replicas_target: dict[int, int] = {}
         self._seed = seed
 
     # ----- the view -------------------------------------------------------------
@@ -202,9 +215,15 @@ class Scheduler:
                 view.leader = 0  # it led the group and no longer does
         self._settle(now_ms)
 
+    def set_replicas_target(self, group_id: int, replicas: int) -> None:
+        """The replica count of the group's table (from its record in meta)."""
+        invariant(replicas >= 1, f"group {group_id}: replica count {replicas} < 1")
+        self.replicas_target[group_id] = replicas
+
     def forget_group(self, group_id: int) -> None:
         """A dropped table's group."""
         self.groups.pop(group_id, None)
+        self.replicas_target.pop(group_id, None)
         self.pending.pop(group_id, None)
         self._moves.pop(group_id, None)
 
@@ -259,7 +278,8 @@ class Scheduler:
         # every other change to finish: one move at a time, cluster-wide.
         full_view = now_ms - self.started_ms >= self.config.node_dead_after_ms
         if full_view and not issued and not self.pending and not self._moves:
-            change = self._balance_replicas(now_ms) or self._balance_leaders(now_ms)
+            change = (self._balance_zones(now_ms) or self._balance_replicas(now_ms)
+                      or self._balance_leaders(now_ms))
             if change is not None and self._admit(change, now_ms):
                 issued.append(change)
         return issued
@@ -289,11 +309,32 @@ class Scheduler:
             move = None
         if group.learners:
             return self._continue_move(group, move, now_ms)
+        target = self.replicas_target.get(group.group_id, len(group.voters))
+        if len(group.voters) > target:
+            return self._shrink(group, target, now_ms)
         dead = [v for v in group.voters if self._replaceable(v, now_ms)]
         if dead:
             return self._add_learner(group, dead[0], now_ms,
                                      f"replace replica on dead node {dead[0]}")
+        if len(group.voters) < target:
+            return self._add_learner(group, 0, now_ms,
+                                     f"group has {len(group.voters)} of {target} replicas")
         return None
+
+    def _shrink(self, group: GroupView, target: int, now_ms: int) -> ScheduledChange | None:
+        """One voter fewer for a group above its replica count: a dead voter first
+        (never a live one while a dead one stays), else a live non-leader on the
+        most loaded node. The leader is live here (``_plan_group``), so a group of
+        two or more voters always has a non-leader to remove."""
+        reason = f"group has {len(group.voters)} voters, its table {target} replicas"
+        dead = [v for v in group.voters if self.is_dead(v, now_ms)]
+        if dead:
+            return self._change(group, ChangeKind.REMOVE, dead[0], reason=reason)
+        counts = self._replica_counts(now_ms)
+        others = [v for v in group.voters if v != group.leader]
+        invariant(bool(others), f"group {group.group_id}: no non-leader voter to remove")
+        victim = max(others, key=lambda v: (counts.get(v, 0), v))
+        return self._change(group, ChangeKind.REMOVE, victim, reason=reason)
 
     def _continue_move(self, group: GroupView, move: _Move | None,
                        now_ms: int) -> ScheduledChange | None:
@@ -305,11 +346,17 @@ class Scheduler:
             return self._change(group, ChangeKind.REMOVE, learner,
                                 reason=f"learner on node {learner} is dead")
         if move is None:  # a new meta leader found the learner: pick the voter to go
+            if group.group_id not in self.replicas_target:
+                # Whether the learner grows the group or replaces a voter depends on
+                # the table's replica count: wait for the first record sync (a 1-voter
+                # group's only voter was picked to go, forever; seed 207215719920).
+                return None
             victim = self._victim(group, now_ms)
-            move = _Move(learner, victim, f"replica moves from node {victim} to {learner}",
-                         now_ms)
+            reason = (f"replica moves from node {victim} to {learner}" if victim
+                      else f"learner on node {learner} adds a replica")
+            move = _Move(learner, victim, reason, now_ms)
             self._moves[group.group_id] = move
-        elif not self.is_dead(move.victim, now_ms):
+        elif move.victim and not self.is_dead(move.victim, now_ms):
             # A voter died while a move (a balance) was under way: the learner replaces
             # the dead voter instead. Promoting it in place of a live voter would leave the
             # group with a dead voter and one live voter fewer (found by the simulator).
@@ -347,6 +394,11 @@ class Scheduler:
         return self._change(group, ChangeKind.PROMOTE, learner, move.victim, move.reason)
 
     def _victim(self, group: GroupView, now_ms: int) -> int:
+        """The voter a found learner replaces (0: none, the group is short or has one
+        voter, which cannot hand its leadership to anyone)."""
+        if (len(group.voters) < self.replicas_target.get(group.group_id, len(group.voters))
+                or len(group.voters) < 2):
+            return 0
         dead = [v for v in group.voters if self.is_dead(v, now_ms)]
         if dead:
             return dead[0]
@@ -394,11 +446,16 @@ class Scheduler:
         high = max(counts, key=lambda n: (counts[n], -n))
         if counts[high] - counts[low] <= self.config.replica_imbalance_max:
             return None
-        for gid in sorted(self.groups):
+        # The smallest group first: a move copies the group's data to the new node.
+        for gid in sorted(self.groups, key=lambda g: (self.groups[g].size_bytes, g)):
             group = self.groups[gid]
+            # A 1-voter group cannot move: its leader, the voter to go, has nobody
+            # to hand leadership to.
             if (high in group.voters and low not in group.voters and not group.learners
+                    and len(group.voters) >= 2
                     and group.leader and not self.is_dead(group.leader, now_ms)
-                    and not group.change_in_progress):
+                    and not group.change_in_progress
+                    and self._keeps_zones(group.voters, high, low)):
                 change = self._add_learner(group, high, now_ms,
                                            f"balance replicas: node {high} to node {low}",
                                            only={low})
@@ -406,6 +463,45 @@ class Scheduler:
                     return change
                 self._moves.pop(gid, None)
         return None
+
+    def _zone(self, node: int) -> str:
+        view = self.nodes.get(node)
+        return view.zone if view is not None else f"unknown-{node}"
+
+    def _balance_zones(self, now_ms: int) -> ScheduledChange | None:
+        """Move a replica of a group whose voters share a zone while a zone it lacks
+        has a live node (a replacement made while a zone was down had to double up
+        in another; nothing spread it again once the zone came back)."""
+        live = self.live_nodes(now_ms)
+        live_zones = {n.zone for n in live}
+        counts = self._replica_counts(now_ms)
+        for gid in sorted(self.groups):
+            group = self.groups[gid]
+            if (group.learners or not group.leader or group.change_in_progress
+                    or len(group.voters) < 2
+                    or any(self.is_dead(v, now_ms) for v in group.voters)):
+                continue
+            zones = [self._zone(v) for v in group.voters]
+            if len(set(zones)) >= min(len(zones), len(live_zones)):
+                continue
+            lacking = {n.node_id for n in live if n.zone not in zones}
+            crowded = [v for v in group.voters if zones.count(self._zone(v)) > 1]
+            victim = max(crowded, key=lambda v: (v != group.leader, counts.get(v, 0), v))
+            change = self._add_learner(group, victim, now_ms,
+                                       f"spread zones: replica moves off node {victim}",
+                                       only=lacking)
+            if change is not None and change.node_id in lacking:
+                return change
+            self._moves.pop(gid, None)
+        return None
+
+    def _keeps_zones(self, voters: tuple[int, ...], leaving: int, coming: int) -> bool:
+        """Whether moving a replica from ``leaving`` to ``coming`` keeps the group over
+        as many zones (a balance move never trades zone spread for load)."""
+        def zones(members: Iterable[int]) -> int:
+            return len({self.nodes[n].zone if n in self.nodes else f"?{n}" for n in members})
+        after = [v for v in voters if v != leaving] + [coming]
+        return zones(after) >= zones(voters)
 
     def _dead_voters(self, now_ms: int) -> list[int]:
         return [v for g in self.groups.values() for v in g.voters if self.is_dead(v, now_ms)]

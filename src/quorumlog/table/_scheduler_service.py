@@ -8,7 +8,9 @@ becomes leader starts a fresh one. Every ``heartbeat_interval_ms`` the leader
 lists ``/tables/`` and, for each partition whose leader reports a settled
 configuration other than the record's, rewrites
 ``/tables/<name>/partitions/<p>`` (members, learners, epoch) with a CAS on
-the key's version, so clients and table nodes see the new layout.
+the key's version, so clients and table nodes see the new layout. The same
+pass tells the scheduler each group's replica count (the table record's
+``replicas``), which its replica-count policy restores.
 """
 
 from __future__ import annotations
@@ -150,6 +152,7 @@ class SchedulerService:
             for partition, record in enumerate(layout.partitions):
                 gid = group_id_of(layout.record.table_id, partition)
                 known.add(gid)
+                scheduler.set_replicas_target(gid, layout.record.replicas)
                 view = scheduler.groups.get(gid)
                 if view is None or not record_needs_update(view, record):
                     continue

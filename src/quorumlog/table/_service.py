@@ -79,6 +79,11 @@ from quorumlog.table._messages import (
     TableWriteResponse,
 )
 from quorumlog.table._metrics import TABLE_METRICS, metered, register_node, unregister_node
+from quorumlog.table._scan_contexts import (
+    SCAN_CONTEXT_IDLE_MS_DEFAULT,
+    SCAN_CONTEXTS_MAX_DEFAULT,
+    ScanContexts,
+)
 from quorumlog.table._scheduler import NodeReport, SchedulerConfig
 from quorumlog.table._store import TableStore
 from quorumlog.table._timetag import TimetagClock
@@ -124,6 +129,10 @@ class TableConfig(Config, frozen=True):
     # pauses included), and never before duplication shipped them.
     tombstone_gc_delay_ms: int = 24 * 3600 * 1000
     tombstone_gc_interval_ms: int = 60_000  # each leader proposes a collection this often
+    # Snapshot scans (table/_scan_contexts.py): open at once per node, and how long
+    # an unused one lives (each pins a RocksDB checkpoint of its replica).
+    scan_contexts_max: int = SCAN_CONTEXTS_MAX_DEFAULT
+    scan_context_idle_ms: int = SCAN_CONTEXT_IDLE_MS_DEFAULT
 
     def validate(self) -> None:
         require(bool(self.zone), "[table] zone must not be empty")
@@ -146,6 +155,8 @@ class TableConfig(Config, frozen=True):
         require(self.tombstone_gc_delay_ms >= 0, "[table] tombstone_gc_delay_ms must be >= 0")
         require(self.tombstone_gc_interval_ms >= 10,
                 "[table] tombstone_gc_interval_ms must be >= 10")
+        require(self.scan_contexts_max >= 1, "[table] scan_contexts_max must be >= 1")
+        require(self.scan_context_idle_ms >= 1, "[table] scan_context_idle_ms must be >= 1")
         self.scheduler_config().validate()
 
     def dup_settings(self) -> DupSettings:
@@ -212,6 +223,10 @@ class TableService:
         self.gc = TombstoneCollector(self.host, self._led_replicas, self.dups.compaction_floor,
                                      delay_ms=self.config.tombstone_gc_delay_ms,
                                      interval_ms=self.config.tombstone_gc_interval_ms)
+        self.scan_contexts = ScanContexts(
+            self.data_dir / "scans", clock_ms=_monotonic_ms,
+            contexts_max=self.config.scan_contexts_max,
+            idle_ms=self.config.scan_context_idle_ms)
 
     # ----- lifecycle ----------------------------------------------------------
 
@@ -259,6 +274,7 @@ class TableService:
         await self.executor.close()
         await self.host.close()
         await self._pool.close()
+        self.scan_contexts.close_all()
         for replica in self._replicas.values():
             replica.machine.store.close()
         await self._meta.close()
@@ -334,6 +350,7 @@ class TableService:
         if replica is None:
             return
         await self.host.remove_group(gid)
+        self.scan_contexts.drop_group(gid)
         replica.machine.store.close()
         directory = replica.machine.store.path
         await asyncio.get_running_loop().run_in_executor(
@@ -452,7 +469,16 @@ class TableService:
 
     async def _on_scan(self, request: TableScanRequest,
                        ctx: rpc.RequestContext) -> TableScanResponse:
-        store = await self._read(request.table_id, request.partition, request.stale_ok)
+        context_id = request.context_id
+        if context_id:  # the next page of a snapshot scan: this node holds its view
+            group_id = self._replica(request.table_id, request.partition).group_id
+            store = self.scan_contexts.get(context_id, group_id)
+        else:
+            store = await self._read(request.table_id, request.partition, request.stale_ok)
+            if request.open_context:
+                group_id = self._replica(request.table_id, request.partition).group_id
+                context_id = self.scan_contexts.open(group_id, store)
+                store = self.scan_contexts.get(context_id, group_id)
         if request.full:
             page = store.full_scan(_now_s(), limit=request.limit, after=request.after)
         else:
@@ -460,11 +486,14 @@ class TableService:
                               start_inclusive=request.start_inclusive,
                               stop_inclusive=request.stop_inclusive, limit=request.limit,
                               reverse=request.reverse, after=request.after)
+        if context_id and page.next_after is None:
+            self.scan_contexts.close(context_id)  # the last page
+            context_id = 0
         return TableScanResponse(
             items=[(item.hash_key, item.sort_key, item.value) for item in page.items],
             next_after=page.next_after,
             details=[(item.expire_ts_s, item.timetag) for item in page.items]
-            if request.details else [])
+            if request.details else [], context_id=context_id)
 
     async def _on_count(self, request: TableCountRequest,
                         ctx: rpc.RequestContext) -> TableCountResponse:
@@ -483,4 +512,8 @@ class TableService:
 
 def _now_s() -> int:
     return int(time.time())
+
+
+def _monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
 
