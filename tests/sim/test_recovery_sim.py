@@ -92,10 +92,17 @@ def _caught(*names: str) -> str:
 
 
 def test_planted_swap_without_copy_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No copy, and no flush request either (its check of the copied entries
+    would fail the attempt before the swap: tests/recovery/test_copy_durability.py
+    plants a missing flush alone)."""
     async def no_copy(*args: object, **kwargs: object) -> int:
         return 0
 
-    with _planted(monkeypatch, ReplicationWorker, "_copy", no_copy):
+    async def no_flush(*args: object, **kwargs: object) -> None:
+        return None
+
+    with (_planted(monkeypatch, ReplicationWorker, "_copy", no_copy),
+          _planted(monkeypatch, ReplicationWorker, "_flush", no_flush)):
         assert _caught("swap-before-copy") == "swap-before-copy"
 
 

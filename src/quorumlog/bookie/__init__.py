@@ -39,12 +39,14 @@ from quorumlog.bookie._memory import MemoryLedgerStore
 from quorumlog.bookie._replay import apply_journal_record
 from quorumlog.bookie._results import CompactionResult, FlushResult, ScrubReport, StorageStats
 from quorumlog.bookie._rules import (
+    AddFlags,
     BatchAdd,
     JournalWrite,
     LedgerStore,
     absent_error,
     add_entries,
     add_entry,
+    add_flags,
     batch_bounds,
     fence_ledger,
     lac_entry,
@@ -62,6 +64,7 @@ from quorumlog.bookie._storage_errors import EntryLogCorruptionError, InvalidCoo
 __all__ = [
     "MASTER_KEY_MAX_BYTES",
     "NO_ENTRY",
+    "AddFlags",
     "BatchAdd",
     "BookieConfig",
     "BookieService",
@@ -93,6 +96,7 @@ __all__ = [
     "absent_error",
     "add_entries",
     "add_entry",
+    "add_flags",
     "apply_journal_record",
     "batch_bounds",
     "cookie_key",

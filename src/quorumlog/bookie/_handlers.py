@@ -19,6 +19,13 @@ whole request: split and check the batch, wait once for room for all of it,
 others alone), every accepted entry's records are appended without awaiting
 in between, one await covers their durability, and one answer carries a
 result per entry.
+
+An add with ``FLAG_RECOVERY | FLAG_NO_JOURNAL`` (auto-recovery's copies)
+takes the same path but journals no entry data (only a new ledger's key
+record, not awaited) and is answered once in the write cache;
+``FlushLedgerRequest`` (:meth:`RequestHandlers.flush_ledger`) then makes it
+durable through the bookie's own checkpoint flush. Why that is safe:
+``_rules.py``.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from quorumlog.bookie._rules import (
     absent_error,
     add_entries,
     add_entry,
+    add_flags,
     batch_bounds,
     fence_ledger,
     lac_entry,
@@ -42,12 +50,12 @@ from quorumlog.bookie._rules import (
     split_batch,
     write_lac,
 )
-from quorumlog.errors import QuorumlogError
+from quorumlog.errors import QuorumlogError, UsageError
 from quorumlog.proto import (
     ENTRY_OK,
     FLAG_FENCE,
     FLAG_NO_SYNC,
-    FLAG_RECOVERY,
+    FLUSH_ENTRIES_MAX,
     AddEntriesRequest,
     AddEntriesResponse,
     AddEntryRequest,
@@ -59,6 +67,8 @@ from quorumlog.proto import (
     EntryTooLargeError,
     FenceRequest,
     FenceResponse,
+    FlushLedgerRequest,
+    FlushLedgerResponse,
     ForceLedgerRequest,
     ForceLedgerResponse,
     GcRequest,
@@ -85,6 +95,9 @@ from quorumlog.proto import (
 if TYPE_CHECKING:
     from quorumlog.bookie._server import BookieService
 
+FLUSH_MISSING_SHOWN_MAX = 8
+"""Most missing entry ids a failed ``FlushLedgerRequest`` names in its message."""
+
 
 class RequestHandlers:
     """The request handlers of one :class:`BookieService` (see the module docstring)."""
@@ -105,6 +118,7 @@ class RequestHandlers:
             FenceRequest: self.fence,
             WriteLacRequest: self.write_lac,
             ForceLedgerRequest: self.force,
+            FlushLedgerRequest: self.flush_ledger,
             BookieStatusRequest: self.status,
             LedgerInfoRequest: self.ledger_info,
             GcRequest: self.gc,
@@ -158,6 +172,7 @@ class RequestHandlers:
         try:
             storage, journal = service.storage, service.journal
             self._check_registered()
+            flags = add_flags(request.flags)
             payload = ctx.payload
             entry_max_bytes = service.config.storage.entry_max_bytes
             if len(payload) > entry_max_bytes:
@@ -171,8 +186,8 @@ class RequestHandlers:
             data = bytes(payload)  # the one copy: out of the receive buffer
             ledger_id, entry_id = request.ledger_id, request.entry_id
             write = add_entry(storage, ledger_id, entry_id, data, request.master_key,
-                              recovery=bool(request.flags & FLAG_RECOVERY),
-                              keyed=ledger_id in self.keyed)
+                              recovery=flags.recovery, keyed=ledger_id in self.keyed,
+                              journal_data=flags.journal_data)
             done = self._journal_write(write, sync=not (request.flags & FLAG_NO_SYNC))
             self.keyed.add(ledger_id)
             self.wake_lac(ledger_id)
@@ -192,6 +207,7 @@ class RequestHandlers:
         counters, backpressure = service.counters, service.backpressure
         try:
             self._check_registered()
+            flags = add_flags(request.flags)
             payload = ctx.payload
             if service.journal.full:
                 await service.journal.wait_for_room()
@@ -201,9 +217,9 @@ class RequestHandlers:
             ledger_id = request.ledger_id
             batch = add_entries(
                 service.storage, ledger_id, entries, request.master_key,
-                recovery=bool(request.flags & FLAG_RECOVERY),
+                recovery=flags.recovery,
                 entry_max_bytes=service.config.storage.entry_max_bytes,
-                keyed=ledger_id in self.keyed)
+                keyed=ledger_id in self.keyed, journal_data=flags.journal_data)
             done = self._journal_write(batch.write, sync=not (request.flags & FLAG_NO_SYNC))
             failures = len(entries) - batch.errors.count(None)
             if failures:
@@ -346,6 +362,37 @@ class RequestHandlers:
         last = storage.last_entry_id(request.ledger_id)
         await self._service.journal.force()
         return ForceLedgerResponse(ledger_id=request.ledger_id, last_entry_id=last)
+
+    async def flush_ledger(
+        self, request: FlushLedgerRequest, ctx: rpc.RequestContext
+    ) -> FlushLedgerResponse:
+        """Flush the write cache through the bookie's checkpoint path (one flush at
+        a time with the periodic flusher, a journal checkpoint like any other),
+        then check the index holds each entry asked for: an add the bookie
+        answered and then lost in a restart is not in it."""
+        service = self._service
+        ledger_id, entry_ids = request.ledger_id, request.entry_ids
+        if len(entry_ids) > FLUSH_ENTRIES_MAX:
+            raise UsageError(
+                f"a flush of ledger {ledger_id} checks at most {FLUSH_ENTRIES_MAX} entries, "
+                f"not {len(entry_ids)}; send several requests")
+        info = service.storage.ledger_info(ledger_id)
+        if not hmac.compare_digest(info.master_key, request.master_key):
+            raise UnauthorizedError(
+                f"master key does not match the one ledger {ledger_id} was created "
+                "with; check the ledger password")
+        await service.flush()
+        loop = asyncio.get_running_loop()
+        missing = await loop.run_in_executor(
+            service.executor, service.storage.missing_from_index, ledger_id, entry_ids)
+        if missing:
+            shown = ", ".join(str(entry_id) for entry_id in missing[:FLUSH_MISSING_SHOWN_MAX])
+            raise NoSuchEntryError(
+                f"bookie {service.bookie_id} does not hold {len(missing)} of the "
+                f"{len(entry_ids)} entries of ledger {ledger_id} asked for after its flush "
+                f"({shown}{', ...' if len(missing) > FLUSH_MISSING_SHOWN_MAX else ''}): adds "
+                "without the journal were lost (the bookie restarted since); add them again")
+        return FlushLedgerResponse(ledger_id=ledger_id, entries_durable=len(entry_ids))
 
     # ------------------------------------------------------------------ admin
 

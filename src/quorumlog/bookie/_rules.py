@@ -10,6 +10,24 @@ awaits the last one where the request is answered only once durable, and
 answers. The server's handlers (``_handlers.py``) and the simulated bookie
 (``quorumlog.sim``) call the same functions, so the simulator checks these
 rules, not a copy of them.
+
+Adds without the journal (``FLAG_RECOVERY | FLAG_NO_JOURNAL``, auto-recovery's
+copies; :func:`add_flags`). The journal carries three things for an add:
+
+- the entry data: left out. The entry sits in the write cache only, and the
+  add is answered at once; it is durable after the next storage flush
+  (periodic, or a ``FlushLedgerRequest``), whose synced index batch also
+  holds the ledger's record (last entry id, piggybacked LAC) taken in the
+  same swap as the entries. A crash before that loses the entry and the LAC
+  it carried together; nothing depends on them, since the copier names this
+  bookie in the ledger's metadata only after the flush answered.
+- the master key record of a ledger new to this bookie: still journaled (a
+  few bytes, not awaited). Without it, a later journaled add of the same
+  ledger - which skips the key because the ledger is known - would replay
+  after a crash with its key neither in the journal nor in storage, and the
+  bookie would refuse to start (journal replay's CorruptionError).
+- fencing: a recovery add never fences, and the fenced flag is journaled by
+  the fence that set it; nothing to keep.
 """
 
 from __future__ import annotations
@@ -26,6 +44,8 @@ from quorumlog.bookie._limbo import limbo_error
 from quorumlog.errors import InvariantViolation, QuorumlogError, UsageError
 from quorumlog.proto import (
     ADD_BATCH_ENTRIES_MAX,
+    FLAG_NO_JOURNAL,
+    FLAG_RECOVERY,
     BadEnvelopeError,
     EntryInLimboError,
     EntryTooLargeError,
@@ -84,15 +104,48 @@ def parse_add(data: bytes, ledger_id: int, entry_id: int) -> Envelope:
     return envelope
 
 
+@dataclass(frozen=True, slots=True)
+class AddFlags:
+    """What an add's flags ask: ``recovery`` (fencing does not refuse it) and
+    ``journal_data`` (False: ``FLAG_NO_JOURNAL``, see the module docstring)."""
+
+    recovery: bool
+    journal_data: bool
+
+
+def add_flags(flags: int) -> AddFlags:
+    """The meaning of an add's flags; ``FLAG_NO_JOURNAL`` without
+    ``FLAG_RECOVERY`` is refused with UsageError (a writer's add must be durable
+    when answered)."""
+    recovery = bool(flags & FLAG_RECOVERY)
+    if flags & FLAG_NO_JOURNAL and not recovery:
+        raise UsageError(
+            "FLAG_NO_JOURNAL is only valid with FLAG_RECOVERY: an add without the journal is "
+            "durable only after a FlushLedgerRequest, which only a recovery copy waits for; "
+            "send the add without FLAG_NO_JOURNAL")
+    return AddFlags(recovery=recovery, journal_data=not flags & FLAG_NO_JOURNAL)
+
+
+def _key_only(ledger_id: int, master_key: bytes, keyed: bool) -> JournalWrite:
+    """What an add without the journal writes: the key record of a ledger new to
+    the store (not awaited: the add is answered at once)."""
+    records = () if keyed else (encode_control(KeyRecord(ledger_id, master_key)),)
+    return JournalWrite(records, answer_when_durable=False)
+
+
 def add_entry(store: LedgerStore, ledger_id: int, entry_id: int, data: bytes,
-              master_key: bytes, *, recovery: bool, keyed: bool = False) -> JournalWrite:
+              master_key: bytes, *, recovery: bool, keyed: bool = False,
+              journal_data: bool = True) -> JournalWrite:
     """Apply an add; the records to journal: the master key of a ledger new to
     the store first (``keyed``: the caller knows it is not new), then the
-    envelope, whose durability answers the add."""
+    envelope, whose durability answers the add. Without ``journal_data`` only
+    the key record (see the module docstring), answered at once."""
     envelope = parse_add(data, ledger_id, entry_id)
     keyed = keyed or store.ledger_exists(ledger_id)
     store.add(ledger_id, entry_id, data, master_key=master_key,
               piggyback_lac=envelope.lac, recovery=recovery)
+    if not journal_data:
+        return _key_only(ledger_id, master_key, keyed)
     if keyed:
         return JournalWrite((data,), answer_when_durable=True)
     return JournalWrite((encode_control(KeyRecord(ledger_id, master_key)), data),
@@ -136,7 +189,7 @@ def split_batch(payload: bytes | memoryview, entry_ids: Sequence[int],
 
 def add_entries(store: LedgerStore, ledger_id: int, entries: Sequence[tuple[int, bytes]],
                 master_key: bytes, *, recovery: bool, entry_max_bytes: int,
-                keyed: bool = False) -> BatchAdd:
+                keyed: bool = False, journal_data: bool = True) -> BatchAdd:
     """Apply a batch of adds to one ledger, in order, each with the outcome of
     :func:`add_entry` (an entry over ``entry_max_bytes`` is refused with
     EntryTooLargeError first, as the server does for a single add). One
@@ -148,7 +201,9 @@ def add_entries(store: LedgerStore, ledger_id: int, entries: Sequence[tuple[int,
     (``crc32c_add_lacs``; others and failures go through :func:`parse_add`
     for the precise error), then ``store.add_many`` stores them under one
     check of the ledger's key and fencing (a ledger-wide error is every
-    checked entry's error)."""
+    checked entry's error). Without ``journal_data`` only the key record of a
+    ledger new to the store is journaled, and the batch is answered at once
+    (see the module docstring)."""
     errors: list[QuorumlogError | None] = [None] * len(entries)
     checked: list[tuple[int, bytes, int]] = []
     positions: list[int] = []
@@ -184,6 +239,10 @@ def add_entries(store: LedgerStore, ledger_id: int, entries: Sequence[tuple[int,
     if failed:
         for index, error in failed.items():
             errors[positions[index]] = error
+    if not journal_data:
+        accepted = len(failed) < len(checked)
+        return BatchAdd(_key_only(ledger_id, master_key, keyed or not accepted), tuple(errors))
+    if failed:
         records = [data for index, (_, data, _) in enumerate(checked) if index not in failed]
     else:
         records = [data for _, data, _ in checked]

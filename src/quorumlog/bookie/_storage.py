@@ -655,6 +655,17 @@ class LedgerStorage:
         if len(batch):
             self._usage.commit(self._index, batch, changes)
 
+    def missing_from_index(self, ledger_id: int, entry_ids: Sequence[int]) -> list[int]:
+        """Which of ``entry_ids`` the index (what a flush made durable) does not
+        hold; the write cache does not count. Blocking reads (a worker thread).
+        After a flush that started after some adds, those adds are durable
+        exactly when this returns none of them (``FlushLedgerRequest``)."""
+        _check_id("ledger", ledger_id)
+        self._check_open()
+        get_location = self._index.get_location
+        return [entry_id for entry_id in entry_ids
+                if not 0 <= entry_id < ID_LIMIT or get_location(ledger_id, entry_id) is None]
+
     def last_checkpoint(self) -> bytes | None:
         """The checkpoint of the last flush that had one: journal replay starts there."""
         self._check_open()

@@ -158,6 +158,17 @@ class BookieTransport(Protocol):
         self, bookie: str, ledger_id: int, master_key: bytes, *, timeout_s: float
     ) -> bool: ...
 
+    async def flush_ledger(
+        self, bookie: str, ledger_id: int, master_key: bytes, entry_ids: Sequence[int], *,
+        timeout_s: float,
+    ) -> int:
+        """Have ``bookie`` flush its write cache (synced) and check that it then
+        durably holds each of ``entry_ids`` (at most ``proto.FLUSH_ENTRIES_MAX``)
+        of the ledger: what makes ``FLAG_NO_JOURNAL`` adds durable. Returns how
+        many it holds (all); NoSuchEntryError / NoSuchLedgerError when some are
+        gone (the bookie restarted since the adds)."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -297,6 +308,15 @@ class RpcBookieTransport:
         request = wire.DeleteLedgerRequest(ledger_id=ledger_id, master_key=master_key)
         response, _ = await self._call(bookie, request, None, timeout_s)
         return bool(response.deleted)
+
+    async def flush_ledger(
+        self, bookie: str, ledger_id: int, master_key: bytes, entry_ids: Sequence[int], *,
+        timeout_s: float,
+    ) -> int:
+        request = wire.FlushLedgerRequest(ledger_id=ledger_id, master_key=master_key,
+                                          entry_ids=list(entry_ids))
+        response, _ = await self._call(bookie, request, None, timeout_s)
+        return int(response.entries_durable)
 
     async def close(self) -> None:
         self._connections.clear()

@@ -15,7 +15,10 @@ Requests and their meaning:
   ledger refuses adds with LedgerFencedError unless ``FLAG_RECOVERY``). The
   envelope's LAC is the piggybacked LAC. The add is answered after the journal
   fsync, or, with ``FLAG_NO_SYNC`` (deferred sync), once journaled in memory;
-  ``ForceLedgerRequest`` makes every earlier add of the ledger durable.
+  ``ForceLedgerRequest`` makes every earlier add of the ledger durable. With
+  ``FLAG_RECOVERY | FLAG_NO_JOURNAL`` the entry is not journaled and the add
+  is answered once it is in the write cache; ``FlushLedgerRequest`` makes it
+  durable.
 - ``AddEntriesRequest`` + payload envelopes back to back (``sizes`` long
   each): a batch of adds to one ledger, entry ids strictly ascending (not
   necessarily consecutive: with E > Qw a bookie holds every few entries, and
@@ -46,6 +49,12 @@ Requests and their meaning:
 - ``WriteLacRequest``: an explicit LAC, sent by an idle writer so tailing
   readers see the tail.
 - ``ForceLedgerRequest``: make all adds of the ledger so far durable.
+- ``FlushLedgerRequest``: flush the bookie's write cache (every ledger's) to
+  its entry logs and index, synced, as its periodic journal checkpoint does,
+  then check that the index holds each of ``entry_ids`` of the ledger
+  (NoSuchEntryError naming the missing ones otherwise: the bookie restarted
+  and lost ``FLAG_NO_JOURNAL`` adds, copy them again). Answered once they are
+  durable; makes ``FLAG_NO_JOURNAL`` adds as durable as journaled ones.
 - Admin: ``BookieStatusRequest``, ``LedgerInfoRequest``, ``GcRequest``,
   ``ScrubRequest``.
 """
@@ -61,6 +70,20 @@ from quorumlog.proto._errors import WIRE_ERROR_CODES, BookieError
 FLAG_RECOVERY = 1
 FLAG_NO_SYNC = 2
 FLAG_FENCE = 4
+FLAG_NO_JOURNAL = 8
+"""An add flag, valid only with ``FLAG_RECOVERY`` (the bookie refuses it
+otherwise with UsageError): the entry data goes to ledger storage's write
+cache without a journal record and the add is answered at once. Nothing
+makes such an entry durable but a ``FlushLedgerRequest`` (or the bookie's
+own periodic flush): a crash before either loses it. For copies whose
+reader is named nowhere yet - auto-recovery copies a fragment to a bookie
+the ledger's metadata names only after the flush (BookKeeper's
+``journalWriteData=false``)."""
+
+FLUSH_ENTRIES_MAX = 65536
+"""Most entry ids one ``FlushLedgerRequest`` asks the bookie to check after its
+flush (about 0.6 MiB of ids). Bounds the bookie's index lookups per request;
+a caller with more entries sends several requests."""
 
 
 ADD_BATCH_ENTRIES_MAX = 256
@@ -94,7 +117,7 @@ class AddEntryRequest(rpc.Request[AddEntryResponse], frozen=True):
     ledger_id: int
     entry_id: int
     master_key: bytes
-    flags: int = 0  # FLAG_RECOVERY | FLAG_NO_SYNC
+    flags: int = 0  # FLAG_RECOVERY | FLAG_NO_SYNC | FLAG_NO_JOURNAL (with FLAG_RECOVERY)
 
 
 class AddEntriesResponse(rpc.Message, frozen=True):
@@ -116,7 +139,7 @@ class AddEntriesRequest(rpc.Request[AddEntriesResponse], frozen=True):
     entry_ids: list[int]
     sizes: list[int]
     master_key: bytes
-    flags: int = 0  # FLAG_RECOVERY | FLAG_NO_SYNC, for every entry
+    flags: int = 0  # FLAG_RECOVERY | FLAG_NO_SYNC | FLAG_NO_JOURNAL, for every entry
 
 
 def entry_result(error: QuorumlogError | None) -> tuple[int, str]:
@@ -236,6 +259,22 @@ class ForceLedgerRequest(rpc.Request[ForceLedgerResponse], frozen=True):
     type_id: ClassVar[int] = 1212
     ledger_id: int
     master_key: bytes
+
+
+class FlushLedgerResponse(rpc.Message, frozen=True):
+    type_id: ClassVar[int] = 1217
+    ledger_id: int
+    entries_durable: int  # how many of the request's entry ids the index holds: all
+
+
+class FlushLedgerRequest(rpc.Request[FlushLedgerResponse], frozen=True):
+    """Flush the write cache (synced) and check that the index holds each of
+    ``entry_ids`` (at most ``FLUSH_ENTRIES_MAX``) of the ledger."""
+
+    type_id: ClassVar[int] = 1216
+    ledger_id: int
+    master_key: bytes
+    entry_ids: list[int]
 
 
 # ----- admin ------------------------------------------------------------------

@@ -44,6 +44,11 @@ class RecoveryConfig(Config, frozen=True):
     # envelopes in memory (up to copy_batch_entries_max entries), and each
     # holds its task lock for the copy, so other workers take the rest.
     copy_ledgers_in_flight_max: int = 4
+    # Copies skip the replacement's journal (FLAG_NO_JOURNAL): each copied
+    # byte is written once, to its entry log, instead of twice, and the worker
+    # flushes the replacement's write cache before the metadata names it.
+    # False: journaled copies (bookies older than FlushLedgerRequest).
+    copy_without_journal: bool = True
     # One bookie request (read or add batch) made by a worker.
     request_timeout_ms: int = 10_000
     # Ledgers the auditor reads per meta range call.

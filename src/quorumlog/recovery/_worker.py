@@ -15,11 +15,19 @@ worker takes the task over. For the ledger it then:
    creation; kept in the task so a successor reuses it) gets each entry,
    read from a surviving replica with digest verification, in batches
    of recovery adds, at most ``throttle_bytes_per_s``;
-   a worker copies up to ``copy_ledgers_in_flight_max`` ledgers at once;
+   a worker copies up to ``copy_ledgers_in_flight_max`` ledgers at once.
+   The adds skip the replacement's journal (``FLAG_NO_JOURNAL``, with
+   ``copy_without_journal``): the replacement answers once an entry is in its
+   write cache, and the worker then sends it a ``FlushLedgerRequest``, which
+   answers once the replacement's write cache is in its entry logs and index
+   (synced) and it holds every copied entry there. A replacement that died or
+   restarted between the copy and that answer fails the attempt (it is
+   retried, copying again);
 3. swaps the replacement into that fragment by compare-and-swap of the ledger
-   metadata - after the copy, so a worker dying mid-copy changed nothing in
-   metadata and its successor copies again (recovery adds of the same entry
-   are idempotent on the bookie);
+   metadata - after the copy and its flush, so a worker dying mid-copy changed
+   nothing in metadata and its successor copies again (recovery adds of the
+   same entry are idempotent on the bookie), and the metadata never names a
+   bookie for an entry it does not hold durably;
 4. deletes the task. An entry no surviving replica holds marks the task LOST
    (reported, never retried); other failures retry with backoff up to
    ``task_attempts_max``, then mark it FAILED.
@@ -253,6 +261,8 @@ class ReplicationWorker:
         copied = await self._copy(metadata, slot, entries, target, password,
                                   avoid=set(task.bookies) - available,
                                   own_copy=slot.bookie in task.misplaced)
+        if self._config.copy_without_journal:
+            await self._flush(metadata.ledger_id, entries, target, password)
         await self._swap(ledger_id, slot, target)
         FRAGMENTS_REPLICATED.inc()
         _log.info("recovery_fragment_replicated", ledger=ledger_id, first=slot.first_entry_id,
@@ -303,6 +313,9 @@ class ReplicationWorker:
         digest_key = _digest_key(metadata, password)
         batch_max = min(self._config.copy_batch_entries_max, wire.ADD_BATCH_ENTRIES_MAX)
         timeout_s = self._config.request_timeout_ms / 1000
+        flags = wire.FLAG_RECOVERY
+        if self._config.copy_without_journal:
+            flags |= wire.FLAG_NO_JOURNAL
         copied = 0
         for start in range(0, len(entries), batch_max):
             batch = entries[start:start + batch_max]
@@ -316,7 +329,7 @@ class ReplicationWorker:
             await self._throttle.spend(size)
             results = await self._client.context.bookies.add_entries(
                 target, metadata.ledger_id, key, list(zip(batch, envelopes, strict=True)),
-                flags=wire.FLAG_RECOVERY, timeout_s=timeout_s)
+                flags=flags, timeout_s=timeout_s)
             for entry_id, error in zip(batch, results, strict=True):
                 if error is not None:
                     raise QuorumlogError(
@@ -325,6 +338,23 @@ class ReplicationWorker:
             copied += size
             BYTES_COPIED.inc(size)
         return copied
+
+    async def _flush(self, ledger_id: int, entries: Sequence[int], target: str,
+                     password: bytes) -> None:
+        """Make the copy durable on ``target`` before the swap names it: its write
+        cache flushed, and every copied entry in its index (else the attempt
+        fails and is retried: ``target`` restarted and lost the copy)."""
+        key = master_key(password)
+        timeout_s = self._config.request_timeout_ms / 1000
+        for start in range(0, len(entries), wire.FLUSH_ENTRIES_MAX):
+            chunk = entries[start:start + wire.FLUSH_ENTRIES_MAX]
+            try:
+                await self._client.context.bookies.flush_ledger(
+                    target, ledger_id, key, chunk, timeout_s=timeout_s)
+            except QuorumlogError as exc:
+                raise QuorumlogError(
+                    f"ledger {ledger_id}: bookie {target} did not make the copy durable "
+                    f"({type(exc).__name__}: {exc.message}); copying again later") from exc
 
     async def _read_verified(self, metadata: LedgerMetadata, slot: Slot, entry_id: int,
                              digest_key: bytes, avoid: set[str], *, own_copy: bool) -> bytes:

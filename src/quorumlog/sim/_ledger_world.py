@@ -11,6 +11,10 @@
   bookie's replay rule (``apply_journal_record``) to a second store; a crash
   restarts from that disk, plus maybe a prefix of the unsynced tail. Adds,
   fences and explicit LACs are answered once durable, as by the server.
+  Adds with ``FLAG_NO_JOURNAL`` journal only what the rules return (a new
+  ledger's key) and live in memory alone until a ``FlushLedgerRequest``:
+  after a delay, the journal is synced and the disk becomes what memory
+  holds, as the server's checkpoint flush writes its whole write cache.
 - :class:`SimBookieNetwork` is a :class:`quorumlog.ledger.BookieTransport`
   for one client: requests and responses are delayed, dropped, refused by
   crashed bookies, cut by partitions; a bookie that restarted forgets the
@@ -42,6 +46,7 @@ from quorumlog.bookie import (
     absent_error,
     add_entries,
     add_entry,
+    add_flags,
     apply_journal_record,
     batch_bounds,
     fence_ledger,
@@ -173,8 +178,9 @@ class SimBookie:
 
     def add(self, ledger_id: int, entry_id: int, key: bytes, envelope: bytes,
             flags: int) -> asyncio.Future[None] | None:
+        asked = add_flags(flags)
         future = self._log(add_entry(self._memory, ledger_id, entry_id, bytes(envelope), key,
-                                     recovery=bool(flags & wire.FLAG_RECOVERY)))
+                                     recovery=asked.recovery, journal_data=asked.journal_data))
         self._wake(ledger_id)
         return future
 
@@ -184,9 +190,10 @@ class SimBookie:
         checks it, each entry applied in order, one "fsync" answers them all."""
         entries = split_batch(b"".join(data for _, data in entries), [e for e, _ in entries],
                               [len(data) for _, data in entries])
-        batch = add_entries(self._memory, ledger_id, entries, key,
-                            recovery=bool(flags & wire.FLAG_RECOVERY),
-                            entry_max_bytes=self.config.storage.entry_max_bytes)
+        asked = add_flags(flags)
+        batch = add_entries(self._memory, ledger_id, entries, key, recovery=asked.recovery,
+                            entry_max_bytes=self.config.storage.entry_max_bytes,
+                            journal_data=asked.journal_data)
         durable = self._log(batch.write)
         self._wake(ledger_id)
         errors = list(batch.errors)
@@ -202,6 +209,37 @@ class SimBookie:
 
         durable.add_done_callback(synced)
         return answer
+
+    def flush_ledger(self, ledger_id: int, key: bytes,
+                     entry_ids: Sequence[int]) -> asyncio.Future[int]:
+        """The server's checkpoint flush, then its check: after a delay the journal
+        is synced and the disk holds what memory holds; answered with the count,
+        or NoSuchEntryError when some of ``entry_ids`` are not on the disk then."""
+        if len(entry_ids) > wire.FLUSH_ENTRIES_MAX:
+            raise QuorumlogError(f"a flush checks at most {wire.FLUSH_ENTRIES_MAX} entries")
+        info = self._memory.ledger_info(ledger_id)
+        if not hmac.compare_digest(info.master_key, key):
+            raise UnauthorizedError(f"master key does not match ledger {ledger_id}'s")
+        out: asyncio.Future[int] = self.loop.create_future()
+        incarnation = self.incarnation
+
+        def flushed() -> None:
+            if incarnation != self.incarnation or out.done():
+                return  # crashed meanwhile: never answered
+            self._sync(incarnation)
+            self._durable = self._memory.copy()
+            held = self._durable.entries(ledger_id)
+            missing = [entry_id for entry_id in entry_ids if entry_id not in held]
+            if missing:
+                out.set_exception(NoSuchEntryError(
+                    f"bookie {self.id} lost {len(missing)} entries of ledger {ledger_id}"))
+                out.exception()  # retrieved: a run may end before the client reads it
+            else:
+                out.set_result(len(entry_ids))
+
+        delay_ms = self.rng.randint(*self.sync_ms) + self.slow_ms
+        self.loop.call_later(delay_ms / 1000, flushed)
+        return out
 
     def fence(self, ledger_id: int, key: bytes) -> asyncio.Future[None] | None:
         future = self._log(fence_ledger(self._memory, ledger_id, key))
@@ -420,6 +458,14 @@ class SimBookieNetwork:
         return self._request(
             bookie, "AddEntriesRequest",
             lambda b: b.add_batch(ledger_id, master_key, batch, flags), timeout_s)
+
+    async def flush_ledger(self, bookie: str, ledger_id: int, master_key: bytes,
+                           entry_ids: Sequence[int], *, timeout_s: float) -> int:
+        ids = list(entry_ids)
+        result: int = await self._request(
+            bookie, "FlushLedgerRequest", lambda b: b.flush_ledger(ledger_id, master_key, ids),
+            timeout_s)
+        return result
 
     async def read_entry(self, bookie: str, ledger_id: int, entry_id: int, *,
                          timeout_s: float, fence: bool = False,
