@@ -4,6 +4,7 @@ contexts expire; the count is bounded; a restart deletes what was left."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,37 @@ def test_idle_contexts_expire_and_their_files_go(tmp_path: Path) -> None:
     assert len(contexts) == 1 and len(list((tmp_path / "scans").iterdir())) == 1
     contexts.drop_group(7)  # the replica goes away
     assert len(contexts) == 0
+    store.close()
+
+
+def test_the_sweep_closes_an_abandoned_context_without_another_scan(tmp_path: Path) -> None:
+    """A scan abandoned after its first page, on a node that serves no more
+    scans: the node's sweep task closes it and deletes its checkpoint."""
+    store = TableStore(tmp_path / "replica", cluster_id=1)
+    _write(store, 1, b"v", 3)
+    clock = Clock()
+    contexts = ScanContexts(tmp_path / "scans", clock_ms=clock, idle_ms=400)
+    assert contexts.sweep_interval_s() == pytest.approx(0.1)
+    kept, abandoned = contexts.open(7, store), contexts.open(7, store)
+
+    async def scenario() -> None:
+        sweeper = asyncio.create_task(contexts.sweep_forever())
+        try:
+            clock.now_ms = 300
+            contexts.get(kept, 7)
+            clock.now_ms = 400  # the abandoned one is idle for 400 ms now, kept for 100
+            async with asyncio.timeout(5):
+                while len(contexts) != 1:
+                    await asyncio.sleep(0.02)
+        finally:
+            sweeper.cancel()
+
+    asyncio.run(scenario())
+    assert _values(contexts.get(kept, 7))
+    with pytest.raises(ScanContextExpiredError):
+        contexts.get(abandoned, 7)
+    assert [p.name for p in (tmp_path / "scans").iterdir()] == [f"{kept:016x}"]
+    contexts.close_all()
     store.close()
 
 

@@ -15,13 +15,17 @@ it, iterators read the live database), so a snapshot cannot page.
 
 Bounds: at most ``scan_contexts_max`` contexts per node (another open is
 refused, retriable), and a context unused for ``scan_context_idle_ms`` is
-closed and its files deleted, checked whenever a scan request arrives. A
+closed and its files deleted, checked whenever a scan request arrives and by
+a sweep every quarter of that time (:meth:`ScanContexts.sweep_forever`), so a
+scan abandoned on a node that serves no more scans does not pin its
+checkpoint's files (hard links to SSTs compaction has since dropped) forever. A
 context id is random (63 bits), so after a restart (which deletes every
 context's files) an old id is unknown, never someone else's context.
 """
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import shutil
 from collections.abc import Callable
@@ -114,6 +118,18 @@ class ScanContexts:
             _log.info("table_scan_context_expired", context=context_id,
                       group=self._open[context_id].group_id)
             self.close(context_id)
+
+    def sweep_interval_s(self) -> float:
+        """How often :meth:`sweep_forever` looks: a quarter of the idle time,
+        between 0.1 s and 10 s."""
+        return min(10.0, max(0.1, self.idle_ms / 4000))
+
+    async def sweep_forever(self) -> None:
+        """Expire idle contexts every :meth:`sweep_interval_s` (a node task)."""
+        while True:
+            await asyncio.sleep(self.sweep_interval_s())
+            if self._open:
+                self.expire()
 
     def close_all(self) -> None:
         for context_id in list(self._open):

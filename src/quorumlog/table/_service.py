@@ -260,7 +260,9 @@ class TableService:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._register_loop(), name="table-registration"),
                        loop.create_task(self._watch_loop(), name="table-watch"),
-                       loop.create_task(self._heartbeat_loop(), name="table-heartbeat")]
+                       loop.create_task(self._heartbeat_loop(), name="table-heartbeat"),
+                       loop.create_task(self.scan_contexts.sweep_forever(),
+                                        name="table-scan-sweep")]
         self.dups.start()
         self.gc.start()
 
