@@ -229,6 +229,34 @@ def scan(table: str, hash_key: str,
         typer.echo(f"{_show(sort_key)}\t{_show(value)}")
 
 
+@app.command("full-scan")
+def full_scan(table: str,
+              limit: int = typer.Option(0, "--limit", min=0,
+                                        help="Print at most this many records (0: all)."),
+              snapshot: bool = typer.Option(
+                  False, "--snapshot", help="Read each partition at one point in time (a "
+                  "server-side scan context), not page by page while writers go on."),
+              members: str | None = MembersOption, directory: Path | None = DirOption,
+              stale: bool = StaleOption) -> None:
+    """Print every record of a table (hash_key<TAB>sort_key<TAB>value), partition by
+    partition, each in key order."""
+    import asyncio
+
+    from quorumlog.table import TableClient
+
+    async def print_rows() -> None:  # streamed: --limit stops the read, not just the print
+        async with TableClient(_members(members, directory)) as client:
+            printed = 0
+            async for hash_key, sort_key, value in client.full_scan(
+                    table, stale_ok=stale, snapshot=snapshot):
+                if limit and printed == limit:
+                    break
+                typer.echo(f"{_show(hash_key)}\t{_show(sort_key)}\t{_show(value)}")
+                printed += 1
+
+    asyncio.run(print_rows())
+
+
 @app.command()
 def incr(table: str, hash_key: str, sort_key: str,
          by: int = typer.Option(1, "--by", help="Increment (may be negative)."),

@@ -403,13 +403,22 @@ class TableClient:
                 return
 
     async def full_scan(self, table: str, *, page_records: int = SCAN_PAGE_RECORDS,
-                        stale_ok: bool = False) -> AsyncIterator[tuple[bytes, bytes, bytes]]:
+                        stale_ok: bool = False, snapshot: bool = False
+                        ) -> AsyncIterator[tuple[bytes, bytes, bytes]]:
         """(hash_key, sort_key, value) of the whole table, partition by partition.
         ``stale_ok``: each partition is read from one replica's own store (followers
-        before the leader the client knows of), as it is; no ReadIndex round."""
+        before the leader the client knows of), as it is; no ReadIndex round.
+        ``snapshot``: each partition's pages from one point in time (a scan
+        context, as :meth:`scan_records`); partitions are not at the same point."""
         _check_page(page_records)
         layout = await self._layout(table)
         for partition in range(layout.record.partitions):
+            if snapshot:
+                async for record in self.scan_records(table, partition,
+                                                      page_records=page_records,
+                                                      stale_ok=stale_ok, snapshot=True):
+                    yield record.hash_key, record.sort_key, record.value
+                continue
             after: bytes | None = None
             pin = _Pin()
             while True:
