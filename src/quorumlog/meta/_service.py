@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal
@@ -399,9 +400,11 @@ class MetaService:
 
     # ----- handlers ----------------------------------------------------------
 
-    async def _on_write(
+    def _on_write(
         self, request: MetaWriteRequest, ctx: rpc.RequestContext
-    ) -> MetaWriteResponse:
+    ) -> asyncio.Future[MetaWriteResponse]:
+        """A plain function returning the answer's future (rpc runs no task for
+        it): the hot path of every write, one proposal and one callback."""
         self._require_started()
         try:
             decoded = msgspec.msgpack.decode(request.request, type=Request)
@@ -410,11 +413,18 @@ class MetaService:
         META_METRICS.requests[type(decoded.command).__name__] += 1
         leader = self._leader_to_forward_to(request.forwarded)
         if leader is not None:
-            return await self._forward_pool.call(
+            return asyncio.ensure_future(self._forward_pool.call(
                 leader, msgspec.structs.replace(request, forwarded=True),
-                timeout_s=self._forward_timeout_s)
-        result, _ = await self._propose(request.request)
-        return MetaWriteResponse(result=_RESULT_ENCODER.encode(result))
+                timeout_s=self._forward_timeout_s))
+        loop = asyncio.get_running_loop()
+        try:
+            proposal = self.host.propose_nowait(META_GROUP_ID, request.request)
+        except QuorumlogError:
+            META_METRICS.proposals_failed += 1
+            raise
+        answer: asyncio.Future[MetaWriteResponse] = loop.create_future()
+        proposal.add_done_callback(functools.partial(_answer_write, answer, loop.time()))
+        return answer
 
     async def _on_range(
         self, request: MetaRangeRequest, ctx: rpc.RequestContext
@@ -554,6 +564,11 @@ class MetaService:
                     revision=events[WATCH_EVENTS_MAX - 1].kv.mod_revision
                     if len(events) > WATCH_EVENTS_MAX else self.machine.revision,
                 )
+            # Nothing up to the current revision matched: after a wake-up look
+            # at the newer revisions only (every applied write wakes a parked
+            # watch; rescanning from the request's start made each wake-up
+            # cost the whole history since then).
+            start = max(start, self.machine.revision + 1)
             if self._watch_wakeup is None:
                 self._watch_wakeup = asyncio.get_running_loop().create_future()
             # shield: a timed-out watch must not cancel the future others wait on
@@ -605,3 +620,23 @@ class MetaService:
 
 
 _RESULT_ENCODER = msgspec.msgpack.Encoder()
+
+
+def _answer_write(answer: asyncio.Future[MetaWriteResponse], started_s: float,
+                  proposal: asyncio.Future[Any]) -> None:
+    """Turn a write's proposal outcome into its rpc answer, counted and timed
+    (``quorumlog_meta_proposals``) as :meth:`MetaService._propose` does."""
+    if answer.done():
+        return
+    if proposal.cancelled():
+        answer.cancel()
+        return
+    error = proposal.exception()
+    if error is not None:
+        META_METRICS.proposals_failed += 1
+        answer.set_exception(error)
+        return
+    META_METRICS.proposals_ok += 1
+    META_METRICS.proposal_latency.observe(asyncio.get_running_loop().time() - started_s)
+    result, _ = proposal.result()
+    answer.set_result(MetaWriteResponse(result=_RESULT_ENCODER.encode(result)))

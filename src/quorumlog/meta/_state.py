@@ -436,14 +436,20 @@ class MetaStateMachine:
                 f"{self.compacted_revision}); re-read the current state and watch from "
                 f"revision {self.revision + 1}"
             )
-        out: list[Event] = []
-        for revision, events in self._history:
+        # From the newest back to the start: a watch asks for what happened
+        # since it last looked, so this visits the new revisions only, not the
+        # whole history (10,000 revisions by default) on every wake-up - a
+        # parked watch is woken by every applied write.
+        found: list[list[Event]] = []
+        for revision, events in reversed(self._history):
             if revision < start_revision:
-                continue
-            for ev in events:
-                if ev.kv.key == key or (prefix and ev.kv.key.startswith(key)):
-                    out.append(ev)
-        return out
+                break
+            matched = [ev for ev in events
+                       if ev.kv.key == key or (prefix and ev.kv.key.startswith(key))]
+            if matched:
+                found.append(matched)
+        found.reverse()
+        return [ev for matched in found for ev in matched]
 
     # ----- snapshots --------------------------------------------------------
 
