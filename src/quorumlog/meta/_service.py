@@ -293,7 +293,11 @@ class MetaService:
                 self.host.failed.set_exception(exc)
 
     def _host_group(self, voters: set[int] | None) -> None:
-        self.host.add_group(META_GROUP_ID, voters, self.machine)
+        # Clients read from the leader (followers only for serializable reads
+        # and watches, which may lag anyway): followers learn a commit from
+        # the next AppendEntries or heartbeat, one message and one pass per
+        # follower per commit fewer (RaftConfig.broadcast_commit).
+        self.host.add_group(META_GROUP_ID, voters, self.machine, broadcast_commit=False)
         self._started = True
 
     def _require_started(self) -> None:

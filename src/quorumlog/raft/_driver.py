@@ -437,12 +437,13 @@ class RaftHost:
         return self._snapshot_receiver.stats
 
     def add_group(
-        self, group_id: int, voters: set[int] | None, machine: AnyStateMachine
+        self, group_id: int, voters: set[int] | None, machine: AnyStateMachine,
+        *, broadcast_commit: bool = True,
     ) -> None:
         """Open (or create) group ``group_id``; ``voters`` bootstraps a new group.
 
         A member joining an existing group passes ``voters=None`` and learns the
-        configuration from the leader.
+        configuration from the leader. ``broadcast_commit``: see RaftConfig.
         """
         invariant(group_id not in self._groups, f"group {group_id} is already hosted")
         cs = ConfState(voters=frozenset(voters)) if voters else None
@@ -464,6 +465,7 @@ class RaftHost:
             heartbeat_interval_ticks=self.config.heartbeat_interval_ticks,
             max_snapshot_wait_ticks=self.config.snapshot_wait_ticks_max,
             quiesce_idle=self.config.quiesce_idle_groups,
+            broadcast_commit=broadcast_commit,
         )
         node = RaftNode(raft_config, storage, random.Random(self._rng.random()), applied=applied)
         self._groups[group_id] = _Group(
@@ -748,7 +750,9 @@ class RaftHost:
             if self.address_of(peer) is not None:  # a member still joining has none yet
                 self._send(peer, RaftMessagesRequest(
                     from_node=self.node_id, messages=[], to_node=peer), ())
-        self._flush_after.clear()  # signs of life go when the loop turns
+        for connection in self._flush_after:  # now, as _send_all does (see there)
+            connection.flush()
+        self._flush_after.clear()
         self._kick()
 
     async def _ready_loop(self) -> None:
@@ -793,6 +797,10 @@ class RaftHost:
         pending = self._pass.begin(self._groups.values())
         if pending is None:
             return
+        if pending.needs_sync:
+            for group, ready in pending.batch:
+                if ready.committed_entries:
+                    self._apply_durable(group, ready)
         if pending.needs_sync and not self._sync_inline(pending):
             await asyncio.get_running_loop().run_in_executor(
                 self._io, self._persist, pending, True)
@@ -805,6 +813,31 @@ class RaftHost:
             await self._maybe_snapshot(group)
         if any(g.node.has_ready() for g in self._groups.values()):
             self._kick()
+
+    def _apply_durable(self, group: _Group, ready: Ready) -> None:
+        """Apply, before this pass's write, the committed entries that are already
+        durable here, and answer their proposals.
+
+        A leader's pass under load carries both: entries that became committed
+        (answers waiting) and new proposals to write. The answers need not wait
+        for the new entries' fdatasync (0.2-3 ms here): an entry below the
+        Ready's first new entry and within the storage the core reads (which
+        only holds what earlier passes persisted) is durable on this member,
+        and committed means durable on a quorum. Normal entries only, up to
+        the first conf change (the core applies those in ``advance()``, after
+        which their proposals resolve) and not when the Ready installs a
+        snapshot; ``_apply`` skips what is applied here."""
+        if ready.snapshot is not None or ready.soft_state is not None:
+            return
+        durable = group.storage.last_index()
+        if ready.entries:
+            durable = min(durable, ready.entries[0].index - 1)
+        proposals = group.proposals
+        for entry in ready.committed_entries:
+            if entry.index > durable or entry.type is not EntryType.NORMAL:
+                return
+            if entry.index > group.applied_index:
+                _apply_normal(group, entry, proposals.take(entry) if proposals else None)
 
     def _sync_inline(self, pending: PendingPass[_Group]) -> bool:
         """Whether a pass that fsyncs is persisted on the loop (``inline_sync_entries_max``)."""
@@ -1085,12 +1118,8 @@ class RaftHost:
             if entry.type is EntryType.CONF_CHANGE:
                 if proposal is not None:
                     conf_changes.append(proposal)
-            elif entry.data:
-                result = group.machine.apply(entry.index, entry.data)
-                if proposal is not None:
-                    _resolve(proposal.future, result)
             else:
-                invariant(proposal is None, "a proposal matched a leader's empty entry")
+                _apply_normal(group, entry, proposal)
             group.applied_index = entry.index
         for read in ready.read_states:
             future = group.reads.pop(read.context, None)
@@ -1201,6 +1230,17 @@ async def _with_deadline(future: asyncio.Future[T], timeout_s: float, message: s
 def _expire(future: asyncio.Future[Any], message: str) -> None:
     if not future.done():
         future.set_exception(DeadlineExceededError(message))
+
+
+def _apply_normal(group: _Group, entry: Entry, proposal: Proposal | None) -> None:
+    """Apply a committed normal entry and answer its proposal, if it is local."""
+    if entry.data:
+        result = group.machine.apply(entry.index, entry.data)
+        if proposal is not None:
+            _resolve(proposal.future, result)
+    else:
+        invariant(proposal is None, "a proposal matched a leader's empty entry")
+    group.applied_index = entry.index
 
 
 def _resolve(future: asyncio.Future[Any], result: Any) -> None:
