@@ -102,6 +102,9 @@ rpc.register_error(1101, MetaRequestFailedError, ("code",))
 class MetaWriteResponse(rpc.Message, frozen=True):
     type_id: ClassVar[int] = 1101
     result: bytes  # msgpack-encoded Result
+    # Set by a member that passed the request on: the leader's address, so a
+    # client that reaches the leader sends it there itself next time.
+    leader: str = ""
 
 
 class MetaWriteRequest(rpc.Request[MetaWriteResponse], frozen=True):
@@ -114,6 +117,7 @@ class MetaRangeResponse(rpc.Message, frozen=True):
     type_id: ClassVar[int] = 1103
     result: RangeResult
     revision: int
+    leader: str = ""  # as MetaWriteResponse.leader
 
 
 class MetaRangeRequest(rpc.Request[MetaRangeResponse], frozen=True):
@@ -417,9 +421,7 @@ class MetaService:
         META_METRICS.requests[type(decoded.command).__name__] += 1
         leader = self._leader_to_forward_to(request.forwarded)
         if leader is not None:
-            return asyncio.ensure_future(self._forward_pool.call(
-                leader, msgspec.structs.replace(request, forwarded=True),
-                timeout_s=self._forward_timeout_s))
+            return asyncio.ensure_future(self._forward(leader, request))
         loop = asyncio.get_running_loop()
         try:
             proposal = self.host.propose_nowait(META_GROUP_ID, request.request)
@@ -438,13 +440,21 @@ class MetaService:
         if not request.serializable:
             leader = self._leader_to_forward_to(request.forwarded)
             if leader is not None:
-                return await self._forward_pool.call(
-                    leader, msgspec.structs.replace(request, forwarded=True),
-                    timeout_s=self._forward_timeout_s)
+                forwarded: MetaRangeResponse = await self._forward(leader, request)
+                return forwarded
             await self._linearizable()
         return MetaRangeResponse(
             result=self.machine.range(request.op), revision=self.machine.revision
         )
+
+    async def _forward(self, leader: str, request: Any) -> Any:
+        """Pass a client's write or read on to the leader; the answer names the
+        leader, so the client sends its next requests there (one hop less, and
+        this member's CPU) unless it cannot reach it (see MetaClient)."""
+        response = await self._forward_pool.call(
+            leader, msgspec.structs.replace(request, forwarded=True),
+            timeout_s=self._forward_timeout_s)
+        return msgspec.structs.replace(response, leader=leader)
 
     def _leader_to_forward_to(self, forwarded: bool) -> str | None:
         """The leader's address when this member should pass a client's request
