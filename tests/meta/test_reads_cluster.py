@@ -214,3 +214,40 @@ def test_a_leader_resumed_after_a_pause_past_its_lease_answers_with_the_new_stat
             assert kv is not None and kv.value == b"new"
 
     rpc.run(main())
+
+
+def test_a_client_that_starts_at_a_follower_moves_to_the_leader_it_names(
+    local_cluster: Path,
+) -> None:
+    """A follower passes a client's write on to the leader and names it in the
+    answer: the client sends its next requests to the leader itself (before,
+    it stayed on the follower, one hop and the follower's CPU more per put)."""
+    async def main() -> None:
+        rows = await until_status(local_cluster, all_members_settled, "a settled group")
+        leader, (follower, _) = _members(rows)
+        async with MetaClient([follower["address"]]) as meta:
+            await meta.put("/moved", b"1")
+            assert meta._leader == leader["address"]
+            await meta.put("/moved", b"2")
+            kv = await meta.get("/moved")
+            assert kv is not None and kv.value == b"2"
+            assert meta._leader == leader["address"]
+
+    rpc.run(main())
+
+
+def test_a_leader_the_client_could_not_reach_is_not_taken_from_a_hint() -> None:
+    """Cut off from the leader only, a client keeps going through the members
+    that pass its requests on, instead of trying the leader after every answer."""
+    async def main() -> None:
+        meta = MetaClient(["127.0.0.1:1", "127.0.0.1:2"])
+        try:
+            meta._unreachable("127.0.0.1:9")
+            meta._leader_named("127.0.0.1:9")
+            assert meta._leader is None
+            meta._leader_named("127.0.0.1:8")
+            assert meta._leader == "127.0.0.1:8"
+        finally:
+            await meta.close()
+
+    rpc.run(main())

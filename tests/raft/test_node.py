@@ -363,3 +363,35 @@ def test_a_vote_request_of_an_older_term_is_rejected_with_our_term() -> None:
     assert [(m.type, m.to, m.term, m.reject) for m in answer.messages] == [
         (MT.VOTE_RESP, 1, net.nodes[2].term, True)]
     assert net.nodes[2].term >= 5
+
+
+@pytest.mark.parametrize("broadcast", [True, False])
+def test_followers_learn_a_commit_at_once_or_with_the_next_message(broadcast: bool) -> None:
+    """``broadcast_commit``: on (etcd's bcastAppend) an acknowledgement that
+    commits sends every follower an AppendEntries with the new commit index;
+    off, followers learn it from the next AppendEntries or heartbeat."""
+    net = Network([1, 2, 3], broadcast_commit=broadcast)
+    leader = net.tick_until_leader()
+    net.deliver()
+    followers = [i for i in (1, 2, 3) if i != leader]
+    start = len(net.transcript)
+    net.nodes[leader].propose(b"x")
+    net.deliver()
+    index = net.nodes[leader].commit_index
+    assert net.nodes[leader].applied_index == index  # the leader commits either way
+    appends = [line for line in net.transcript[start:] if f"{leader}->" in line
+               and " APP " in f"{line} "]
+    if broadcast:
+        assert len(appends) == 4, appends  # the entry, then the commit, to each follower
+        assert all(net.nodes[f].commit_index == index for f in followers)
+    else:
+        assert len(appends) == 2, appends  # the entry only
+        assert all(net.nodes[f].commit_index < index for f in followers)
+        net.nodes[leader].propose(b"y")  # the next entry carries the commit
+        net.deliver()
+        assert all(net.nodes[f].commit_index >= index for f in followers)
+        assert all(net.applied[f][-1:] == [b"x"] for f in followers)
+        before = net.nodes[leader].commit_index
+        net.tick_all(2)  # and a heartbeat carries the last one
+        assert all(net.nodes[f].commit_index == before for f in followers)
+        assert all(net.applied[f][-1:] == [b"y"] for f in followers)

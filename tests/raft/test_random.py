@@ -26,7 +26,7 @@ from quorumlog.raft import (
 from .network import Network
 
 STEPS = 400
-SEEDS = range(8)
+SEEDS = range(16)  # 8..15: followers learn commits lazily (broadcast_commit off)
 
 
 class ChaosNetwork(Network):
@@ -41,6 +41,7 @@ class ChaosNetwork(Network):
             check_quorum=seed % 3 != 0,
             max_entries_per_message_bytes=64 if seed % 4 == 1 else 1 << 20,
             max_inflight_messages=2 if seed % 5 == 2 else 256,
+            broadcast_commit=seed < 8,
         )
         self.chaos = random.Random(seed)
         self.committed: dict[int, tuple[int, bytes, int]] = {}

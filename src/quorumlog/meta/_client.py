@@ -85,6 +85,13 @@ SESSION_TTL_MS = 60_000
 KEEPALIVES_PER_TTL = 3  # keep-alive every third of the TTL: two may be lost
 CLOSE_REVOKE_DEADLINE_S = 1.0  # close() revokes the session, best effort, this long
 BLOCKING_LOOP_THREAD_NAME = "quorumlog-meta-client"
+# A member that passed a request on names the leader; a leader this client
+# failed to reach within this long is not taken from such a hint (a client cut
+# off from the leader only keeps going through the members that pass on).
+LEADER_HINT_HOLD_OFF_S = 30.0
+# Unreachable members remembered beyond the configured ones (leaders named by
+# hints may be members that joined later): a bound on the table.
+UNREACHABLE_EXTRA_MAX = 16
 
 
 class MetaClient:
@@ -119,6 +126,11 @@ class MetaClient:
         self._opening: asyncio.Task[int] | None = None
         self._keepalive_task: asyncio.Task[None] | None = None
         self._outstanding: dict[int, dict[int, None]] = {}
+        # Members an attempt could not reach, and when (loop time): a member
+        # that passed a request on names the leader, and the client goes
+        # there next time, unless it failed to reach it lately (cut off from
+        # the leader only: stay with the members that pass requests on).
+        self._unreachable_since: dict[str, float] = {}
 
     async def __aenter__(self) -> MetaClient:
         return self
@@ -161,6 +173,7 @@ class MetaClient:
                 async with asyncio.timeout_at(deadline):
                     return await attempt(address)
             except TimeoutError:
+                self._unreachable(address)
                 self._failed(address)
                 error: QuorumlogError = DeadlineExceededError(
                     f"{address} did not answer within the operation's deadline")
@@ -172,6 +185,8 @@ class MetaClient:
             except QuorumlogError as exc:
                 if not exc.retriable:
                     raise
+                if isinstance(exc, rpc.ConnectionClosedError | DeadlineExceededError):
+                    self._unreachable(address)
                 self._failed(address)
                 error = exc
             if loop.time() + backoff > deadline:
@@ -187,6 +202,23 @@ class MetaClient:
         if leader and self._leader is not None:
             return self._leader
         return self.addresses[self._cursor % len(self.addresses)]
+
+    def _leader_named(self, leader: str) -> None:
+        """A member passed our request on to ``leader``: go there directly."""
+        if not leader or leader == self._leader:
+            return
+        failed_at = self._unreachable_since.get(leader)
+        if failed_at is not None:
+            if asyncio.get_running_loop().time() - failed_at < LEADER_HINT_HOLD_OFF_S:
+                return
+            del self._unreachable_since[leader]
+        self._leader = leader
+
+    def _unreachable(self, address: str) -> None:
+        """An attempt could not reach ``address`` (no connection, no answer)."""
+        if (address in self._unreachable_since
+                or len(self._unreachable_since) < len(self.addresses) + UNREACHABLE_EXTRA_MAX):
+            self._unreachable_since[address] = asyncio.get_running_loop().time()
 
     def _failed(self, address: str) -> None:
         """Move on from a member that failed an attempt. The cursor outlives the
@@ -215,6 +247,8 @@ class MetaClient:
                 # cut the attempt short): its outcome is unknown.
                 failed = True
                 raise
+            if response.leader:
+                self._leader_named(response.leader)
             result: Result = RESULT_DECODER.decode(response.result)
             return result
 
@@ -343,6 +377,8 @@ class MetaClient:
 
         async def attempt(address: str) -> tuple[RangeResult, int]:
             response = await self._pool.call(address, request, timeout_s=self._request_timeout_s)
+            if response.leader:
+                self._leader_named(response.leader)
             return response.result, response.revision
 
         return await self._retrying(attempt, leader=not serializable)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal
@@ -101,6 +102,9 @@ rpc.register_error(1101, MetaRequestFailedError, ("code",))
 class MetaWriteResponse(rpc.Message, frozen=True):
     type_id: ClassVar[int] = 1101
     result: bytes  # msgpack-encoded Result
+    # Set by a member that passed the request on: the leader's address, so a
+    # client that reaches the leader sends it there itself next time.
+    leader: str = ""
 
 
 class MetaWriteRequest(rpc.Request[MetaWriteResponse], frozen=True):
@@ -113,6 +117,7 @@ class MetaRangeResponse(rpc.Message, frozen=True):
     type_id: ClassVar[int] = 1103
     result: RangeResult
     revision: int
+    leader: str = ""  # as MetaWriteResponse.leader
 
 
 class MetaRangeRequest(rpc.Request[MetaRangeResponse], frozen=True):
@@ -292,7 +297,11 @@ class MetaService:
                 self.host.failed.set_exception(exc)
 
     def _host_group(self, voters: set[int] | None) -> None:
-        self.host.add_group(META_GROUP_ID, voters, self.machine)
+        # Clients read from the leader (followers only for serializable reads
+        # and watches, which may lag anyway): followers learn a commit from
+        # the next AppendEntries or heartbeat, one message and one pass per
+        # follower per commit fewer (RaftConfig.broadcast_commit).
+        self.host.add_group(META_GROUP_ID, voters, self.machine, broadcast_commit=False)
         self._started = True
 
     def _require_started(self) -> None:
@@ -399,9 +408,11 @@ class MetaService:
 
     # ----- handlers ----------------------------------------------------------
 
-    async def _on_write(
+    def _on_write(
         self, request: MetaWriteRequest, ctx: rpc.RequestContext
-    ) -> MetaWriteResponse:
+    ) -> asyncio.Future[MetaWriteResponse]:
+        """A plain function returning the answer's future (rpc runs no task for
+        it): the hot path of every write, one proposal and one callback."""
         self._require_started()
         try:
             decoded = msgspec.msgpack.decode(request.request, type=Request)
@@ -410,11 +421,16 @@ class MetaService:
         META_METRICS.requests[type(decoded.command).__name__] += 1
         leader = self._leader_to_forward_to(request.forwarded)
         if leader is not None:
-            return await self._forward_pool.call(
-                leader, msgspec.structs.replace(request, forwarded=True),
-                timeout_s=self._forward_timeout_s)
-        result, _ = await self._propose(request.request)
-        return MetaWriteResponse(result=_RESULT_ENCODER.encode(result))
+            return asyncio.ensure_future(self._forward(leader, request))
+        loop = asyncio.get_running_loop()
+        try:
+            proposal = self.host.propose_nowait(META_GROUP_ID, request.request)
+        except QuorumlogError:
+            META_METRICS.proposals_failed += 1
+            raise
+        answer: asyncio.Future[MetaWriteResponse] = loop.create_future()
+        proposal.add_done_callback(functools.partial(_answer_write, answer, loop.time()))
+        return answer
 
     async def _on_range(
         self, request: MetaRangeRequest, ctx: rpc.RequestContext
@@ -424,13 +440,21 @@ class MetaService:
         if not request.serializable:
             leader = self._leader_to_forward_to(request.forwarded)
             if leader is not None:
-                return await self._forward_pool.call(
-                    leader, msgspec.structs.replace(request, forwarded=True),
-                    timeout_s=self._forward_timeout_s)
+                forwarded: MetaRangeResponse = await self._forward(leader, request)
+                return forwarded
             await self._linearizable()
         return MetaRangeResponse(
             result=self.machine.range(request.op), revision=self.machine.revision
         )
+
+    async def _forward(self, leader: str, request: Any) -> Any:
+        """Pass a client's write or read on to the leader; the answer names the
+        leader, so the client sends its next requests there (one hop less, and
+        this member's CPU) unless it cannot reach it (see MetaClient)."""
+        response = await self._forward_pool.call(
+            leader, msgspec.structs.replace(request, forwarded=True),
+            timeout_s=self._forward_timeout_s)
+        return msgspec.structs.replace(response, leader=leader)
 
     def _leader_to_forward_to(self, forwarded: bool) -> str | None:
         """The leader's address when this member should pass a client's request
@@ -554,6 +578,11 @@ class MetaService:
                     revision=events[WATCH_EVENTS_MAX - 1].kv.mod_revision
                     if len(events) > WATCH_EVENTS_MAX else self.machine.revision,
                 )
+            # Nothing up to the current revision matched: after a wake-up look
+            # at the newer revisions only (every applied write wakes a parked
+            # watch; rescanning from the request's start made each wake-up
+            # cost the whole history since then).
+            start = max(start, self.machine.revision + 1)
             if self._watch_wakeup is None:
                 self._watch_wakeup = asyncio.get_running_loop().create_future()
             # shield: a timed-out watch must not cancel the future others wait on
@@ -605,3 +634,23 @@ class MetaService:
 
 
 _RESULT_ENCODER = msgspec.msgpack.Encoder()
+
+
+def _answer_write(answer: asyncio.Future[MetaWriteResponse], started_s: float,
+                  proposal: asyncio.Future[Any]) -> None:
+    """Turn a write's proposal outcome into its rpc answer, counted and timed
+    (``quorumlog_meta_proposals``) as :meth:`MetaService._propose` does."""
+    if answer.done():
+        return
+    if proposal.cancelled():
+        answer.cancel()
+        return
+    error = proposal.exception()
+    if error is not None:
+        META_METRICS.proposals_failed += 1
+        answer.set_exception(error)
+        return
+    META_METRICS.proposals_ok += 1
+    META_METRICS.proposal_latency.observe(asyncio.get_running_loop().time() - started_s)
+    result, _ = proposal.result()
+    answer.set_result(MetaWriteResponse(result=_RESULT_ENCODER.encode(result)))

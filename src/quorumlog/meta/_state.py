@@ -157,6 +157,9 @@ class MetaStateMachine:
             response_bytes_max=self.limits.client_response_bytes_max,
         )
         self._history: deque[tuple[int, list[Event]]] = deque()
+        # Bytes of each history record, in the same order (computed once, not
+        # again when the record is dropped: once per write at the bound).
+        self._history_sizes: deque[int] = deque()
         self._history_events = 0
         self._history_bytes = 0
         self._pending_events: list[Event] = []
@@ -407,9 +410,11 @@ class MetaStateMachine:
     # ----- watch history ----------------------------------------------------
 
     def _record_history(self, events: list[Event]) -> None:
+        size = _events_bytes(events)
         self._history.append((self.revision, events))
+        self._history_sizes.append(size)
         self._history_events += len(events)
-        self._history_bytes += _events_bytes(events)
+        self._history_bytes += size
         limits = self.limits
         while len(self._history) > 1 and (
             self._history_events > limits.history_events_max
@@ -420,7 +425,7 @@ class MetaStateMachine:
     def _drop_oldest_history(self) -> None:
         revision, events = self._history.popleft()
         self._history_events -= len(events)
-        self._history_bytes -= _events_bytes(events)
+        self._history_bytes -= self._history_sizes.popleft()
         self.compacted_revision = max(self.compacted_revision, revision)
 
     @property
@@ -436,14 +441,20 @@ class MetaStateMachine:
                 f"{self.compacted_revision}); re-read the current state and watch from "
                 f"revision {self.revision + 1}"
             )
-        out: list[Event] = []
-        for revision, events in self._history:
+        # From the newest back to the start: a watch asks for what happened
+        # since it last looked, so this visits the new revisions only, not the
+        # whole history (10,000 revisions by default) on every wake-up - a
+        # parked watch is woken by every applied write.
+        found: list[list[Event]] = []
+        for revision, events in reversed(self._history):
             if revision < start_revision:
-                continue
-            for ev in events:
-                if ev.kv.key == key or (prefix and ev.kv.key.startswith(key)):
-                    out.append(ev)
-        return out
+                break
+            matched = [ev for ev in events
+                       if ev.kv.key == key or (prefix and ev.kv.key.startswith(key))]
+            if matched:
+                found.append(matched)
+        found.reverse()
+        return [ev for matched in found for ev in matched]
 
     # ----- snapshots --------------------------------------------------------
 
@@ -476,8 +487,9 @@ class MetaStateMachine:
         self._ids = dict(snap.ids)
         self._client_sessions.restore(snap.client_sessions)
         self._history = deque(snap.history)
+        self._history_sizes = deque(_events_bytes(evs) for _, evs in self._history)
         self._history_events = sum(len(evs) for _, evs in self._history)
-        self._history_bytes = sum(_events_bytes(evs) for _, evs in self._history)
+        self._history_bytes = sum(self._history_sizes)
 
     def __len__(self) -> int:
         return len(self._kvs)

@@ -57,6 +57,15 @@ class RaftConfig(Config, frozen=True):
     # lost with a crashed transfer), the leader probes the follower again.
     max_snapshot_wait_ticks: int = 100
     read_only_mode: ReadOnlyMode = "safe"
+    # When an acknowledgement advances the commit index, tell every follower
+    # at once with an AppendEntries (etcd's bcastAppend). Off: followers learn
+    # it from the next AppendEntries or heartbeat (at most a heartbeat
+    # interval later), as the Raft paper describes it; commit and safety do
+    # not depend on when followers learn it. Saves a message per follower and
+    # a pass on each follower per commit; the metadata service turns it off
+    # (a sequential client's next put carries the commit, and its clients
+    # read from the leader), tables keep it (followers serve reads).
+    broadcast_commit: bool = True
     # Quiescence (CockroachDB): a leader whose every member has acknowledged
     # its last entry, with everything committed and applied and nothing
     # pending, sends one last heartbeat marked "quiesce" and stops ticking; a

@@ -1292,7 +1292,13 @@ class RaftNode:
             pr.inflights.free_le(m.index)
         if self._maybe_commit():
             self._release_pending_read_index()
-            self._bcast_append()
+            if self._config.broadcast_commit:
+                self._bcast_append()
+            else:  # new entries only; the commit index rides on them or a heartbeat
+                for node_id in self._tracker.progress:
+                    if node_id != self._id:
+                        while self._maybe_send_append(node_id, send_if_empty=False):
+                            pass
         elif old_paused:
             self._maybe_send_append(m.from_, send_if_empty=True)
         while self._maybe_send_append(m.from_, send_if_empty=False):

@@ -312,6 +312,17 @@ class Connection:
             raise BackpressureError(f"{self.peer} is not reading our requests fast enough")
         self._protocol.send_oneway(request, payload)
 
+    def flush(self) -> None:
+        """Write what is queued now, not at the end of this loop iteration.
+
+        Frames queued in one loop iteration normally go out together when the
+        iteration's callbacks have run (write coalescing). A caller that is
+        about to block the loop (an fsync on the loop thread) or to do a
+        batch of other work first flushes here, so the peer starts on its
+        part meanwhile (the Raft leader's AppendEntries before its own fsync).
+        """
+        self._protocol.flush_now()
+
     async def call_many(
         self, requests: Sequence[Request[R]], *, timeout_s: float | None = None
     ) -> list[R]:

@@ -146,6 +146,11 @@ class FramedProtocol(asyncio.BufferedProtocol, abc.ABC):
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
+    def flush_now(self) -> None:
+        """Write the queued frames at once (the scheduled flush then finds none)."""
+        if self._out:
+            self._flush()
+
     def _flush(self) -> None:
         self._flush_scheduled = False
         if not self._out:

@@ -10,6 +10,8 @@ finish. A frame that breaks the protocol closes that connection only.
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -68,6 +70,11 @@ class RequestContext:
 
 HandlerResult: TypeAlias = Message | tuple[Message, BytesLike]
 Handler: TypeAlias = Callable[[Any, RequestContext], Awaitable[HandlerResult]]
+"""An ``async def`` handler (the server runs it as a task), or a plain function
+that returns an ``asyncio.Future`` of the result (the server answers when it
+is done: no task, no coroutine to resume - for the hot write path of the
+metadata service, whose answer is a Raft proposal's future anyway). A plain
+function may also raise at once; it must not block."""
 
 
 class Server:
@@ -187,7 +194,7 @@ class _ServerProtocol(FramedProtocol):
         self._hello_done = False
         self._reading_paused = False
         self._send_limit_bytes = server.config.max_frame_bytes
-        self._in_flight: dict[int, asyncio.Task[None]] = {}
+        self._in_flight: dict[int, asyncio.Future[Any]] = {}  # tasks, or deferred answers
         self._oneway_seq = 0  # keys of one-way handlers in _in_flight: -1, -2, ...
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._reader.set_max_frame_bytes(min(HELLO_MAX_FRAME_BYTES, server.config.max_frame_bytes))
@@ -198,7 +205,7 @@ class _ServerProtocol(FramedProtocol):
         return len(self._in_flight)
 
     @property
-    def tasks(self) -> list[asyncio.Task[None]]:
+    def tasks(self) -> list[asyncio.Future[Any]]:
         return list(self._in_flight.values())
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -375,8 +382,57 @@ class _ServerProtocol(FramedProtocol):
             )
             return
         context = RequestContext(self.peer, request_id, frame.payload)
+        if not inspect.iscoroutinefunction(handler):
+            self._start_deferred(handler, entry, request, context)
+            return
         task = self._loop.create_task(self._serve(handler, entry, request, context))
         self._in_flight[request_id] = task
+
+    def _start_deferred(self, handler: Handler, entry: MessageType, request: Message,
+                        context: RequestContext) -> None:
+        """A plain handler: call it now; answer when the future it returns is done."""
+        request_id = context.request_id
+        try:
+            outcome: object = handler(request, context)
+        except QuorumlogError as exc:
+            self._send_error(request_id, exc)
+            return
+        except Exception as exc:
+            self._send_internal_error(request_id, entry, exc)
+            return
+        if not isinstance(outcome, asyncio.Future):
+            if inspect.isawaitable(outcome):  # a coroutine after all: run it as a task
+                task = self._loop.create_task(self._await(outcome))
+                self._in_flight[request_id] = task
+                task.add_done_callback(functools.partial(self._answer, request_id, entry))
+                return
+            self._send_result(request_id, entry, outcome)
+            return
+        self._in_flight[request_id] = outcome
+        outcome.add_done_callback(functools.partial(self._answer, request_id, entry))
+
+    @staticmethod
+    async def _await(awaitable: Awaitable[Any]) -> Any:
+        return await awaitable
+
+    def _answer(self, request_id: int, entry: MessageType,
+                future: asyncio.Future[HandlerResult]) -> None:
+        """Send a deferred handler's outcome (nothing once the connection closed)."""
+        try:
+            if future.cancelled():
+                return  # the server is closing
+            error = future.exception()
+            if error is None:
+                if not self.closing:
+                    self._send_result(request_id, entry, future.result())
+            elif not self.closing:
+                if isinstance(error, InvariantViolation) or not isinstance(
+                        error, QuorumlogError):
+                    self._send_internal_error(request_id, entry, error)
+                else:
+                    self._send_error(request_id, error)
+        finally:
+            self._finish(request_id)
 
     def _dispatch_oneway(self, frame: Frame, entry: MessageType, request: Message) -> None:
         """Run a one-way request's handler; nothing is sent back, failures are logged.

@@ -1,0 +1,127 @@
+"""Plain (non-async) handlers that answer through a future, and Connection.flush."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from quorumlog import rpc
+from quorumlog.errors import NotLeaderError
+
+from .support import EchoRequest, EchoResponse, run, started, wait_until
+
+
+class Deferred:
+    """A plain handler: parks each request on a future the test resolves."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[int, asyncio.Future[Any]] = {}
+        self.tasks_at_call: list[int] = []
+
+    def handle(self, request: EchoRequest, ctx: rpc.RequestContext) -> asyncio.Future[Any]:
+        if request.n < 0:
+            raise NotLeaderError("not me", leader_hint="127.0.0.1:1")  # raised at once
+        self.tasks_at_call.append(len(asyncio.all_tasks()))
+        future = asyncio.get_running_loop().create_future()
+        self.waiting[request.n] = future
+        return future
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_plain_handler_answers_when_its_future_is_done_without_a_task(loop: str) -> None:
+    async def body() -> None:
+        deferred = Deferred()
+        server = await started({EchoRequest: deferred.handle})
+        conn = await rpc.connect("127.0.0.1", server.port)
+        try:
+            tasks_before = len(asyncio.all_tasks())
+            calls = [asyncio.ensure_future(conn.call(EchoRequest(n=i))) for i in range(3)]
+            await wait_until(lambda: len(deferred.waiting) == 3, what="3 requests parked")
+            # The server made no task for them: only the 3 callers' tasks are new.
+            assert max(deferred.tasks_at_call) <= tasks_before + 3
+            deferred.waiting[2].set_result(EchoResponse(n=2, text="two"))
+            assert await calls[2] == EchoResponse(n=2, text="two")
+            deferred.waiting[0].set_exception(NotLeaderError("lost it", leader_hint="h:1"))
+            with pytest.raises(NotLeaderError, match="lost it") as caught:
+                await calls[0]
+            assert caught.value.leader_hint == "h:1"
+            deferred.waiting[1].set_exception(ZeroDivisionError("bug"))
+            with pytest.raises(rpc.RemoteInternalError, match="ZeroDivisionError"):
+                await calls[1]
+            with pytest.raises(NotLeaderError, match="not me"):  # raised by the call itself
+                await conn.call(EchoRequest(n=-1))
+            assert server.connection_count == 1  # every outcome kept the connection
+            await wait_until(lambda: conn.in_flight == 0, what="no request in flight")
+        finally:
+            await conn.close()
+            await server.close()
+
+    run(body(), loop=loop)
+
+
+def test_a_plain_handler_may_return_a_result_or_a_coroutine() -> None:
+    async def later(n: int) -> EchoResponse:
+        await asyncio.sleep(0)
+        return EchoResponse(n=n, text="later")
+
+    def handle(request: EchoRequest, ctx: rpc.RequestContext) -> Any:
+        return EchoResponse(n=request.n, text="now") if request.n % 2 else later(request.n)
+
+    async def body() -> None:
+        server = await started({EchoRequest: handle})
+        conn = await rpc.connect("127.0.0.1", server.port)
+        try:
+            assert await conn.call(EchoRequest(n=1)) == EchoResponse(n=1, text="now")
+            assert await conn.call(EchoRequest(n=2)) == EchoResponse(n=2, text="later")
+        finally:
+            await conn.close()
+            await server.close()
+
+    run(body())
+
+
+def test_closing_the_server_cancels_parked_deferred_answers() -> None:
+    async def body() -> None:
+        deferred = Deferred()
+        server = await started({EchoRequest: deferred.handle})
+        conn = await rpc.connect("127.0.0.1", server.port)
+        try:
+            call = asyncio.ensure_future(conn.call(EchoRequest(n=7)))
+            await wait_until(lambda: 7 in deferred.waiting, what="request parked")
+            await server.close()
+            assert deferred.waiting[7].cancelled()
+            with pytest.raises(rpc.ConnectionClosedError):
+                await call
+        finally:
+            await conn.close()
+
+    run(body())
+
+
+def test_flush_writes_queued_frames_before_the_loop_turns() -> None:
+    """A caller about to block the loop (an fsync) flushes first: the bytes are
+    in the socket before it blocks, not after."""
+    async def body() -> None:
+        received: list[int] = []
+
+        async def handle(request: EchoRequest, ctx: rpc.RequestContext) -> EchoResponse:
+            received.append(request.n)
+            return EchoResponse(n=request.n)
+
+        server = await started({EchoRequest: handle})
+        conn = await rpc.connect("127.0.0.1", server.port)
+        try:
+            conn.send_oneway(EchoRequest(n=1))
+            conn.flush()
+            assert conn._protocol._out_bytes == 0  # handed to the transport already
+            await wait_until(lambda: received == [1], what="the one-way request served")
+            conn.send_oneway(EchoRequest(n=2))
+            assert conn._protocol._out_bytes > 0  # without flush: queued until the loop turns
+            await wait_until(lambda: received == [1, 2], what="the second request served")
+        finally:
+            await conn.close()
+            await server.close()
+
+    run(body())
