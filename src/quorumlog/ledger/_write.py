@@ -214,7 +214,7 @@ class WriteHandle:
         self._lac_timer: asyncio.TimerHandle | None = None
         # Adds queued in this loop pass, per bookie, and batches sent (a count).
         self._outbox: dict[str, list[_Queued]] = {}
-        self._flush_scheduled = False
+        self._flush_handle: asyncio.Handle | None = None  # the end-of-pass send, if queued
         self._batches_sent = 0
 
     # ----- properties ---------------------------------------------------------
@@ -376,14 +376,26 @@ class WriteHandle:
             if queue is None:
                 outbox[bookie] = queue = []
             queue.append((pending, index, pending.envelope))
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+        if self._flush_handle is None:
+            self._flush_handle = self._loop.call_soon(self._flush)
+
+    def send_queued(self) -> None:
+        """Send the adds queued so far now instead of at the end of the loop pass.
+
+        For a caller that batched its entries itself (the stream writer sends
+        what one pass of its producer gathered): it saves the loop pass the
+        batch would wait for, which on a busy event loop is milliseconds.
+        Entries appended after this call go at the end of the pass as usual.
+        """
+        handle = self._flush_handle
+        if handle is not None:
+            handle.cancel()
+            self._flush()
 
     def _flush(self) -> None:
         """Send what this loop pass queued: per bookie, in entry order, in
         batches bounded by ``ADD_BATCH_ENTRIES_MAX`` and ``ADD_BATCH_BYTES_MAX``."""
-        self._flush_scheduled = False
+        self._flush_handle = None
         outbox, self._outbox = self._outbox, {}
         if self._state is HandleState.FAILED:
             return  # every pending add already failed

@@ -14,7 +14,9 @@ Lifecycle:
    final length, entry count and publish times in the list and appends a new
    open ledger, in one compare-and-swap.
 3. **Appends** are pipelined on the open ledger; entry ids are assigned in
-   order, so the writer knows the id of every append it issued.
+   order, so the writer knows the id of every append it issued. An entry
+   submitted while nothing is queued is issued and sent to the bookies in
+   the same call; otherwise the pump task issues the queue in order.
 4. **Rollover** (``RolloverPolicy``): wait for the appends in flight, close the
    ledger, create the next one, record both in one compare-and-swap of the
    partition's head (one meta transaction of at most two keys: the head, and
@@ -292,8 +294,10 @@ class PartitionWriter:
     def submit(self, payload: bytes, info: EntryInfo) -> asyncio.Future[Position]:
         """Queue one entry; the future gives its (ledger_id, entry_id) once durable.
 
-        Entries are issued in submission order by one pump task, so the order of
-        submits is the order in the partition.
+        Entries are issued in submission order, so the order of submits is the
+        order in the partition: at once when nothing is queued and the ledger
+        is ready (no switch, no rollover due, room in the handle), otherwise
+        by the pump task, which issues the queue in order.
         """
         if self._failed is not None:
             raise self._failed
@@ -308,6 +312,15 @@ class PartitionWriter:
                 f"{entry_max_bytes}; nothing was sent")
         pending = _Pending(payload=payload, info=info,
                            result=asyncio.get_running_loop().create_future())
+        current = self._current
+        if (current is not None and not self._queue and self._switching.is_set()
+                and not self._closing and not self.due_for_rollover()
+                and self._issue(current, pending)):
+            # Nothing waits before it and the ledger can take it: issued and sent
+            # now, not a loop pass later by the pump (on a busy loop a pass is
+            # milliseconds). The order is the pump's: the queue is empty.
+            current.handle.send_queued()
+            return pending.result
         self._queue.append(pending)
         self._queued.set()
         return pending.result
@@ -343,9 +356,11 @@ class PartitionWriter:
             assert current is not None
             while self._queue and self._switching.is_set():
                 if not self._issue(current, self._queue[0]):
+                    current.handle.send_queued()
                     await self._wait_for_room()
                     break
                 self._queue.popleft()
+            current.handle.send_queued()
             await asyncio.sleep(0)
 
     async def _take_over_lazily(self) -> None:
