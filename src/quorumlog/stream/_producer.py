@@ -351,35 +351,36 @@ class Producer:
                          first_publish_ms=batch.messages[0].publish_time_ms,
                          last_publish_ms=batch.messages[-1].publish_time_ms)
         writer = self._writers[partition]
+        self._entries_in_flight[partition] += 1
+        self._entries_sent += 1
         try:
-            entry = writer.submit(payload, info)
+            writer.submit_with_callback(payload, info, functools.partial(
+                self._resolve, partition, batch.futures, batch.bytes))
         except QuorumlogError as exc:
+            self._entries_in_flight[partition] -= 1
+            self._entries_sent -= 1
             for future in batch.futures:
                 if not future.done():
                     future.set_exception(exc)
             self._finish(batch.futures)
-            return
-        self._entries_in_flight[partition] += 1
-        self._entries_sent += 1
-        entry.add_done_callback(functools.partial(self._resolve, partition, batch.futures,
-                                                  batch.bytes))
 
     def _resolve(self, partition: int, futures: list[asyncio.Future[MessageId]],
-                 batch_bytes: int, entry: asyncio.Future[Position]) -> None:
+                 batch_bytes: int, position: Position | None,
+                 error: QuorumlogError | None) -> None:
+        """An entry's outcome, called by the partition's writer as soon as it
+        knows it (not a loop pass later): the messages' futures complete now."""
         self._entries_in_flight[partition] -= 1
         waiting = self._batches[partition]
         if (waiting.messages and waiting.timer is not None
                 and self._entries_in_flight[partition] < self._config.batch_eager_entries_max):
             self._flush(partition)  # an entry left the link: the waiting batch goes now
-        error: BaseException | None = (UsageError("the send was cancelled") if entry.cancelled()
-                                       else entry.exception())
         self._finish(futures)
-        if error is not None:
+        if error is not None or position is None:
+            failure = error or UsageError("an entry completed without a position")
             for future in futures:
                 if not future.done():
-                    future.set_exception(error)
+                    future.set_exception(failure)
             return
-        position = entry.result()
         self._metrics.in_messages += len(futures)
         self._metrics.in_bytes += batch_bytes
         stream, ledger_id, entry_id = self.stream, position.ledger_id, position.entry_id
