@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import msgspec
 
@@ -64,9 +63,9 @@ class OutgoingMessage(msgspec.Struct, frozen=True, gc=False):
         return MESSAGE_HEADER_BYTES + len(self.value) + len(self.key or b"") + props
 
 
-@dataclass(slots=True, frozen=True)
-class DecodedMessage:
-    """A message as read back from an entry."""
+class DecodedMessage(msgspec.Struct, frozen=True, gc=False):
+    """A message as read back from an entry (a msgspec Struct outside the
+    collector, as ``OutgoingMessage``: one per message read)."""
 
     batch_index: int
     publish_time_ms: int
