@@ -16,7 +16,9 @@ import pytest
 
 from quorumlog.errors import QuorumlogError
 from quorumlog.ledger import WriteHandle
-from quorumlog.proto import LedgerFencedError
+from quorumlog.ledger._bookie_client import RpcBookieTransport
+from quorumlog.proto import ENTRY_OK, WIRE_ERROR_CODES, AddEntriesResponse, LedgerFencedError
+from quorumlog.rpc import ConnectionClosedError
 from quorumlog.sim import LedgerWorld
 
 from .support import FAST, in_world, wait_until
@@ -113,3 +115,65 @@ def test_a_raising_callback_does_not_stop_the_others() -> None:
         assert lh.last_add_confirmed == 3
 
     in_world(test)
+
+
+class _StubConnection:
+    """An rpc connection whose answers the test sets by hand."""
+
+    closed = False
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[Any, bytes]] = []
+        self.futures: list[asyncio.Future[Any]] = []
+
+    def send_nowait(self, request: Any, *, payload: bytes, timeout_s: float
+                    ) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.sent.append((request, payload))
+        self.futures.append(future)
+        return future
+
+
+def test_rpc_transport_hands_a_batch_answer_over_from_the_request_callback() -> None:
+    """``RpcBookieTransport.add_entries_then`` (what ``WriteHandle`` uses over
+    the network): the per-entry outcome reaches ``then`` in the pass after the
+    answer, one pass before ``add_entries``'s future does; a whole-request
+    failure and an answer for other entries reach it as one error."""
+
+    async def main() -> None:
+        connection = _StubConnection()
+        transport = RpcBookieTransport(pool=None)  # type: ignore[arg-type]
+        transport._connections["b1"] = connection  # type: ignore[assignment]
+        got: list[tuple[Any, Any]] = []
+        entries = [(4, b"e4"), (5, b"e5")]
+        transport.add_entries_then("b1", 7, b"k", entries, flags=0, timeout_s=1.0,
+                                   then=lambda errors, error: got.append((errors, error)))
+        future = transport.add_entries("b1", 7, b"k", entries, flags=0, timeout_s=1.0)
+        via_future: list[Any] = []
+        future.add_done_callback(via_future.append)  # what WriteHandle did before
+        request, payload = connection.sent[0]
+        assert (request.entry_ids, payload) == ([4, 5], b"e4e5")
+        fenced = next(code for code, cls in WIRE_ERROR_CODES if cls is LedgerFencedError)
+        answer = AddEntriesResponse(ledger_id=7, entry_ids=[4, 5], codes=[ENTRY_OK, fenced],
+                                    messages=["", "fenced"])
+        for sent in connection.futures:
+            sent.set_result((answer, memoryview(b"")))
+        await asyncio.sleep(0)
+        assert len(got) == 1 and via_future == []  # then: one pass; the future's callback: two
+        errors, error = got[0]
+        assert error is None and errors[0] is None and isinstance(errors[1], LedgerFencedError)
+        await asyncio.sleep(0)
+        assert via_future == [future] and isinstance(future.result()[1], LedgerFencedError)
+
+        transport.add_entries_then("b1", 7, b"k", entries, flags=0, timeout_s=1.0,
+                                   then=lambda errors, error: got.append((errors, error)))
+        connection.futures[-1].set_result((AddEntriesResponse(
+            ledger_id=7, entry_ids=[9], codes=[ENTRY_OK], messages=[""]), memoryview(b"")))
+        transport.add_entries_then("b1", 7, b"k", entries, flags=0, timeout_s=1.0,
+                                   then=lambda errors, error: got.append((errors, error)))
+        connection.futures[-1].set_exception(ConnectionClosedError("gone"))
+        await asyncio.sleep(0)
+        assert [errors for errors, _ in got[1:]] == [None, None]
+        assert "outcome is unknown" in str(got[1][1]) and str(got[2][1]) == "gone"
+
+    asyncio.run(main())

@@ -459,23 +459,37 @@ class WriteHandle:
                                                        bookie))
             return
         self._batches_sent += 1
-        future = self._ctx.bookies.add_entries(
-            bookie, self.id, self._master_key,
-            [(pending.entry_id, envelope) for pending, _, envelope in batch],
-            flags=self._flags, timeout_s=timeout_s)
+        entries = [(pending.entry_id, envelope) for pending, _, envelope in batch]
+        bookies = self._ctx.bookies
+        # The rpc transport hands the answer over from the request's own callback
+        # (one loop pass sooner); any other transport answers with a future.
+        then = getattr(bookies, "add_entries_then", None)
+        if then is not None:
+            then(bookie, self.id, self._master_key, entries, flags=self._flags,
+                 timeout_s=timeout_s, then=functools.partial(self._on_batch_answer, batch, bookie))
+            return
+        future = bookies.add_entries(bookie, self.id, self._master_key, entries,
+                                     flags=self._flags, timeout_s=timeout_s)
         future.add_done_callback(functools.partial(self._on_batch_done, batch, bookie))
 
     def _on_batch_done(self, batch: list[_Queued], bookie: str,
                        future: asyncio.Future[list[QuorumlogError | None]]) -> None:
-        """Each entry of the batch gets its own outcome, in order (as if it had
-        been answered alone); a failed request fails every entry of it."""
         if future.cancelled():
-            errors: list[BaseException | None] = [rpc.ConnectionClosedError(
-                f"a batch of adds to bookie {bookie} was cancelled")] * len(batch)
+            self._on_batch_answer(batch, bookie, None, rpc.ConnectionClosedError(
+                f"a batch of adds to bookie {bookie} was cancelled"))
         elif (error := future.exception()) is not None:
-            errors = [error] * len(batch)
+            self._on_batch_answer(batch, bookie, None, error)
         else:
-            errors = list(future.result())
+            self._on_batch_answer(batch, bookie, future.result(), None)
+
+    def _on_batch_answer(self, batch: list[_Queued], bookie: str,
+                         results: list[QuorumlogError | None] | None,
+                         error: BaseException | None) -> None:
+        """Each entry of the batch gets its own outcome, in order (as if it had
+        been answered alone); a failed request (``results`` None) fails every
+        entry of it."""
+        errors: list[BaseException | None] = (
+            list(results) if results is not None else [error] * len(batch))
         invariant(len(errors) == len(batch), "a batch answer has one result per entry")
         if self._state is HandleState.FAILED:
             return  # every pending add already failed
