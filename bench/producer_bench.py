@@ -13,13 +13,23 @@ fsync every group commit) and this process as the producer (uvloop).
    the ratio of its p99 to the low-load p99 (issue 17: latency at half of the
    peak must look like latency at low load; target p99 <= 10 ms).
 
+Before a paced case measures, one message goes to every partition and is
+awaited: a producer takes a partition over (fences the old ledger, creates
+its own, one meta transaction) at its first message there, about 30-70 ms on
+this machine, and the messages of that stretch (2% of a 3 s run at half of
+the peak) would be the p99 of the run instead of the steady state it means
+to measure. The peak case sends its first message the same way.
+
 Pacing sends, every 1 ms tick, the messages due by then (one timer per tick,
 not per message: a loop pass per message at 30,000/s is itself the queue);
 each ack is timed by a done-callback on its future (no task per message),
 and nothing keeps every message's objects alive for the run. The breakdown
 printed with each case: entries sent and messages per entry, the largest
 event loop lag seen by a 1 ms ticker, and Python's garbage collector pauses
-in this process (count, total and largest).
+in this process (count, total and largest), and from ``/proc`` per process
+(this client, each node): CPU µs per message and the seconds its threads
+waited for a CPU on the run queue (``schedstat``), which is where a loaded
+machine's latency shows, next to the load average when the case ended.
 
     ./scripts/uv run --frozen python bench/producer_bench.py [--quick] [--partitions N]
 """
@@ -28,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import os
 import shutil
@@ -41,7 +52,14 @@ from typing import Any
 from quorumlog import node as cluster
 from quorumlog import rpc
 from quorumlog.log import configure
-from quorumlog.stream import MessageId, ProducerConfig, RolloverPolicy, StreamClient, StreamConfig
+from quorumlog.stream import (
+    MessageId,
+    Producer,
+    ProducerConfig,
+    RolloverPolicy,
+    StreamClient,
+    StreamConfig,
+)
 
 VALUE_BYTES = 100
 SEND_WINDOW = 5_000  # unacked sends while measuring the peak
@@ -49,6 +67,54 @@ LOW_RATE_PER_S = 1_000.0
 TICK_S = 0.001
 LATENCY_TARGET_MS_P99 = 10.0
 now = time.perf_counter
+
+
+def cpu_s(pid: int) -> float:
+    """utime + stime of a process, seconds (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_queue_wait_s(pid: int) -> float:
+    """Seconds the threads of a process spent runnable but not running."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[1])
+    return total / 1e9
+
+
+@dataclass(slots=True)
+class ProcessUse:
+    """CPU and run-queue wait of this process and the nodes during one case."""
+
+    pids: dict[str, int]
+    cpu_start: dict[str, float] = field(default_factory=dict)
+    wait_start: dict[str, float] = field(default_factory=dict)
+    cpu: dict[str, float] = field(default_factory=dict)
+    wait: dict[str, float] = field(default_factory=dict)
+
+    def start(self) -> None:
+        self.cpu_start = {name: cpu_s(pid) for name, pid in self.pids.items()}
+        self.wait_start = {name: run_queue_wait_s(pid) for name, pid in self.pids.items()}
+
+    def stop(self) -> None:
+        self.cpu = {name: cpu_s(pid) - self.cpu_start[name] for name, pid in self.pids.items()}
+        self.wait = {name: run_queue_wait_s(pid) - self.wait_start[name]
+                     for name, pid in self.pids.items()}
+
+    def describe(self, messages: int) -> str:
+        per = ", ".join(f"{name} {self.cpu[name] / max(messages, 1) * 1e6:.1f}"
+                        for name in self.pids)
+        total = sum(self.cpu.values()) / max(messages, 1) * 1e6
+        waits = ", ".join(f"{name} {self.wait[name]:.2f}" for name in self.pids)
+        return (f"CPU µs/msg {total:.1f} ({per}); run-queue wait s ({waits}); "
+                f"load {os.getloadavg()[0]:.1f}")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -82,13 +148,23 @@ class Pauses:
                 f"{max(self.gc_ms, default=0.0):.1f} ms; loop lag max {self.lag_ms_max:.1f} ms")
 
 
-async def peak(client: StreamClient, stream: str, partitions: int, count: int) -> float:
+async def warm_up(producer: Producer, partitions: int) -> None:
+    """One message to every partition, awaited: each partition is taken over
+    (its ledger created) before the case measures."""
+    await asyncio.gather(*[await producer.send_async(b"warm-up", partition=partition)
+                           for partition in range(partitions)])
+
+
+async def peak(client: StreamClient, stream: str, partitions: int, count: int,
+               use: ProcessUse) -> float:
     await client.create_stream(stream, StreamConfig(
         partitions=partitions, rollover=RolloverPolicy(max_entries=100_000, min_time_ms=0)))
     producer = await client.producer(stream, config=ProducerConfig(
         pending_messages_max=SEND_WINDOW))
+    await warm_up(producer, partitions)
     value = b"x" * VALUE_BYTES
     futures: list[asyncio.Future[MessageId]] = []
+    use.start()
     started = now()
     for i in range(count):
         futures.append(await producer.send_async(value, key=b"%d" % (i % 1024)))
@@ -97,16 +173,19 @@ async def peak(client: StreamClient, stream: str, partitions: int, count: int) -
             futures.clear()
     await asyncio.gather(*futures)
     rate = count / (now() - started)
+    use.stop()
     await producer.close()
     return rate
 
 
 async def paced(client: StreamClient, stream: str, partitions: int, rate: float,
-                seconds: float) -> tuple[list[float], int, float, Pauses]:
+                seconds: float, use: ProcessUse) -> tuple[list[float], int, float, Pauses]:
     """send->ack ms of ``rate * seconds`` messages paced open-loop; entries sent,
     achieved rate, pauses."""
     await client.create_stream(stream, StreamConfig(partitions=partitions))
     producer = await client.producer(stream)
+    await warm_up(producer, partitions)
+    entries_before = producer.entries_sent
     total = max(1, int(rate * seconds))
     value = b"x" * VALUE_BYTES
     acks: list[float] = []
@@ -123,6 +202,7 @@ async def paced(client: StreamClient, stream: str, partitions: int, rate: float,
     stop = asyncio.Event()
     watcher = asyncio.ensure_future(pauses.watch_loop(stop))
     gc.callbacks.append(pauses.on_gc)
+    use.start()
     try:
         started = now()
         sent = 0
@@ -137,31 +217,35 @@ async def paced(client: StreamClient, stream: str, partitions: int, rate: float,
         await asyncio.wait_for(all_acked, 60)
         achieved = total / (now() - started)
     finally:
+        use.stop()
         gc.callbacks.remove(pauses.on_gc)
         stop.set()
         await watcher
-    entries = producer.entries_sent
+    entries = producer.entries_sent - entries_before
     await producer.close()
     return acks, entries, achieved, pauses
 
 
-async def run(meta: list[str], args: argparse.Namespace) -> list[str]:
+async def run(meta: list[str], args: argparse.Namespace, pids: dict[str, int]) -> list[str]:
     count = 100_000 if args.quick else 300_000
     seconds = 3.0 if args.quick else 10.0
     lines: list[str] = []
     async with await StreamClient.connect(meta) as client:
-        top = await peak(client, "peak", args.partitions, count)
+        use = ProcessUse(pids)
+        top = await peak(client, "peak", args.partitions, count, use)
         print(f"peak: {count:,} messages of {VALUE_BYTES} B, batched, {args.partitions} "
-              f"partitions: {top:,.0f} msg/s")
+              f"partitions: {top:,.0f} msg/s; {use.describe(count)}")
         results = {}
         for name, rate in (("low load", LOW_RATE_PER_S), ("half of peak", top / 2)):
+            use = ProcessUse(pids)
             acks, entries, achieved, pauses = await paced(
-                client, name.replace(" ", "-"), args.partitions, rate, seconds)
+                client, name.replace(" ", "-"), args.partitions, rate, seconds, use)
             p50, p99 = percentile(acks, 0.5), percentile(acks, 0.99)
             results[name] = p99
             print(f"{name}: {achieved:,.0f} msg/s (asked {rate:,.0f}), {len(acks):,} messages "
                   f"in {entries:,} entries ({len(acks) / max(entries, 1):.1f}/entry): "
-                  f"send->ack p50 {p50:.2f} ms p99 {p99:.2f} ms; {pauses.describe()}")
+                  f"send->ack p50 {p50:.2f} ms p99 {p99:.2f} ms; {pauses.describe()}; "
+                  f"{use.describe(len(acks))}")
     half, low = results["half of peak"], results["low load"]
     lines.append(f"TARGET producer_p99_at_half_peak: {half:.2f} ms (goal <= "
                  f"{LATENCY_TARGET_MS_P99:.0f} ms; {half / low:.2f}x the low-load p99 "
@@ -178,9 +262,10 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="quorumlog-producer-bench-"))
     directory = workdir / "cluster"
     print(f"starting a local cluster of 3 nodes in {directory} ...")
-    cluster.up(directory, 3)
+    infos = cluster.up(directory, 3)
+    pids = {"client": os.getpid(), **{f"node{info.id}": info.pid for info in infos}}
     try:
-        lines = rpc.run(run(cluster.meta_addresses(directory), args))
+        lines = rpc.run(run(cluster.meta_addresses(directory), args, pids))
     finally:
         cluster.down(directory)
         shutil.rmtree(workdir, ignore_errors=True)

@@ -139,3 +139,40 @@ def test_sends_past_pending_messages_max_wait_for_room_in_order(meta: list[str])
             assert [m.value for m in values if m is not None] == [b"a", b"b", b"c"]
 
     rpc.run(main())
+
+
+def test_an_entry_to_a_ready_ledger_is_issued_and_acked_without_extra_passes(
+        meta: list[str]) -> None:
+    """Issue 17, the loop passes on the path: an entry submitted while nothing is
+    queued is issued to the ledger (and sent to the bookies) in the same call,
+    not a pass later by the writer's pump; its messages' futures complete in
+    the pass the ledger confirms it, not one pass per hand-off after it."""
+
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("direct", StreamConfig(partitions=1))
+            producer = await client.producer("direct", config=ProducerConfig(batching=False))
+            await (await producer.send_async(b"warm-up"))  # the partition is taken over
+            writer = producer.writers[0]
+            entry_passes: list[int] = []
+            message_passes: list[int] = []
+            passes = 0
+            for i in range(20):
+                future = await producer.send_async(b"m%d" % i)  # not batched: submitted now
+                assert (writer.entries_queued, writer.entries_in_flight) == (0, 1)
+                assert producer.entries_in_flight == 1
+                # Count loop passes until the entry is confirmed, then until the
+                # message's future is done: the same pass.
+                while writer.entries_in_flight:
+                    await asyncio.sleep(0)
+                    passes += 1
+                entry_passes.append(passes)
+                while not future.done():
+                    await asyncio.sleep(0)
+                    passes += 1
+                message_passes.append(passes)
+                assert future.result().position.entry_id == i + 1
+            assert message_passes == entry_passes
+            await producer.close()
+
+    rpc.run(main())

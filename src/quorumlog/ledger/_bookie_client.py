@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -215,6 +215,23 @@ class RpcBookieTransport:
         sent.add_done_callback(functools.partial(_batch_answer, out, bookie, entry_ids))
         return out
 
+    def add_entries_then(
+        self, bookie: str, ledger_id: int, master_key: bytes,
+        entries: Sequence[tuple[int, bytes]], *, flags: int, timeout_s: float,
+        then: BatchAnswer,
+    ) -> None:
+        """``add_entries``, with the answer handed to ``then`` by the request's
+        own done-callback instead of through a second future: one event-loop
+        pass sooner (``WriteHandle`` uses it when its transport has it)."""
+        entry_ids = [entry_id for entry_id, _ in entries]
+        request = wire.AddEntriesRequest(
+            ledger_id=ledger_id, entry_ids=entry_ids,
+            sizes=[len(envelope) for _, envelope in entries], master_key=master_key,
+            flags=flags)
+        payload = b"".join(envelope for _, envelope in entries)
+        sent = self._send_now(bookie, request, payload, timeout_s)
+        sent.add_done_callback(functools.partial(_batch_answer_then, then, bookie, entry_ids))
+
     def _send_now(
         self, bookie: str, request: rpc.Request[Any], payload: bytes, timeout_s: float
     ) -> asyncio.Future[Any]:
@@ -324,6 +341,30 @@ class RpcBookieTransport:
             await self._pool.close()
 
 
+BatchAnswer = Callable[[list[QuorumlogError | None] | None, BaseException | None], None]
+"""``then(errors, None)``: each entry's error in order (None: durable);
+``then(None, error)``: the request failed as a whole (no entry's fate known)."""
+
+
+def _batch_outcome(
+    bookie: str, entry_ids: list[int], sent: asyncio.Future[Any],
+) -> tuple[list[QuorumlogError | None] | None, BaseException | None]:
+    """An ``AddEntriesResponse`` as per-entry errors, or the whole request's error."""
+    if sent.cancelled():
+        return None, rpc.ConnectionClosedError(f"a batch of adds to {bookie} was cancelled")
+    error = sent.exception()
+    if error is not None:
+        return None, error
+    response = sent.result()[0]
+    if (response.entry_ids != entry_ids or len(response.codes) != len(entry_ids)
+            or len(response.messages) != len(entry_ids)):
+        return None, rpc.ConnectionClosedError(
+            f"bookie {bookie} answered a batch of {len(entry_ids)} adds with results for "
+            f"entries {response.entry_ids[:8]}...; the batch's outcome is unknown")
+    return [wire.entry_error(code, message)
+            for code, message in zip(response.codes, response.messages, strict=True)], None
+
+
 def _batch_answer(
     out: asyncio.Future[list[QuorumlogError | None]], bookie: str, entry_ids: list[int],
     sent: asyncio.Future[Any],
@@ -331,22 +372,17 @@ def _batch_answer(
     """Turn an ``AddEntriesResponse`` into the per-entry errors of ``out``."""
     if out.done():
         return
-    if sent.cancelled():
-        out.set_exception(rpc.ConnectionClosedError(f"a batch of adds to {bookie} was cancelled"))
-        return
-    error = sent.exception()
-    if error is not None:
-        out.set_exception(error)
-        return
-    response = sent.result()[0]
-    if (response.entry_ids != entry_ids or len(response.codes) != len(entry_ids)
-            or len(response.messages) != len(entry_ids)):
-        out.set_exception(rpc.ConnectionClosedError(
-            f"bookie {bookie} answered a batch of {len(entry_ids)} adds with results for "
-            f"entries {response.entry_ids[:8]}...; the batch's outcome is unknown"))
-        return
-    out.set_result([wire.entry_error(code, message)
-                    for code, message in zip(response.codes, response.messages, strict=True)])
+    errors, error = _batch_outcome(bookie, entry_ids, sent)
+    if errors is None:
+        out.set_exception(error or rpc.ConnectionClosedError("a batch of adds failed"))
+    else:
+        out.set_result(errors)
+
+
+def _batch_answer_then(then: BatchAnswer, bookie: str, entry_ids: list[int],
+                       sent: asyncio.Future[Any]) -> None:
+    errors, error = _batch_outcome(bookie, entry_ids, sent)
+    then(errors, error)
 
 
 def in_order(done: set[T], started: Iterable[T]) -> list[T]:

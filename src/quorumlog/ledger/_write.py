@@ -48,6 +48,7 @@ import contextlib
 import enum
 import functools
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from quorumlog import proto as wire
@@ -104,15 +105,22 @@ class ClosedByOtherError(QuorumlogError):
         self.version = version
 
 
-class _PendingAdd:
-    """One entry on its way to its write set."""
+AddCallback = Callable[[int, QuorumlogError | None], None]
+"""``callback(entry_id, None)`` when an append is confirmed, ``callback(entry_id,
+error)`` when the handle failed before it was (see ``append_with_callback``)."""
 
-    __slots__ = ("acks", "done", "entry_id", "envelope", "future", "sent_to", "size",
-                 "started_s")
+
+class _PendingAdd:
+    """One entry on its way to its write set; its outcome goes to ``future`` or,
+    for ``append_with_callback``, to ``callback``."""
+
+    __slots__ = ("acks", "callback", "done", "entry_id", "envelope", "future", "sent_to",
+                 "size", "started_s")
 
     def __init__(
         self, entry_id: int, envelope: bytes, size: int, *, ack_quorum: int,
-        ensemble_size: int, future: asyncio.Future[int], started_s: float,
+        ensemble_size: int, future: asyncio.Future[int] | None, callback: AddCallback | None,
+        started_s: float,
     ) -> None:
         self.entry_id = entry_id
         self.envelope = envelope
@@ -120,6 +128,7 @@ class _PendingAdd:
         self.acks = AckSet(ack_quorum)
         self.sent_to: list[str | None] = [None] * ensemble_size  # by ensemble index
         self.future = future
+        self.callback = callback
         self.done = False
         self.started_s = started_s  # loop time of the append: the add latency starts here
 
@@ -214,7 +223,7 @@ class WriteHandle:
         self._lac_timer: asyncio.TimerHandle | None = None
         # Adds queued in this loop pass, per bookie, and batches sent (a count).
         self._outbox: dict[str, list[_Queued]] = {}
-        self._flush_scheduled = False
+        self._flush_handle: asyncio.Handle | None = None  # the end-of-pass send, if queued
         self._batches_sent = 0
 
     # ----- properties ---------------------------------------------------------
@@ -325,32 +334,68 @@ class WriteHandle:
         return (len(self._pending) < self._config.outstanding_adds_max
                 and self._outstanding_bytes + size <= self._config.outstanding_bytes_max)
 
-    def _append(self, payload: bytes | bytearray | memoryview, size: int) -> asyncio.Future[int]:
+    def append_with_callback(self, payload: bytes | bytearray | memoryview,
+                             callback: AddCallback) -> int:
+        """Append now, as ``append_async``, and return the entry id at once.
+
+        Instead of a future, ``callback(entry_id, None)`` is called when the
+        entry is confirmed, by the code that confirms it (in entry order, after
+        the handle's own bookkeeping: the LAC has moved, room is given back),
+        or ``callback(entry_id, error)`` when the handle fails before that. A
+        future's done-callback waits a loop pass; on a busy event loop that
+        pass is milliseconds, for every entry. The callback may append to this
+        handle; it should not raise (an exception is reported to the loop's
+        exception handler and the next callbacks still run).
+        """
+        self._check_writable()
+        size = self._check_size(payload)
+        if not self._has_room(size):
+            raise rpc.BackpressureError(
+                f"ledger {self.id}: {len(self._pending)} adds / {self._outstanding_bytes} bytes "
+                "outstanding; wait for earlier appends first"
+            )
+        entry_id = self._next_entry_id
+        self._add(entry_id, self._envelope(entry_id, payload), size, self._lac,
+                  callback=callback)
+        return entry_id
+
+    def _envelope(self, entry_id: int, payload: bytes | bytearray | memoryview) -> bytes:
         if isinstance(payload, bytearray):
             payload = memoryview(payload)
         elif isinstance(payload, memoryview) and payload.itemsize != 1:
             payload = payload.cast("B")
-        entry_id = self._next_entry_id
-        envelope = encode_entry(
+        return encode_entry(
             self.id, entry_id, self._lac, payload, digest=self._digest, key=self._mac_key
         )
-        return self._add(entry_id, envelope, size, self._lac)
+
+    def _append(self, payload: bytes | bytearray | memoryview, size: int) -> asyncio.Future[int]:
+        entry_id = self._next_entry_id
+        return self._future_of(self._add(entry_id, self._envelope(entry_id, payload), size,
+                                         self._lac))
 
     def add_recovered(self, entry_id: int, envelope: bytes, size: int) -> asyncio.Future[int]:
         """Recovery: rewrite an entry found on some bookie to its whole write set."""
         invariant(self._recovery, "add_recovered is for recovery handles only")
         self._check_writable()
-        return self._add(entry_id, envelope, size, -1)
+        return self._future_of(self._add(entry_id, envelope, size, -1))
 
-    def _add(self, entry_id: int, envelope: bytes, size: int, lac: int) -> asyncio.Future[int]:
+    @staticmethod
+    def _future_of(pending: _PendingAdd) -> asyncio.Future[int]:
+        future = pending.future
+        invariant(future is not None, "an add without a callback has a future")
+        assert future is not None
+        return future
+
+    def _add(self, entry_id: int, envelope: bytes, size: int, lac: int,
+             callback: AddCallback | None = None) -> _PendingAdd:
         invariant(entry_id == self._next_entry_id,
                   f"entry {entry_id} added out of order (next is {self._next_entry_id})")
         self._next_entry_id += 1
         loop = self._loop
-        future: asyncio.Future[int] = loop.create_future()
+        future: asyncio.Future[int] | None = None if callback else loop.create_future()
         ensemble_size = self._ensemble_size
         pending = _PendingAdd(entry_id, envelope, size, ack_quorum=self._ack_quorum,
-                              ensemble_size=ensemble_size, future=future,
+                              ensemble_size=ensemble_size, future=future, callback=callback,
                               started_s=loop.time())
         self._pending.append(pending)
         self._outstanding_bytes += size
@@ -360,7 +405,7 @@ class WriteHandle:
             self._start_change()
         if not self._changing:
             self._send(pending, self._write_sets[entry_id % ensemble_size])
-        return future
+        return pending
 
     def _send(self, pending: _PendingAdd, indexes: tuple[int, ...] | list[int]) -> None:
         """Queue the entry for the bookies at ``indexes``; everything queued in
@@ -376,14 +421,26 @@ class WriteHandle:
             if queue is None:
                 outbox[bookie] = queue = []
             queue.append((pending, index, pending.envelope))
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+        if self._flush_handle is None:
+            self._flush_handle = self._loop.call_soon(self._flush)
+
+    def send_queued(self) -> None:
+        """Send the adds queued so far now instead of at the end of the loop pass.
+
+        For a caller that batched its entries itself (the stream writer sends
+        what one pass of its producer gathered): it saves the loop pass the
+        batch would wait for, which on a busy event loop is milliseconds.
+        Entries appended after this call go at the end of the pass as usual.
+        """
+        handle = self._flush_handle
+        if handle is not None:
+            handle.cancel()
+            self._flush()
 
     def _flush(self) -> None:
         """Send what this loop pass queued: per bookie, in entry order, in
         batches bounded by ``ADD_BATCH_ENTRIES_MAX`` and ``ADD_BATCH_BYTES_MAX``."""
-        self._flush_scheduled = False
+        self._flush_handle = None
         outbox, self._outbox = self._outbox, {}
         if self._state is HandleState.FAILED:
             return  # every pending add already failed
@@ -402,23 +459,37 @@ class WriteHandle:
                                                        bookie))
             return
         self._batches_sent += 1
-        future = self._ctx.bookies.add_entries(
-            bookie, self.id, self._master_key,
-            [(pending.entry_id, envelope) for pending, _, envelope in batch],
-            flags=self._flags, timeout_s=timeout_s)
+        entries = [(pending.entry_id, envelope) for pending, _, envelope in batch]
+        bookies = self._ctx.bookies
+        # The rpc transport hands the answer over from the request's own callback
+        # (one loop pass sooner); any other transport answers with a future.
+        then = getattr(bookies, "add_entries_then", None)
+        if then is not None:
+            then(bookie, self.id, self._master_key, entries, flags=self._flags,
+                 timeout_s=timeout_s, then=functools.partial(self._on_batch_answer, batch, bookie))
+            return
+        future = bookies.add_entries(bookie, self.id, self._master_key, entries,
+                                     flags=self._flags, timeout_s=timeout_s)
         future.add_done_callback(functools.partial(self._on_batch_done, batch, bookie))
 
     def _on_batch_done(self, batch: list[_Queued], bookie: str,
                        future: asyncio.Future[list[QuorumlogError | None]]) -> None:
-        """Each entry of the batch gets its own outcome, in order (as if it had
-        been answered alone); a failed request fails every entry of it."""
         if future.cancelled():
-            errors: list[BaseException | None] = [rpc.ConnectionClosedError(
-                f"a batch of adds to bookie {bookie} was cancelled")] * len(batch)
+            self._on_batch_answer(batch, bookie, None, rpc.ConnectionClosedError(
+                f"a batch of adds to bookie {bookie} was cancelled"))
         elif (error := future.exception()) is not None:
-            errors = [error] * len(batch)
+            self._on_batch_answer(batch, bookie, None, error)
         else:
-            errors = list(future.result())
+            self._on_batch_answer(batch, bookie, future.result(), None)
+
+    def _on_batch_answer(self, batch: list[_Queued], bookie: str,
+                         results: list[QuorumlogError | None] | None,
+                         error: BaseException | None) -> None:
+        """Each entry of the batch gets its own outcome, in order (as if it had
+        been answered alone); a failed request (``results`` None) fails every
+        entry of it."""
+        errors: list[BaseException | None] = (
+            list(results) if results is not None else [error] * len(batch))
         invariant(len(errors) == len(batch), "a batch answer has one result per entry")
         if self._state is HandleState.FAILED:
             return  # every pending add already failed
@@ -495,6 +566,7 @@ class WriteHandle:
         now_s = self._loop.time()
         latency = LEDGER_METRICS.add_latency
         confirmed = confirmed_bytes = 0
+        callbacks: list[_PendingAdd] = []
         while pending and pending[0].acks.complete:
             add = pending.popleft()
             latency.observe(now_s - add.started_s)
@@ -505,19 +577,43 @@ class WriteHandle:
             self._lac = add.entry_id
             self._length_bytes += add.size
             self._outstanding_bytes -= add.size
-            if not add.future.done():
-                add.future.set_result(add.entry_id)
+            future = add.future
+            if future is None:
+                callbacks.append(add)
+            elif not future.done():
+                future.set_result(add.entry_id)
             advanced = True
         if not advanced:
             return
         LEDGER_METRICS.adds_ok += confirmed
         LEDGER_METRICS.added_bytes += confirmed_bytes
+        try:
+            self._after_drain()
+        finally:
+            self._call_back(callbacks, None)
+
+    def _call_back(self, adds: list[_PendingAdd], error: QuorumlogError | None) -> None:
+        """Outcomes for ``append_with_callback``, in entry order, once the handle's
+        own state is settled (a callback may append)."""
+        for add in adds:
+            callback = add.callback
+            add.callback = None
+            if callback is None:
+                continue
+            try:
+                callback(add.entry_id, error)
+            except Exception as exc:  # a caller's bug must not stop the other outcomes
+                self._loop.call_exception_handler({
+                    "message": f"ledger {self.id}: an append callback raised", "exception": exc})
+
+    def _after_drain(self) -> None:
+        """The handle's bookkeeping after entries were confirmed."""
         if self._room_waiters:
             waiters, self._room_waiters = self._room_waiters, deque()
             for waiter in waiters:  # woken in FIFO order; each re-checks for room
                 if not waiter.done():
                     waiter.set_result(None)
-        if not pending:
+        if not self._pending:
             self._wake_idle()
         if self._config.explicit_lac_interval_ms and self._lac_timer is None:
             self._lac_timer = self._loop.call_later(
@@ -811,17 +907,22 @@ class WriteHandle:
         LEDGER_METRICS.adds_failed += len(pending)
         if not quiet:
             LEDGER_METRICS.errors[type(error).__name__] += 1
+        callbacks: list[_PendingAdd] = []
         for add in pending:
             add.done = True
-            if not add.future.done():
-                add.future.set_exception(error)
-                add.future.exception()  # retrieved here; callers still get it when they await
+            future = add.future
+            if future is None:
+                callbacks.append(add)
+            elif not future.done():
+                future.set_exception(error)
+                future.exception()  # retrieved here; callers still get it when they await
         self._outstanding_bytes = 0
         waiters, self._room_waiters = self._room_waiters, deque()
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)  # the appender re-checks and raises
         self._wake_idle()
+        self._call_back(callbacks, error)
 
     def _stop_background(self) -> None:
         if self._lac_timer is not None:

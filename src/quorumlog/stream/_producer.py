@@ -28,7 +28,8 @@ import contextlib
 import functools
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+
+import msgspec
 
 from quorumlog.config import Config, require
 from quorumlog.errors import QuorumlogError, UsageError
@@ -36,6 +37,8 @@ from quorumlog.ledger import LedgerClient
 from quorumlog.log import get_logger
 from quorumlog.stream._entry import (
     ENTRY_HEADER_BYTES,
+    KEY_MAX_BYTES,
+    MESSAGE_HEADER_BYTES,
     OutgoingMessage,
     checked_message_bytes,
     encode_entry,
@@ -50,6 +53,8 @@ from quorumlog.stream._subscriptions import list_subscriptions
 from quorumlog.stream._writer import EntryInfo, PartitionWriter, owner_name
 
 log = get_logger(__name__)
+
+_VALUE_TYPES = (bytes, bytearray, memoryview)
 
 
 class ProducerConfig(Config, frozen=True):
@@ -83,9 +88,14 @@ class ProducerConfig(Config, frozen=True):
         require(self.backlog_interval_ms >= 0, "backlog_interval_ms must be >= 0 (0: off)")
 
 
-@dataclass(frozen=True, slots=True)
-class MessageId:
-    """Where a sent message landed."""
+class MessageId(msgspec.Struct, frozen=True, gc=False):
+    """Where a sent message landed.
+
+    A msgspec Struct left out of the garbage collector (it holds a str, an int
+    and a Position: no cycle possible): one is made per message, and a frozen
+    dataclass cost 0.56 µs to build against 0.07 µs, and one more tracked
+    object per message for the collector.
+    """
 
     stream: str
     partition: int
@@ -134,6 +144,8 @@ class Producer:
         self._metrics = stream_metrics(record.name)
         self._metrics.producers += 1  # until close()
         self._outstanding: set[asyncio.Future[MessageId]] = set()
+        # The ledger client's limit for one entry (its config does not change).
+        self._entry_max_bytes = client.config.entry_max_bytes
         self._closed = False
 
     @classmethod
@@ -208,7 +220,7 @@ class Producer:
         flight); the returned future completes when it is durable."""
         if self._closed:
             raise UsageError("the producer is closed")
-        if not isinstance(value, bytes | bytearray | memoryview):
+        if not isinstance(value, _VALUE_TYPES):
             raise UsageError(f"a message value must be bytes, got {type(value).__name__}")
         key_bytes = key.encode() if isinstance(key, str) else key
         if partition is None:
@@ -218,24 +230,32 @@ class Producer:
         writer = self._writers[partition]
         if writer.failed is not None:
             raise writer.failed
-        props = dict(properties) if properties else None
-        if self._room_free > 0 and not self._room_waiters:  # room now: one message object
-            message = OutgoingMessage(bytes(value), key=key_bytes, properties=props,
-                                      publish_time_ms=writer.next_publish_ms())
-            size = self._checked_size(message)
-        else:  # checked before waiting; the publish time is taken after the wait
-            message = OutgoingMessage(bytes(value), key=key_bytes, properties=props)
-            size = self._checked_size(message)
-            await self._wait_for_room()
-            message = OutgoingMessage(message.value, key=key_bytes, properties=props,
-                                      publish_time_ms=writer.next_publish_ms())
+        if type(value) is not bytes:
+            value = bytes(value)
+        if properties:
+            props: dict[str, str] | None = dict(properties)
+            size = self._checked_size(OutgoingMessage(value, key=key_bytes, properties=props))
+        else:  # the common case, checked without a message object or encoding
+            props = None
+            size = MESSAGE_HEADER_BYTES + len(value)
+            if key_bytes is not None:
+                if len(key_bytes) > KEY_MAX_BYTES:
+                    raise UsageError(f"a message key has {len(key_bytes)} bytes; at most "
+                                     f"{KEY_MAX_BYTES}")
+                size += len(key_bytes)
+            if ENTRY_HEADER_BYTES + size > self._entry_max_bytes:
+                self._checked_size(OutgoingMessage(value, key=key_bytes))  # raises
+        if self._room_free <= 0 or self._room_waiters:
+            await self._wait_for_room()  # the publish time is taken after the wait
+        message = OutgoingMessage(value, key=key_bytes, properties=props,
+                                  publish_time_ms=writer.next_publish_ms())
         self._room_free -= 1
         loop = self._loop
         future: asyncio.Future[MessageId] = loop.create_future()
         self._outstanding.add(future)
         if (self._batches[partition].messages
                 and ENTRY_HEADER_BYTES + self._batches[partition].bytes + size
-                > self._client.config.entry_max_bytes):
+                > self._entry_max_bytes):
             self._flush(partition)  # the message would not fit in this batch's entry
         batch = self._batches[partition]
         batch.messages.append(message)
@@ -263,7 +283,7 @@ class Producer:
         message fit.
         """
         size = checked_message_bytes(message)
-        entry_max_bytes = self._client.config.entry_max_bytes
+        entry_max_bytes = self._entry_max_bytes
         if ENTRY_HEADER_BYTES + size > entry_max_bytes:
             raise MessageTooLargeError(
                 f"stream {self.stream!r}: a message of {len(message.value)} value bytes takes "
@@ -331,42 +351,43 @@ class Producer:
                          first_publish_ms=batch.messages[0].publish_time_ms,
                          last_publish_ms=batch.messages[-1].publish_time_ms)
         writer = self._writers[partition]
+        self._entries_in_flight[partition] += 1
+        self._entries_sent += 1
         try:
-            entry = writer.submit(payload, info)
+            writer.submit_with_callback(payload, info, functools.partial(
+                self._resolve, partition, batch.futures, batch.bytes))
         except QuorumlogError as exc:
+            self._entries_in_flight[partition] -= 1
+            self._entries_sent -= 1
             for future in batch.futures:
                 if not future.done():
                     future.set_exception(exc)
             self._finish(batch.futures)
-            return
-        self._entries_in_flight[partition] += 1
-        self._entries_sent += 1
-        entry.add_done_callback(functools.partial(self._resolve, partition, batch.futures,
-                                                  batch.bytes))
 
     def _resolve(self, partition: int, futures: list[asyncio.Future[MessageId]],
-                 batch_bytes: int, entry: asyncio.Future[Position]) -> None:
+                 batch_bytes: int, position: Position | None,
+                 error: QuorumlogError | None) -> None:
+        """An entry's outcome, called by the partition's writer as soon as it
+        knows it (not a loop pass later): the messages' futures complete now."""
         self._entries_in_flight[partition] -= 1
         waiting = self._batches[partition]
         if (waiting.messages and waiting.timer is not None
                 and self._entries_in_flight[partition] < self._config.batch_eager_entries_max):
             self._flush(partition)  # an entry left the link: the waiting batch goes now
-        error: BaseException | None = (UsageError("the send was cancelled") if entry.cancelled()
-                                       else entry.exception())
         self._finish(futures)
-        if error is not None:
+        if error is not None or position is None:
+            failure = error or UsageError("an entry completed without a position")
             for future in futures:
                 if not future.done():
-                    future.set_exception(error)
+                    future.set_exception(failure)
             return
-        position = entry.result()
         self._metrics.in_messages += len(futures)
         self._metrics.in_bytes += batch_bytes
+        stream, ledger_id, entry_id = self.stream, position.ledger_id, position.entry_id
         for index, future in enumerate(futures):
             if not future.done():
-                future.set_result(MessageId(self.stream, partition,
-                                            Position(position.ledger_id, position.entry_id,
-                                                     index)))
+                future.set_result(MessageId(stream, partition,
+                                            Position(ledger_id, entry_id, index)))
 
     async def flush(self) -> None:
         """Send every batched message now and wait until all sent ones are durable."""

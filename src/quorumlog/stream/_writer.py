@@ -14,7 +14,9 @@ Lifecycle:
    final length, entry count and publish times in the list and appends a new
    open ledger, in one compare-and-swap.
 3. **Appends** are pipelined on the open ledger; entry ids are assigned in
-   order, so the writer knows the id of every append it issued.
+   order, so the writer knows the id of every append it issued. An entry
+   submitted while nothing is queued is issued and sent to the bookies in
+   the same call; otherwise the pump task issues the queue in order.
 4. **Rollover** (``RolloverPolicy``): wait for the appends in flight, close the
    ledger, create the next one, record both in one compare-and-swap of the
    partition's head (one meta transaction of at most two keys: the head, and
@@ -37,6 +39,7 @@ import functools
 import os
 import socket
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from quorumlog import rpc
@@ -100,15 +103,38 @@ class EntryInfo:
     last_publish_ms: int
 
 
+EntryCallback = Callable[[Position | None, QuorumlogError | None], None]
+"""``callback(position, None)`` once an entry is durable, ``callback(None, error)``
+when it failed (``PartitionWriter.submit_with_callback``)."""
+
+
 @dataclass(slots=True)
 class _Pending:
+    """One entry: queued, in flight on a ledger, or confirmed (waiting for the
+    entries before it). Its outcome goes to ``result`` or ``callback``."""
+
     payload: bytes
     info: EntryInfo
-    result: asyncio.Future[Position]
+    result: asyncio.Future[Position] | None
+    callback: EntryCallback | None = None
     entry_id: int = -1
-    ledger_id: int = -1
-    append: asyncio.Future[int] | None = None
+    ledger_id: int = -1  # -1 while queued: no ledger's outcome applies to it
+    in_flight: bool = False  # issued to ledger_id, no outcome yet
     confirmed: bool = False
+
+    def succeed(self, position: Position) -> None:
+        callback, self.callback = self.callback, None
+        if callback is not None:
+            callback(position, None)
+        elif self.result is not None and not self.result.done():
+            self.result.set_result(position)
+
+    def fail(self, error: QuorumlogError) -> None:
+        callback, self.callback = self.callback, None
+        if callback is not None:
+            callback(None, error)
+        elif self.result is not None and not self.result.done():
+            self.result.set_exception(error)
 
 
 @dataclass(slots=True)
@@ -176,6 +202,8 @@ class PartitionWriter:
         self._closing = False
         self._last_publish_ms = 0
         self._recoveries_without_progress = 0
+        self._in_flight = 0  # entries of _pending issued and without an outcome
+        self._outcome_waiters: list[asyncio.Future[None]] = []
         self.rollovers = 0
 
     # ----- open: lease and takeover ------------------------------------------------------
@@ -290,27 +318,49 @@ class PartitionWriter:
         return self._last_publish_ms
 
     def submit(self, payload: bytes, info: EntryInfo) -> asyncio.Future[Position]:
-        """Queue one entry; the future gives its (ledger_id, entry_id) once durable.
+        """Queue one entry; the future gives its (ledger_id, entry_id) once durable."""
+        result: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
+        self._submit(_Pending(payload=payload, info=info, result=result))
+        return result
 
-        Entries are issued in submission order by one pump task, so the order of
-        submits is the order in the partition.
+    def submit_with_callback(self, payload: bytes, info: EntryInfo,
+                             callback: EntryCallback) -> None:
+        """Queue one entry, as ``submit``; its outcome goes to ``callback``, called
+        by the code that learns it (the ledger handle confirming the entry, in
+        partition order), not a loop pass later as a future's done-callback
+        would be. The callback may submit again; it should not raise."""
+        self._submit(_Pending(payload=payload, info=info, result=None, callback=callback))
+
+    def _submit(self, pending: _Pending) -> None:
+        """Queue ``pending``, or issue it at once.
+
+        Entries are issued in submission order, so the order of submits is the
+        order in the partition: at once when nothing is queued and the ledger
+        is ready (no switch, no rollover due, room in the handle), otherwise
+        by the pump task, which issues the queue in order.
         """
         if self._failed is not None:
             raise self._failed
         invariant(self._pump_task is not None, "submit before open")
         entry_max_bytes = self._client.config.entry_max_bytes
-        if len(payload) > entry_max_bytes:
+        if len(pending.payload) > entry_max_bytes:
             # Refused here, not by the ledger handle: a failed append means "recover
             # and continue in a new ledger", which cannot fix an entry's size.
             raise MessageTooLargeError(
                 f"stream {self.stream!r} partition {self.partition}: an entry of "
-                f"{len(payload)} bytes is over the ledger entry limit entry_max_bytes="
-                f"{entry_max_bytes}; nothing was sent")
-        pending = _Pending(payload=payload, info=info,
-                           result=asyncio.get_running_loop().create_future())
+                f"{len(pending.payload)} bytes is over the ledger entry limit "
+                f"entry_max_bytes={entry_max_bytes}; nothing was sent")
+        current = self._current
+        if (current is not None and not self._queue and self._switching.is_set()
+                and not self._closing and not self.due_for_rollover()
+                and self._issue(current, pending)):
+            # Nothing waits before it and the ledger can take it: issued and sent
+            # now, not a loop pass later by the pump (on a busy loop a pass is
+            # milliseconds). The order is the pump's: the queue is empty.
+            current.handle.send_queued()
+            return
         self._queue.append(pending)
         self._queued.set()
-        return pending.result
 
     async def append(self, payload: bytes, info: EntryInfo) -> Position:
         return await self.submit(payload, info)
@@ -331,10 +381,9 @@ class PartitionWriter:
                 await self._take_over_lazily()
             await self._switching.wait()
             if self._failed is not None:
-                for pending in self._queue:
-                    if not pending.result.done():
-                        pending.result.set_exception(self._failed)
-                self._queue.clear()
+                queue, self._queue = self._queue, deque()
+                for pending in queue:
+                    pending.fail(self._failed)
                 continue
             if self.due_for_rollover():
                 await self.roll_over()
@@ -343,9 +392,11 @@ class PartitionWriter:
             assert current is not None
             while self._queue and self._switching.is_set():
                 if not self._issue(current, self._queue[0]):
+                    current.handle.send_queued()
                     await self._wait_for_room()
                     break
                 self._queue.popleft()
+            current.handle.send_queued()
             await asyncio.sleep(0)
 
     async def _take_over_lazily(self) -> None:
@@ -361,39 +412,62 @@ class PartitionWriter:
 
     async def _wait_for_room(self) -> None:
         """The ledger handle has its maximum of appends outstanding: wait for one."""
-        futures = [p.append for p in self._pending if p.append is not None and not p.append.done()]
-        if futures:
-            await asyncio.wait(futures[:1], timeout=SETTLE_TIMEOUT_S)
+        if self._in_flight:
+            await self._next_outcome(SETTLE_TIMEOUT_S)
+
+    async def _next_outcome(self, timeout_s: float) -> None:
+        """Wait until an append in flight gets its outcome (or ``timeout_s``)."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._outcome_waiters.append(waiter)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiter, timeout_s)
+        finally:
+            with contextlib.suppress(ValueError):
+                self._outcome_waiters.remove(waiter)
 
     def _issue(self, current: _Current, pending: _Pending) -> bool:
         """Start the append; False if the ledger handle has no room right now."""
+        entry_id, ledger_id = current.issued, current.ledger_id
+        callback = functools.partial(self._on_append_result, pending, ledger_id)
+        failed: QuorumlogError | None = None
         try:
-            future = current.handle.append_async(pending.payload)
+            issued = current.handle.append_with_callback(pending.payload, callback)
         except rpc.BackpressureError:
             return False
         except QuorumlogError:
             # The handle failed already: recovery sorts out what is durable.
-            future = asyncio.get_running_loop().create_future()
-            future.set_exception(LedgerWriteFailed(f"ledger {current.ledger_id} failed"))
-        pending.entry_id = current.issued
-        pending.ledger_id = current.ledger_id
+            failed = LedgerWriteFailed(f"ledger {ledger_id} failed")
+        else:
+            invariant(issued == entry_id, f"ledger {ledger_id} gave entry id {issued} to an "
+                      f"append, the writer expected {entry_id}")
+        pending.entry_id = entry_id
+        pending.ledger_id = ledger_id
+        pending.in_flight = True
+        self._in_flight += 1
         current.issued += 1
         current.issued_bytes += len(pending.payload)
         self._pending.append(pending)
-        pending.append = future
-        future.add_done_callback(functools.partial(self._on_append_done, pending))
+        if failed is not None:
+            asyncio.get_running_loop().call_soon(callback, entry_id, failed)
         return True
 
-    def _on_append_done(self, pending: _Pending, future: asyncio.Future[int]) -> None:
-        if future.cancelled() or future.exception() is not None:
-            if self._recovery_task is None and self._failed is None:
-                self._switching.clear()
-                self._recovery_task = asyncio.get_running_loop().create_task(self._recover())
+    def _on_append_result(self, pending: _Pending, ledger_id: int, entry_id: int,
+                          error: QuorumlogError | None) -> None:
+        """The ledger handle's outcome for one append (called synchronously by it)."""
+        if not pending.in_flight or pending.ledger_id != ledger_id or (
+                pending.entry_id != entry_id):
+            return  # from a ledger the entry has left: recovery settled or resent it
+        pending.in_flight = False
+        self._in_flight -= 1
+        if self._outcome_waiters:
+            waiters, self._outcome_waiters = self._outcome_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+        if error is not None:
+            self._start_recovery()
             return
-        entry_id = future.result()
-        invariant(entry_id == pending.entry_id,
-                  f"ledger {pending.ledger_id} gave entry id {entry_id}, expected "
-                  f"{pending.entry_id}")
         pending.confirmed = True
         self._recoveries_without_progress = 0
         self._complete_prefix()
@@ -404,14 +478,17 @@ class PartitionWriter:
             done = self._pending.popleft()
             if current is not None and done.ledger_id == current.ledger_id:
                 current.totals.add(done)
-            if not done.result.done():
-                done.result.set_result(Position(done.ledger_id, done.entry_id))
+            done.succeed(Position(done.ledger_id, done.entry_id))
 
     async def _settle(self) -> None:
-        """Wait until every append in flight has an outcome."""
-        futures = [p.append for p in self._pending if p.append is not None]
-        if futures:
-            await asyncio.wait(futures, timeout=SETTLE_TIMEOUT_S)
+        """Wait until every append in flight has an outcome (at most SETTLE_TIMEOUT_S)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SETTLE_TIMEOUT_S
+        while self._in_flight:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            await self._next_outcome(remaining)
 
     # ----- rollover -----------------------------------------------------------------------
 
@@ -512,10 +589,13 @@ class PartitionWriter:
         last = int(handle.last_add_confirmed)
         resend: list[_Pending] = []
         for pending in list(self._pending):
+            # Recovery decides now: a late outcome from the old ledger must not count.
+            pending.in_flight = False
             if pending.ledger_id == current.ledger_id and pending.entry_id <= last:
                 pending.confirmed = True
             else:
                 resend.append(pending)
+        self._in_flight = 0
         self._complete_prefix()
         invariant(current.totals.entries == last + 1,
                   f"ledger {current.ledger_id}: recovered {last + 1} entries, writer confirmed "
@@ -543,6 +623,7 @@ class PartitionWriter:
         assert new is not None
         for pending in reversed(resend):
             pending.confirmed = False
+            pending.ledger_id = pending.entry_id = -1
             self._queue.appendleft(pending)  # the pump sends them first, in order
         if resend:
             self._queued.set()
@@ -550,10 +631,11 @@ class PartitionWriter:
     def _fail(self, error: QuorumlogError) -> None:
         if self._failed is None:
             self._failed = error
-        for pending in self._pending:
-            if not pending.result.done():
-                pending.result.set_exception(self._failed)
-        self._pending.clear()
+        pendings, self._pending = self._pending, deque()
+        self._in_flight = 0
+        for pending in pendings:
+            pending.in_flight = False
+            pending.fail(self._failed)
         self._switching.set()
 
     # ----- close -------------------------------------------------------------------------
@@ -593,6 +675,16 @@ class PartitionWriter:
     @property
     def failed(self) -> QuorumlogError | None:
         return self._failed
+
+    @property
+    def entries_queued(self) -> int:
+        """Entries submitted and not yet issued to a ledger (the pump's queue)."""
+        return len(self._queue)
+
+    @property
+    def entries_in_flight(self) -> int:
+        """Entries issued to the ledger and without an outcome yet."""
+        return self._in_flight
 
     @property
     def ledger_id(self) -> int | None:
