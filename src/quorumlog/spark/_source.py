@@ -186,7 +186,9 @@ def read_partition(partition: QuorumlogInputPartition) -> Iterator[pa.RecordBatc
         while pending is not None:
             batches = pending.result(_io.CALL_TIMEOUT_S)
             entries = sum(map(len, batches))
-            size = sum(batch.payload_bytes for batch in batches)
+            # The bytes the chunk's entries span (envelope headers included):
+            # O(1) per batch, where payload_bytes sums every bound.
+            size = sum(batch.ends[-1] - batch.starts[0] for batch in batches if len(batch))
             average = max(1, size // max(1, entries))
             chunk = max(1, min(READ_CHUNK_ENTRIES_MAX, READ_CHUNK_BYTES // average))
             first, pending = last + 1, None
