@@ -554,12 +554,13 @@ class LedgerStorage:
         """Consecutive entries from ``first_entry_id``: at most ``max_entries`` and
         ``max_bytes`` of data, but always the first one (NoSuchEntryError if absent).
 
-        Runs of entries come from the write cache, then the read cache, then
-        the entry logs: for those, one index range scan finds the locations
-        and each stretch of frames lying back to back in one log is read with
-        one ``pread`` and checked frame by frame (``EntryLogs.read_run``), so
-        a sequential reader costs no index lookup, read-ahead or read-cache
-        insert per entry.
+        Runs of entries come from the write cache, the read cache or the
+        entry logs, whichever holds the run's first entry: a log run is one
+        index lookup and one ``pread`` of the frames lying back to back from
+        there, each checked (``EntryLogs.read_following``), so a sequential
+        reader costs no index lookup, read-ahead or read-cache insert per
+        entry. A damaged frame ends the batch before it, or raises
+        ``EntryLogCorruptionError`` when it is the first entry asked for.
         """
         if max_entries <= 0 or max_bytes <= 0:
             raise UsageError("read_batch needs max_entries > 0 and max_bytes > 0")

@@ -91,7 +91,10 @@ from quorumlog.stream import (
 log = get_logger(__name__)
 
 READ_CHUNK_BYTES = 8 * 1024 * 1024  # entries fetched per bookie round of a task
-READ_CHUNK_ENTRIES_MAX = 8192
+# Entries decoded as one chunk (READ_CHUNK_BYTES bounds it too): larger chunks
+# spread the ~40 Arrow calls of a decode over more rows (8,192 until issue 17's
+# second round; one 100 B message per entry makes a chunk of ~6 MB).
+READ_CHUNK_ENTRIES_MAX = 32768
 READ_CHUNK_ENTRIES_FIRST = 256  # before the entry size is known
 BATCH_ID_PROPERTY = "streaming.sql.batchId"  # Spark's local property in micro-batch tasks
 
