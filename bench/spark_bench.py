@@ -111,10 +111,62 @@ async def latency(meta: list[str], rate_per_s: float, seconds: float
         return acks, e2e
 
 
-def spark_read(meta: list[str], streams: list[str], rows: int,
-               workdir: Path) -> dict[str, tuple[float, float]]:
+CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+GROUPS = ("nodes", "jvm", "python")
+
+
+def _proc_stat(pid: int) -> tuple[int, float, float] | None:
+    """(parent pid, own CPU s, CPU s of reaped children) of a process, from /proc."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2:].split()  # after "pid (comm) "
+    utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
+    return (int(fields[1]), (utime + stime) / CLOCK_TICKS_PER_S,
+            (cutime + cstime) / CLOCK_TICKS_PER_S)
+
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _proc_stat(int(entry))
+            if stat is not None:
+                tree.setdefault(stat[0], []).append(int(entry))
+    return tree
+
+
+def cpu_seconds(node_pids: list[int]) -> dict[str, float]:
+    """CPU seconds so far of the three process groups of a read: the node
+    processes (bookie + meta), Spark's JVM (a child of this process) and
+    Spark's Python workers (the JVM's descendants, with their reaped children)."""
+    tree = _children()
+    out = dict.fromkeys(GROUPS, 0.0)
+    for pid in node_pids:
+        stat = _proc_stat(pid)
+        out["nodes"] += stat[1] if stat else 0.0
+    for jvm in tree.get(os.getpid(), []):
+        stat = _proc_stat(jvm)
+        if stat is None or "java" not in Path(f"/proc/{jvm}/comm").read_text(errors="replace"):
+            continue
+        out["jvm"] += stat[1]
+        stack = list(tree.get(jvm, []))
+        while stack:
+            pid = stack.pop()
+            child = _proc_stat(pid)
+            if child is not None:
+                out["python"] += child[1] + child[2]
+                stack += tree.get(pid, [])
+    return out
+
+
+def spark_read(meta: list[str], streams: list[str], rows: int, workdir: Path,
+               node_pids: list[int], repeats: int = 2
+               ) -> dict[str, tuple[float, float, dict[str, float]]]:
     """Per stream: (seconds to read it through Spark, seconds to read the same
-    rows from Parquet), each the best of two runs into the noop sink."""
+    rows from Parquet, CPU µs per row of each process group in the fastest
+    Spark read), each the best of ``repeats`` runs into the noop sink."""
     from quorumlog.spark import local_session
 
     spark = local_session("local[2]", "quorumlog-bench",
@@ -124,13 +176,18 @@ def spark_read(meta: list[str], streams: list[str], rows: int,
         return (spark.read.format("quorumlog").option("meta", ",".join(meta))
                 .option("stream", stream).option("maxRowsPerPartition", "100000").load())
 
-    def timed(make: object) -> float:
-        best = float("inf")
-        for _ in range(2):
+    def timed(make: object) -> tuple[float, dict[str, float]]:
+        best, best_cpu = float("inf"), dict.fromkeys(GROUPS, 0.0)
+        for _ in range(repeats):
+            before = cpu_seconds(node_pids)
             started = time.perf_counter()
             make().write.format("noop").mode("overwrite").save()  # type: ignore[operator]
-            best = min(best, time.perf_counter() - started)
-        return best
+            elapsed = time.perf_counter() - started
+            after = cpu_seconds(node_pids)
+            if elapsed < best:
+                best = elapsed
+                best_cpu = {g: (after[g] - before[g]) * 1e6 / rows for g in GROUPS}
+        return best, best_cpu
 
     try:
         results = {}
@@ -140,8 +197,12 @@ def spark_read(meta: list[str], streams: list[str], rows: int,
             frame.write.mode("overwrite").parquet(parquet)  # type: ignore[attr-defined]
             counted = frame.count()  # type: ignore[attr-defined]
             assert counted == rows, f"Spark read {counted} rows of {stream}, expected {rows}"
-            results[stream] = (timed(lambda s=stream: load(s)),
-                               timed(lambda p=parquet: spark.read.parquet(p)))
+            stream_s, cpu = timed(lambda s=stream: load(s))
+            parquet_s, parquet_cpu = timed(lambda p=parquet: spark.read.parquet(p))
+            print(f"  {stream}: CPU µs/row nodes {cpu['nodes']:.2f}, JVM {cpu['jvm']:.2f}, "
+                  f"Python workers {cpu['python']:.2f} (parquet: JVM "
+                  f"{parquet_cpu['jvm']:.2f}); load average {os.getloadavg()[0]:.1f}")
+            results[stream] = (stream_s, parquet_s, cpu)
         return results
     finally:
         spark.stop()
@@ -157,37 +218,37 @@ def main() -> int:
     parser.add_argument("--entries", type=int, default=0, help="entries to read with Spark")
     parser.add_argument("--batching", action="store_true",
                         help="let the producer pack messages into entries")
+    parser.add_argument("--cluster", type=Path, default=None,
+                        help="reuse this local cluster (started and filled by an earlier "
+                             "--keep run): only the Spark reads run")
+    parser.add_argument("--keep", action="store_true",
+                        help="leave the cluster running and print its directory")
+    parser.add_argument("--repeats", type=int, default=2, help="Spark reads per measure")
     args = parser.parse_args()
     configure("WARNING")
     entries = args.entries or (100_000 if args.quick else 1_000_000)
-    latency_s = 3.0 if args.quick else 10.0
+    keep = args.keep or args.cluster is not None
     workdir = Path(tempfile.mkdtemp(prefix="quorumlog-spark-bench-"))
-    directory = workdir / "cluster"
-    print(f"starting a local cluster of 3 nodes in {directory} ...")
-    cluster.up(directory, 3)
+    directory = args.cluster or (Path(tempfile.mkdtemp(prefix="quorumlog-spark-bench-cluster-"))
+                                 if keep else workdir / "cluster")
+    if args.cluster is None:
+        print(f"starting a local cluster of 3 nodes in {directory} ...")
+        cluster.up(directory, 3)
     meta = cluster.meta_addresses(directory)
     try:
-        rate = rpc.run(fill(meta, "bench", entries, args.batching))
-        print(f"producer: {entries} messages of {VALUE_BYTES} B, "
-              f"{'batched' if args.batching else 'one entry each'}: {rate:,.0f} msg/s")
-        half = rate / 2
-        acks, e2e = rpc.run(latency(meta, half, latency_s))
-        print(f"latency at {half:,.0f} msg/s (half of peak), {len(e2e)} messages: "
-              f"send->ack p50 {statistics.median(acks):.2f} ms p99 {percentile(acks, 0.99):.2f}"
-              f" ms; send->receive p50 {statistics.median(e2e):.2f} ms "
-              f"p99 {percentile(e2e, 0.99):.2f} ms (target p99 <= 10 ms)")
+        single, batched = ("bench-single", "bench") if args.batching else ("bench",
+                                                                           "bench-batched")
+        if args.cluster is None:
+            produce(meta, entries, 3.0 if args.quick else 10.0, args.batching)
         if shutil.which("java") is None:
             print("no java: skipping the Spark read part")
             return 0
-        other = "bench-batched" if not args.batching else "bench-single"
-        other_rate = rpc.run(fill(meta, other, entries, not args.batching))
-        print(f"producer, {'batched' if not args.batching else 'one entry each'} "
-              f"(stream {other}): {other_rate:,.0f} msg/s")
-        single, batched = ("bench", other) if not args.batching else (other, "bench")
-        result = spark_read(meta, [single, batched], entries, workdir)
+        node_pids = [n.pid for n in cluster.load(directory)]
+        result = spark_read(meta, [single, batched], entries, workdir, node_pids,
+                            args.repeats)
         lines = []
         for stream, label in ((single, "one message per entry"), (batched, "batched entries")):
-            stream_s, parquet_s = result[stream]
+            stream_s, parquet_s, _ = result[stream]
             stream_rate, parquet_rate = entries / stream_s, entries / parquet_s
             print(f"spark read of {entries} rows, {label}: stream {stream_s:.2f} s "
                   f"({stream_rate:,.0f} rows/s), parquet {parquet_s:.2f} s "
@@ -205,8 +266,28 @@ def main() -> int:
             print(line)
         return 0
     finally:
-        cluster.down(directory)
+        if keep:
+            print(f"cluster left running in {directory} (quorumlog down --dir {directory})")
+        else:
+            cluster.down(directory)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def produce(meta: list[str], entries: int, latency_s: float, batching: bool) -> None:
+    """Fill both streams (the producer and latency lines are about ``batching``)."""
+    rate = rpc.run(fill(meta, "bench", entries, batching))
+    print(f"producer: {entries} messages of {VALUE_BYTES} B, "
+          f"{'batched' if batching else 'one entry each'}: {rate:,.0f} msg/s")
+    half = rate / 2
+    acks, e2e = rpc.run(latency(meta, half, latency_s))
+    print(f"latency at {half:,.0f} msg/s (half of peak), {len(e2e)} messages: "
+          f"send->ack p50 {statistics.median(acks):.2f} ms p99 {percentile(acks, 0.99):.2f}"
+          f" ms; send->receive p50 {statistics.median(e2e):.2f} ms "
+          f"p99 {percentile(e2e, 0.99):.2f} ms (target p99 <= 10 ms)")
+    other = "bench-batched" if not batching else "bench-single"
+    other_rate = rpc.run(fill(meta, other, entries, not batching))
+    print(f"producer, {'batched' if not batching else 'one entry each'} "
+          f"(stream {other}): {other_rate:,.0f} msg/s")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from quorumlog.ledger import EntryBatch, LedgerEntry
 from quorumlog.spark._arrow import EntryColumns, record_batch, record_batch_of_entries
 from quorumlog.spark._source import entry_columns
 from quorumlog.stream import (
+    ENTRY_HEADER_BYTES,
     ColumnSink,
     MessageFormatError,
     OutgoingMessage,
@@ -102,6 +103,12 @@ def test_broken_entries_are_refused_and_the_row_decoder_names_them() -> None:
         "trailing bytes": good + b"!",
         "second message cut": batched[:-1],
         "zero messages": good[:4] + b"\x00\x00\x00\x00" + good[8:],
+        # The walk over batched entries (no bounds check per message): a header
+        # past the end of the buffer, and a value length that sends the next
+        # offset past int32.
+        "one message more than it holds": batched[:4] + b"\x03\x00\x00\x00" + batched[8:],
+        "value length past int32": (batched[:ENTRY_HEADER_BYTES + 16] + b"\xff\xff\xff\x7f"
+                                    + batched[ENTRY_HEADER_BYTES + 20:]),
     }
     for name, payload in broken.items():
         assert _columnar([good, payload], 0) is None, name

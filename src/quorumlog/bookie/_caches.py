@@ -136,7 +136,9 @@ class ReadCache:
     def get_run(self, ledger_id: int, first_entry_id: int, last_entry_id: int,
                 max_bytes: int) -> list[bytes]:
         """Consecutive cached entries from ``first_entry_id`` (stops at the first
-        miss, ``last_entry_id`` or ``max_bytes``): a batch read's hot loop."""
+        miss, ``last_entry_id`` or ``max_bytes``): a batch read's hot loop. A
+        negative ``max_bytes`` is ``-limit`` for a run whose first entry is
+        taken whatever its size."""
         run: list[bytes] = []
         if not self._segment_bytes:
             return run
@@ -149,7 +151,11 @@ class ReadCache:
                 data = segment.get(key)
                 if data is not None:
                     break
-            if data is None or total + len(data) > max_bytes:
+            if data is None:
+                break
+            if max_bytes >= 0 and total + len(data) > max_bytes:
+                break
+            if max_bytes < 0 and run and total + len(data) > -max_bytes:
                 break
             run.append(data)
             total += len(data)

@@ -22,6 +22,7 @@ class StorageStats:
     entry_log_reads: int = 0
     read_ahead_batches: int = 0
     read_ahead_entries: int = 0
+    batch_log_entries: int = 0  # entries batch reads took from entry logs (read_run)
     flushes: int = 0
     flushed_entries: int = 0
     flushed_bytes: int = 0

@@ -81,6 +81,10 @@ CHECKPOINT_MAX_BYTES = 1024
 # A read retries its index lookup once when compaction removed the entry log
 # between the lookup and the read (the index already points at the copy).
 LOG_GONE_RETRIES = 1
+# A batch read reads the frames lying back to back in an entry log with one
+# pread of at most this many bytes (bounds the buffer; more is read by the
+# next pread).
+READ_RUN_BYTES_MAX = 8 * 1024 * 1024
 # needs_flush turns true when the active half is this full.
 FLUSH_SUGGESTED_FRACTION = 0.5
 
@@ -124,6 +128,15 @@ def _sorted_frames(entries: dict[EntryKey, bytes],
 
 # Errors of one entry in a batch of adds (the others may still be stored).
 _ENTRY_ERRORS = (EntryTooLargeError, WriteCacheFullError, UsageError)
+
+
+def _over_budget(total_bytes: int, budget: int, taken: int) -> bool:
+    """Would a run of ``taken`` entries so far go over its budget with
+    ``total_bytes``? A negative budget is ``-max_bytes`` for the run that
+    starts a batch read: its first entry is taken whatever its size."""
+    if budget >= 0:
+        return total_bytes > budget
+    return taken > 0 and total_bytes > -budget
 
 
 def _check_id(kind: str, value: int) -> None:
@@ -540,30 +553,63 @@ class LedgerStorage:
     ) -> list[bytes]:
         """Consecutive entries from ``first_entry_id``: at most ``max_entries`` and
         ``max_bytes`` of data, but always the first one (NoSuchEntryError if absent).
+
+        Runs of entries come from the write cache, the read cache or the
+        entry logs, whichever holds the run's first entry: a log run is one
+        index lookup and one ``pread`` of the frames lying back to back from
+        there, each checked (``EntryLogs.read_following``), so a sequential
+        reader costs no index lookup, read-ahead or read-cache insert per
+        entry. A damaged frame ends the batch before it, or raises
+        ``EntryLogCorruptionError`` when it is the first entry asked for.
         """
         if max_entries <= 0 or max_bytes <= 0:
             raise UsageError("read_batch needs max_entries > 0 and max_bytes > 0")
+        _check_id("ledger", ledger_id)
+        _check_id("entry", first_entry_id)
         last = min(self.last_entry_id(ledger_id), first_entry_id + max_entries - 1)
-        first = self.get_entry(ledger_id, first_entry_id)
-        entries, total_bytes = [first], len(first)
-        entry_id = first_entry_id + 1
-        while len(entries) < max_entries and entry_id <= last:
-            cached = self._read_cache_run(ledger_id, entry_id, last, max_bytes - total_bytes)
-            if cached:
-                entries += cached
-                total_bytes += sum(len(data) for data in cached)
-                entry_id += len(cached)
-                continue
+        entries: list[bytes] = []
+        total_bytes, entry_id = 0, first_entry_id
+        while entry_id <= last:
+            # budget < 0: the batch's first entry, taken whatever its size
+            budget = max_bytes - total_bytes if entries else -max_bytes
+            if entries and budget <= 0:
+                break
             try:
-                data = self.get_entry(ledger_id, entry_id)
-            except NoSuchEntryError:
+                run = (self._write_cache_run(ledger_id, entry_id, last, budget)
+                       or self._read_cache_run(ledger_id, entry_id, last, budget)
+                       or self._log_run(ledger_id, entry_id, last, budget))
+            except EntryLogCorruptionError:
+                if not entries:
+                    raise
+                break  # the entries before it go out; a read starting there reports it
+            if not run:
                 break
-            if total_bytes + len(data) > max_bytes:
-                break
-            entries.append(data)
-            total_bytes += len(data)
-            entry_id += 1
+            entries += run
+            total_bytes += sum(map(len, run))
+            entry_id += len(run)
+        if not entries:
+            return [self.get_entry(ledger_id, first_entry_id)]  # the precise error
+        with self._read_lock:
+            self._sequential.note(ledger_id, entry_id - 1)
         return entries
+
+    def _write_cache_run(self, ledger_id: int, first_entry_id: int, last_entry_id: int,
+                         max_bytes: int) -> list[bytes]:
+        """Consecutive write-cache hits under one hold of the state lock."""
+        run: list[bytes] = []
+        total = 0
+        with self._cond:
+            self._check_open()
+            self._ledgers.get_live(ledger_id)
+            get = self._write_cache.get
+            for entry_id in range(first_entry_id, last_entry_id + 1):
+                data = get(ledger_id, entry_id)
+                if data is None or _over_budget(total + len(data), max_bytes, len(run)):
+                    break
+                run.append(data)
+                total += len(data)
+        self._stats.write_cache_hits += len(run)
+        return run
 
     def _read_cache_run(self, ledger_id: int, first_entry_id: int, last_entry_id: int,
                         max_bytes: int) -> list[bytes]:
@@ -571,8 +617,8 @@ class LedgerStorage:
         would return one by one for entries no longer in the write cache)."""
         with self._read_lock:
             run = self._read_cache.get_run(ledger_id, first_entry_id, last_entry_id, max_bytes)
-            if run:
-                self._sequential.note(ledger_id, first_entry_id + len(run) - 1)
+        if not run:
+            return run
         with self._cond:
             self._check_open()
             self._ledgers.get_live(ledger_id)
@@ -584,6 +630,39 @@ class LedgerStorage:
                     break
         self._stats.read_cache_hits += len(run)
         return run
+
+    def _log_run(self, ledger_id: int, first_entry_id: int, last_entry_id: int,
+                 budget: int) -> list[bytes]:
+        """Consecutive entries from the entry logs: the index locates the
+        first one, and the ledger's following entries are taken from the
+        frames that lie back to back after it (a flush writes a ledger's
+        entries in order), read with the same ``pread``
+        (``EntryLogs.read_following``). Empty when the index does not hold
+        the first one."""
+        count_max = last_entry_id - first_entry_id + 1
+        for _ in range(LOG_GONE_RETRIES + 1):
+            location = self._index.get_location(ledger_id, first_entry_id)
+            if location is None:
+                return []
+            data_bytes = location.frame_bytes - FRAME_OVERHEAD_BYTES
+            if _over_budget(data_bytes, budget, 0):
+                return []
+            # Read as if the following entries were the size of the first.
+            room = abs(budget) // max(1, data_bytes)
+            size = location.frame_bytes * max(1, min(count_max, room))
+            try:
+                run = self._logs.read_following(
+                    location, ledger_id, first_entry_id,
+                    read_bytes=min(max(size, location.frame_bytes), READ_RUN_BYTES_MAX),
+                    count_max=count_max, data_bytes_max=abs(budget))
+            except LogGoneError:
+                continue  # compaction moved it: the index points at the copy now
+            self._stats.entry_log_reads += 1
+            self._stats.batch_log_entries += len(run)
+            return run
+        raise StorageError(
+            f"entry {ledger_id}:{first_entry_id}: its entry log was removed twice while "
+            "reading; retry the read", retriable=True)
 
     # -- flush -------------------------------------------------------------------
 

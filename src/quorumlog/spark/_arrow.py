@@ -362,22 +362,28 @@ class EntryColumns:
         positions: array.array[int] = array.array("i")
         entry_pos: array.array[int] = array.array("i")
         batch_index: array.array[int] = array.array("i")
-        header = MESSAGE_HEADER_BYTES
-        for entry, (start, end, count) in enumerate(zip(
-                self.starts.to_pylist(), self.ends.to_pylist(), counts.to_pylist(),
-                strict=True)):
-            offset = start + ENTRY_HEADER_BYTES
-            for _ in range(count):
-                if offset + header > end:
+        append, header = positions.append, MESSAGE_HEADER_BYTES
+        # No bounds check per message: offsets only grow (by at least a
+        # header), so a message that runs past its entry leaves the entry's
+        # last offset past its end, which the check after the entry catches;
+        # a header past the whole buffer makes unpack_from raise, and an
+        # offset grown past int32 by garbage lengths makes append raise.
+        try:
+            for entry, (start, end, count) in enumerate(zip(
+                    self.starts.to_pylist(), self.ends.to_pylist(), counts.to_pylist(),
+                    strict=True)):
+                offset = start + ENTRY_HEADER_BYTES
+                for _ in range(count):
+                    append(offset)
+                    key_length, props_length, value_length = lengths(buffer, offset)
+                    offset += header + props_length + value_length + (
+                        key_length if key_length > 0 else 0)
+                if offset != end:
                     return None
-                key_length, props_length, value_length = lengths(buffer, offset)
-                positions.append(offset)
-                offset += header + (key_length if key_length > 0 else 0) + props_length \
-                    + value_length
-            if offset != end:
-                return None
-            entry_pos.extend([entry] * count)
-            batch_index.extend(range(count))
+                entry_pos.extend([entry] * count)
+                batch_index.extend(range(count))
+        except (struct.error, OverflowError):
+            return None
         return _int32(positions), _int32(entry_pos), _int32(batch_index)
 
     def properties(self, starts: pa.Array, lengths: pa.Array) -> pa.Array:
