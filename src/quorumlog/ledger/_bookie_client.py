@@ -203,13 +203,8 @@ class RpcBookieTransport:
         self, bookie: str, ledger_id: int, master_key: bytes,
         entries: Sequence[tuple[int, bytes]], *, flags: int, timeout_s: float,
     ) -> asyncio.Future[list[QuorumlogError | None]]:
-        entry_ids = [entry_id for entry_id, _ in entries]
-        request = wire.AddEntriesRequest(
-            ledger_id=ledger_id, entry_ids=entry_ids,
-            sizes=[len(envelope) for _, envelope in entries], master_key=master_key,
-            flags=flags)
-        payload = b"".join(envelope for _, envelope in entries)
-        sent = self._send_now(bookie, request, payload, timeout_s)
+        sent, entry_ids = self._send_batch(bookie, ledger_id, master_key, entries,
+                                           flags=flags, timeout_s=timeout_s)
         out: asyncio.Future[list[QuorumlogError | None]] = (
             asyncio.get_running_loop().create_future())
         sent.add_done_callback(functools.partial(_batch_answer, out, bookie, entry_ids))
@@ -223,14 +218,22 @@ class RpcBookieTransport:
         """``add_entries``, with the answer handed to ``then`` by the request's
         own done-callback instead of through a second future: one event-loop
         pass sooner (``WriteHandle`` uses it when its transport has it)."""
+        sent, entry_ids = self._send_batch(bookie, ledger_id, master_key, entries,
+                                           flags=flags, timeout_s=timeout_s)
+        sent.add_done_callback(functools.partial(_batch_answer_then, then, bookie, entry_ids))
+
+    def _send_batch(
+        self, bookie: str, ledger_id: int, master_key: bytes,
+        entries: Sequence[tuple[int, bytes]], *, flags: int, timeout_s: float,
+    ) -> tuple[asyncio.Future[Any], list[int]]:
+        """One AddEntriesRequest for ``entries``, sent now: its future and the ids."""
         entry_ids = [entry_id for entry_id, _ in entries]
         request = wire.AddEntriesRequest(
             ledger_id=ledger_id, entry_ids=entry_ids,
             sizes=[len(envelope) for _, envelope in entries], master_key=master_key,
             flags=flags)
         payload = b"".join(envelope for _, envelope in entries)
-        sent = self._send_now(bookie, request, payload, timeout_s)
-        sent.add_done_callback(functools.partial(_batch_answer_then, then, bookie, entry_ids))
+        return self._send_now(bookie, request, payload, timeout_s), entry_ids
 
     def _send_now(
         self, bookie: str, request: rpc.Request[Any], payload: bytes, timeout_s: float

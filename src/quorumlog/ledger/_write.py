@@ -285,13 +285,7 @@ class WriteHandle:
         Raises BackpressureError (retriable) when ``outstanding_adds_max`` or
         ``outstanding_bytes_max`` would be passed; ``append`` waits instead.
         """
-        self._check_writable()
-        size = self._check_size(payload)
-        if not self._has_room(size):
-            raise rpc.BackpressureError(
-                f"ledger {self.id}: {len(self._pending)} adds / {self._outstanding_bytes} bytes "
-                "outstanding; await append() or the earlier futures first"
-            )
+        size = self._admit(payload, "await append() or the earlier futures first")
         return self._append(payload, size)
 
     async def append(self, payload: bytes | bytearray | memoryview) -> int:
@@ -328,6 +322,17 @@ class WriteHandle:
             )
         return size
 
+    def _admit(self, payload: bytes | bytearray | memoryview, hint: str) -> int:
+        """The payload's size, once the handle is writable and has room for it;
+        BackpressureError (retriable, ending with ``hint``) when it has not."""
+        self._check_writable()
+        size = self._check_size(payload)
+        if not self._has_room(size):
+            raise rpc.BackpressureError(
+                f"ledger {self.id}: {len(self._pending)} adds / {self._outstanding_bytes} bytes "
+                f"outstanding; {hint}")
+        return size
+
     def _has_room(self, size: int) -> bool:
         if not self._pending:
             return True
@@ -347,13 +352,7 @@ class WriteHandle:
         handle; it should not raise (an exception is reported to the loop's
         exception handler and the next callbacks still run).
         """
-        self._check_writable()
-        size = self._check_size(payload)
-        if not self._has_room(size):
-            raise rpc.BackpressureError(
-                f"ledger {self.id}: {len(self._pending)} adds / {self._outstanding_bytes} bytes "
-                "outstanding; wait for earlier appends first"
-            )
+        size = self._admit(payload, "wait for earlier appends first")
         entry_id = self._next_entry_id
         self._add(entry_id, self._envelope(entry_id, payload), size, self._lac,
                   callback=callback)
