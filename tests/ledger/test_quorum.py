@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import random
 
@@ -65,6 +66,18 @@ def test_ack_set_complete_and_fail() -> None:
     assert acks.fail_and_check(0) is False  # 0's ack withdrawn: replica replaced
     assert acks.acked == frozenset({2})
     assert acks.complete_and_check(1)
+
+
+def test_ack_set_holds_nothing_the_garbage_collector_tracks() -> None:
+    """The write handle makes one AckSet per entry in flight: its acked and
+    failed bookies are bit masks, not two sets more for the collector."""
+    acks = AckSet(2)
+    acks.complete_and_check(1)
+    acks.fail_and_check(3)
+    assert not [r for r in gc.get_referents(acks) if gc.is_tracked(r) and r is not AckSet]
+    assert (acks.acked, acks.failed) == (frozenset({1}), frozenset({3}))
+    acks.remove(3)
+    assert acks.failed == frozenset()
 
 
 def test_lac_advances_in_order_only() -> None:

@@ -21,6 +21,7 @@ Every answer is one of five outcomes (:func:`outcome_of`):
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 import functools
 from collections.abc import Callable, Iterable, Sequence
@@ -185,6 +186,10 @@ class RpcBookieTransport:
         self._pool = pool
         self._own_pool = own_pool
         self._connections: dict[str, rpc.Connection] = {}
+        # Answers of batched adds run in the context the transport was made in
+        # (add_done_callback without one copies the current context: one more
+        # object per request for the garbage collector to track).
+        self._context = contextvars.copy_context()
 
     @property
     def pool(self) -> rpc.Pool:
@@ -207,7 +212,8 @@ class RpcBookieTransport:
                                            flags=flags, timeout_s=timeout_s)
         out: asyncio.Future[list[QuorumlogError | None]] = (
             asyncio.get_running_loop().create_future())
-        sent.add_done_callback(functools.partial(_batch_answer, out, bookie, entry_ids))
+        sent.add_done_callback(functools.partial(_batch_answer, out, bookie, entry_ids),
+                               context=self._context)
         return out
 
     def add_entries_then(
@@ -220,7 +226,8 @@ class RpcBookieTransport:
         pass sooner (``WriteHandle`` uses it when its transport has it)."""
         sent, entry_ids = self._send_batch(bookie, ledger_id, master_key, entries,
                                            flags=flags, timeout_s=timeout_s)
-        sent.add_done_callback(functools.partial(_batch_answer_then, then, bookie, entry_ids))
+        sent.add_done_callback(functools.partial(_batch_answer_then, then, bookie, entry_ids),
+                               context=self._context)
 
     def _send_batch(
         self, bookie: str, ledger_id: int, master_key: bytes,

@@ -67,20 +67,27 @@ class Schedule:
 
 
 class AckSet:
-    """Acks of one entry's write set; the entry is durable at Qa acks."""
+    """Acks of one entry's write set; the entry is durable at Qa acks.
+
+    The acked and failed bookies are bit masks over ensemble indexes, not
+    sets: the write handle makes one AckSet per entry in flight, and two
+    sets each were two more objects per entry for the garbage collector to
+    track (ints are not tracked).
+    """
 
     __slots__ = ("_ack_quorum", "_acked", "_failed")
 
     def __init__(self, ack_quorum: int) -> None:
         self._ack_quorum = ack_quorum
-        self._acked: set[int] = set()
-        self._failed: set[int] = set()
+        self._acked = 0  # bit i: ensemble index i acked
+        self._failed = 0  # bit i: ensemble index i failed
 
     def complete_and_check(self, bookie_index: int) -> bool:
         """Record an ack; True once Qa distinct bookies acked."""
-        self._failed.discard(bookie_index)
-        self._acked.add(bookie_index)
-        return len(self._acked) >= self._ack_quorum
+        bit = 1 << bookie_index  # a negative index raises ValueError
+        self._failed &= ~bit
+        self._acked |= bit
+        return self._acked.bit_count() >= self._ack_quorum
 
     def fail_and_check(self, bookie_index: int) -> bool:
         """Record a failure; True if the entry had already reached Qa acks.
@@ -88,26 +95,33 @@ class AckSet:
         An ack recorded earlier from the same bookie is withdrawn: its replica
         is being replaced, so the entry must be resent to the new member.
         """
-        self._acked.discard(bookie_index)
-        self._failed.add(bookie_index)
-        return len(self._acked) >= self._ack_quorum
+        bit = 1 << bookie_index  # a negative index raises ValueError
+        self._acked &= ~bit
+        self._failed |= bit
+        return self._acked.bit_count() >= self._ack_quorum
 
     def remove(self, bookie_index: int) -> None:
         """Forget a bookie (replaced by an ensemble change)."""
-        self._acked.discard(bookie_index)
-        self._failed.discard(bookie_index)
+        bit = 1 << bookie_index  # a negative index raises ValueError
+        self._acked &= ~bit
+        self._failed &= ~bit
 
     @property
     def complete(self) -> bool:
-        return len(self._acked) >= self._ack_quorum
+        return self._acked.bit_count() >= self._ack_quorum
 
     @property
     def acked(self) -> frozenset[int]:
-        return frozenset(self._acked)
+        return _indexes(self._acked)
 
     @property
     def failed(self) -> frozenset[int]:
-        return frozenset(self._failed)
+        return _indexes(self._failed)
+
+
+def _indexes(mask: int) -> frozenset[int]:
+    """The ensemble indexes whose bits are set in ``mask``."""
+    return frozenset(i for i in range(mask.bit_length()) if mask >> i & 1)
 
 
 class CoverageSet:

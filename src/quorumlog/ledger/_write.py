@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import enum
 import functools
 from collections import deque
@@ -131,6 +132,25 @@ class _PendingAdd:
         self.callback = callback
         self.done = False
         self.started_s = started_s  # loop time of the append: the add latency starts here
+
+
+class _SingleAddAnswer:
+    """The done-callback of one plain add request: it hands the answer to the
+    handle with the entry, ensemble index and bookie it was for. One object
+    per request for the garbage collector, where a partial of a bound method
+    with its argument tuple is three."""
+
+    __slots__ = ("bookie", "handle", "index", "pending")
+
+    def __init__(self, handle: WriteHandle, pending: _PendingAdd, index: int,
+                 bookie: str) -> None:
+        self.handle = handle
+        self.pending = pending
+        self.index = index
+        self.bookie = bookie
+
+    def __call__(self, future: asyncio.Future[Any]) -> None:
+        self.handle._on_add_done(self.pending, self.index, self.bookie, future)
 
 
 _Queued = tuple[_PendingAdd, int, bytes]
@@ -225,6 +245,10 @@ class WriteHandle:
         self._outbox: dict[str, list[_Queued]] = {}
         self._flush_handle: asyncio.Handle | None = None  # the end-of-pass send, if queued
         self._batches_sent = 0
+        # The context the answers of this handle's adds run in: the one it was
+        # made in. add_done_callback without one copies the current context,
+        # one more object per request for the garbage collector to track.
+        self._context = contextvars.copy_context()
 
     # ----- properties ---------------------------------------------------------
 
@@ -421,7 +445,7 @@ class WriteHandle:
                 outbox[bookie] = queue = []
             queue.append((pending, index, pending.envelope))
         if self._flush_handle is None:
-            self._flush_handle = self._loop.call_soon(self._flush)
+            self._flush_handle = self._loop.call_soon(self._flush, context=self._context)
 
     def send_queued(self) -> None:
         """Send the adds queued so far now instead of at the end of the loop pass.
@@ -454,8 +478,8 @@ class WriteHandle:
             single = self._ctx.bookies.add_entry(
                 bookie, self.id, pending.entry_id, self._master_key, envelope,
                 flags=self._flags, timeout_s=timeout_s)
-            single.add_done_callback(functools.partial(self._on_add_done, pending, index,
-                                                       bookie))
+            single.add_done_callback(_SingleAddAnswer(self, pending, index, bookie),
+                                     context=self._context)
             return
         self._batches_sent += 1
         entries = [(pending.entry_id, envelope) for pending, _, envelope in batch]
@@ -469,7 +493,8 @@ class WriteHandle:
             return
         future = bookies.add_entries(bookie, self.id, self._master_key, entries,
                                      flags=self._flags, timeout_s=timeout_s)
-        future.add_done_callback(functools.partial(self._on_batch_done, batch, bookie))
+        future.add_done_callback(functools.partial(self._on_batch_done, batch, bookie),
+                                 context=self._context)
 
     def _on_batch_done(self, batch: list[_Queued], bookie: str,
                        future: asyncio.Future[list[QuorumlogError | None]]) -> None:

@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
+import contextvars
 from collections import deque
 from collections.abc import Mapping
 
 import msgspec
 
 from quorumlog.config import Config, require
-from quorumlog.errors import QuorumlogError, UsageError
+from quorumlog.errors import QuorumlogError, UsageError, invariant
 from quorumlog.ledger import LedgerClient
 from quorumlog.log import get_logger
 from quorumlog.stream._entry import (
@@ -106,14 +106,32 @@ class MessageId(msgspec.Struct, frozen=True, gc=False):
 
 
 class _Batch:
-    __slots__ = ("bytes", "futures", "messages", "scheduled", "timer")
+    """The messages of one partition that go in one entry.
 
-    def __init__(self) -> None:
+    Once sent, the batch is its entry's callback (``EntryCallback``): it
+    carries the futures and the producer, so an entry costs no partial,
+    bound method and argument tuple for the garbage collector to track. The
+    producer reference is set only when the batch leaves the producer's open
+    batches, so no reference cycle forms.
+    """
+
+    __slots__ = ("bytes", "futures", "messages", "partition", "producer", "scheduled", "timer")
+
+    def __init__(self, partition: int) -> None:
+        self.partition = partition
         self.messages: list[OutgoingMessage] = []
         self.futures: list[asyncio.Future[MessageId]] = []
         self.bytes = 0
         self.scheduled = False  # its flush is arranged (end of pass, timer or completion)
         self.timer: asyncio.TimerHandle | None = None
+        self.producer: Producer | None = None  # set when sent: who gets the outcome
+
+    def __call__(self, position: Position | None, error: QuorumlogError | None) -> None:
+        """The entry's outcome (the partition writer calls it)."""
+        producer = self.producer
+        invariant(producer is not None, "a batch gets an outcome only once it was sent")
+        assert producer is not None
+        producer._resolve(self, position, error)
 
 
 class Producer:
@@ -128,11 +146,14 @@ class Producer:
         self.stream = record.name
         self.partitions = record.config.partitions
         self._writers: list[PartitionWriter] = []
-        self._batches = [_Batch() for _ in range(self.partitions)]
+        self._batches = [_Batch(partition) for partition in range(self.partitions)]
         # Entries submitted to each partition's writer and not yet completed.
         self._entries_in_flight = [0] * self.partitions
         self._entries_sent = 0  # entries this producer submitted (all partitions)
         self._loop = asyncio.get_running_loop()
+        # The context a batch's flush runs in (the producer's; call_soon without
+        # one copies the current context: one more tracked object per batch).
+        self._context = contextvars.copy_context()
         # Room for sends: messages queued or in flight, at most pending_messages_max.
         # A counter, not an asyncio.Semaphore: a send with room takes it without
         # a coroutine, and a whole entry's messages give it back in one step.
@@ -268,10 +289,12 @@ class Producer:
         elif not batch.scheduled:
             batch.scheduled = True
             if self._entries_in_flight[partition] < config.batch_eager_entries_max:
-                loop.call_soon(self._flush_batch, partition, batch)  # end of this pass
+                # end of this pass
+                loop.call_soon(self._flush_batch, partition, batch, context=self._context)
             else:  # the link is busy: an entry's completion or the timer sends it
                 batch.timer = loop.call_later(config.batch_delay_ms / 1000,
-                                              self._flush_batch, partition, batch)
+                                              self._flush_batch, partition, batch,
+                                              context=self._context)
         return future
 
     def _checked_size(self, message: OutgoingMessage) -> int:
@@ -338,7 +361,7 @@ class Producer:
             batch.timer = None
         if not batch.messages:
             return
-        self._batches[partition] = _Batch()
+        self._batches[partition] = _Batch(partition)
         try:
             payload = encode_entry(batch.messages)
         except QuorumlogError as exc:
@@ -350,12 +373,13 @@ class Producer:
         info = EntryInfo(messages=len(batch.messages),
                          first_publish_ms=batch.messages[0].publish_time_ms,
                          last_publish_ms=batch.messages[-1].publish_time_ms)
+        batch.messages.clear()  # in the payload now; the batch lives until its entry is durable
         writer = self._writers[partition]
         self._entries_in_flight[partition] += 1
         self._entries_sent += 1
         try:
-            writer.submit_with_callback(payload, info, functools.partial(
-                self._resolve, partition, batch.futures, batch.bytes))
+            batch.producer = self
+            writer.submit_with_callback(payload, info, batch)
         except QuorumlogError as exc:
             self._entries_in_flight[partition] -= 1
             self._entries_sent -= 1
@@ -364,11 +388,11 @@ class Producer:
                     future.set_exception(exc)
             self._finish(batch.futures)
 
-    def _resolve(self, partition: int, futures: list[asyncio.Future[MessageId]],
-                 batch_bytes: int, position: Position | None,
+    def _resolve(self, batch: _Batch, position: Position | None,
                  error: QuorumlogError | None) -> None:
         """An entry's outcome, called by the partition's writer as soon as it
         knows it (not a loop pass later): the messages' futures complete now."""
+        partition, futures = batch.partition, batch.futures
         self._entries_in_flight[partition] -= 1
         waiting = self._batches[partition]
         if (waiting.messages and waiting.timer is not None
@@ -382,7 +406,7 @@ class Producer:
                     future.set_exception(failure)
             return
         self._metrics.in_messages += len(futures)
-        self._metrics.in_bytes += batch_bytes
+        self._metrics.in_bytes += batch.bytes
         stream, ledger_id, entry_id = self.stream, position.ledger_id, position.entry_id
         for index, future in enumerate(futures):
             if not future.done():

@@ -42,6 +42,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import msgspec
+
 from quorumlog import rpc
 from quorumlog.errors import QuorumlogError, UsageError, invariant
 from quorumlog.ledger import LedgerClient, WriteHandle
@@ -94,9 +96,12 @@ def owner_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
 
 
-@dataclass(slots=True)
-class EntryInfo:
-    """What the writer needs to know about an entry for the ledger list."""
+class EntryInfo(msgspec.Struct, frozen=True, gc=False):
+    """What the writer needs to know about an entry for the ledger list.
+
+    Outside the garbage collector (three ints, no cycle possible): one is
+    made per entry and lives until the entry is durable.
+    """
 
     messages: int
     first_publish_ms: int
@@ -168,6 +173,10 @@ class _Current:
     handle: WriteHandle
     ledger_id: int
     created_ms: int
+    # The append callback of every entry issued to this ledger (the writer's
+    # _on_append_result with this ledger's id): one per ledger instead of a
+    # partial, a bound method and an argument tuple per entry.
+    on_append_result: Callable[[int, QuorumlogError | None], None]
     issued: int = 0  # entries issued (next entry id)
     issued_bytes: int = 0
     totals: _LedgerTotals = field(default_factory=_LedgerTotals)
@@ -300,7 +309,9 @@ class PartitionWriter:
             with contextlib.suppress(QuorumlogError):
                 await self._client.delete_ledger(ledger_id, force=True)
             raise
-        self._current = _Current(handle=handle, ledger_id=ledger_id, created_ms=created)
+        self._current = _Current(
+            handle=handle, ledger_id=ledger_id, created_ms=created,
+            on_append_result=functools.partial(self._on_append_result, ledger_id))
 
     async def _check_lease(self) -> None:
         kv = await self._meta.get(self._key)
@@ -429,7 +440,7 @@ class PartitionWriter:
     def _issue(self, current: _Current, pending: _Pending) -> bool:
         """Start the append; False if the ledger handle has no room right now."""
         entry_id, ledger_id = current.issued, current.ledger_id
-        callback = functools.partial(self._on_append_result, pending, ledger_id)
+        callback = current.on_append_result
         failed: QuorumlogError | None = None
         try:
             issued = current.handle.append_with_callback(pending.payload, callback)
@@ -452,11 +463,11 @@ class PartitionWriter:
             asyncio.get_running_loop().call_soon(callback, entry_id, failed)
         return True
 
-    def _on_append_result(self, pending: _Pending, ledger_id: int, entry_id: int,
+    def _on_append_result(self, ledger_id: int, entry_id: int,
                           error: QuorumlogError | None) -> None:
         """The ledger handle's outcome for one append (called synchronously by it)."""
-        if not pending.in_flight or pending.ledger_id != ledger_id or (
-                pending.entry_id != entry_id):
+        pending = self._in_flight_entry(ledger_id, entry_id)
+        if pending is None:
             return  # from a ledger the entry has left: recovery settled or resent it
         pending.in_flight = False
         self._in_flight -= 1
@@ -471,6 +482,27 @@ class PartitionWriter:
         pending.confirmed = True
         self._recoveries_without_progress = 0
         self._complete_prefix()
+
+    def _in_flight_entry(self, ledger_id: int, entry_id: int) -> _Pending | None:
+        """The entry in flight as ``entry_id`` of ledger ``ledger_id``, if any.
+
+        ``_pending`` holds consecutive entry ids of the current ledger (issued
+        in order; a ledger switch starts with it empty), so the entry's place
+        is its id minus the first one's.
+        """
+        pendings = self._pending
+        if not pendings:
+            return None
+        index = entry_id - pendings[0].entry_id
+        if not 0 <= index < len(pendings):
+            return None
+        pending = pendings[index]
+        if pending.ledger_id != ledger_id:
+            return None
+        invariant(pending.entry_id == entry_id,
+                  f"ledger {ledger_id}: the writer's entries in flight are not consecutive "
+                  f"(entry {entry_id} found {pending.entry_id} in its place)")
+        return pending if pending.in_flight else None
 
     def _complete_prefix(self) -> None:
         current = self._current
@@ -698,8 +730,6 @@ class LedgerWriteFailed(QuorumlogError):  # noqa: N818 - internal marker, never 
 class WriterLeaseText:
     @staticmethod
     def describe(value: bytes) -> str:
-        import msgspec
-
         try:
             lease = msgspec.msgpack.decode(value, type=WriterLease)
         except (msgspec.DecodeError, msgspec.ValidationError):
