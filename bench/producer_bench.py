@@ -18,7 +18,12 @@ awaited: a producer takes a partition over (fences the old ledger, creates
 its own, one meta transaction) at its first message there, about 30-70 ms on
 this machine, and the messages of that stretch (2% of a 3 s run at half of
 the peak) would be the p99 of the run instead of the steady state it means
-to measure. The peak case sends its first message the same way.
+to measure. The peak case sends its first message the same way. After the
+warm-up, ``gc.collect(); gc.freeze()``: the garbage-collector setting
+docs/stream.md gives a latency-sensitive producer process (the node
+processes do the same after start-up). Without it every full collection
+walks the ~45,000 objects the imports left (10-25 ms on the 2-CPU test
+box), and one or more land in every run's p99.
 
 Pacing sends, every 1 ms tick, the messages due by then (one timer per tick,
 not per message: a loop pass per message at 30,000/s is itself the queue);
@@ -159,9 +164,13 @@ class Pauses:
 
 async def warm_up(producer: Producer, partitions: int) -> None:
     """One message to every partition, awaited: each partition is taken over
-    (its ledger created) before the case measures."""
+    (its ledger created) before the case measures. Then the collector setting
+    docs/stream.md gives latency-sensitive producers: what start-up made is
+    collected once and frozen out of later collections."""
     await asyncio.gather(*[await producer.send_async(b"warm-up", partition=partition)
                            for partition in range(partitions)])
+    gc.collect()
+    gc.freeze()
 
 
 async def peak(client: StreamClient, stream: str, partitions: int, count: int,
