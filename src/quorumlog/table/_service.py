@@ -8,7 +8,8 @@ assigned to this node. Each group's state machine is a
 :class:`PartitionMachine` over one :class:`TableStore` (RocksDB under
 ``<data_dir>/table/replicas/<group id>``).
 
-Writes are ``TableEntry`` proposals stamped by the leader's ``TimetagClock``;
+Writes are ``TableEntry`` proposals stamped by the leader's ``TimetagClock``
+(those of one pass combined into one log entry, ``combine_entries``);
 reads wait on ``read_barrier`` (ReadIndex) and read the leader's store. A
 follower answers ``NotLeaderError`` with the leader's address, except to a
 read with ``stale_ok``, which any replica answers from its own store.
@@ -37,6 +38,7 @@ from quorumlog.table._commands import (
     Refused,
     TableEntry,
     WriteCommand,
+    combine_entries,
     encode_entry,
 )
 from quorumlog.table._dup_gc import LedReplica, TombstoneCollector
@@ -373,7 +375,8 @@ class TableService:
         # it learns the configuration and the data (a snapshot) from the leader. A
         # replica already on disk reopens what it has either way.
         joining = record.epoch > 0 or self.node_id not in record.members
-        self.host.add_group(gid, None if joining else set(record.members), machine)
+        self.host.add_group(gid, None if joining else set(record.members), machine,
+                            combine=combine_entries)
         _log.info("table_replica_opened", table=layout.name, partition=partition, group=gid,
                   joining=joining)
 
@@ -440,7 +443,8 @@ class TableService:
                            commands=tuple(request.commands), client_id=request.client_id,
                            seq=request.seq,
                            first_outstanding_seq=request.first_outstanding_seq)
-        results = await self.host.propose(replica.group_id, encode_entry(entry))
+        # Requests reaching this leader before the next ready pass share a log entry.
+        results = await self.host.propose(replica.group_id, encode_entry(entry), combine=True)
         return TableWriteResponse(results=list(results))
 
     def _refuse_non_idempotent(self, table: str,
