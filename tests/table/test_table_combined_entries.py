@@ -33,9 +33,11 @@ from quorumlog.table import (
     make_timetag,
 )
 from quorumlog.table._dup_gc import unconfirmed_horizon_us
+from quorumlog.table._layout import PartitionRecord, TableLayout, TableRecord, group_id_of
 from quorumlog.table._machine import PartitionMachine
+from quorumlog.table._service import TableConfig, TableService
 from quorumlog.table._sessions import US_PER_S
-from rpc.support import run
+from rpc.support import run, wait_until
 
 T0_US = 1_700_000_000 * US_PER_S
 GROUP = 7
@@ -121,9 +123,10 @@ def test_a_combined_entry_leaves_what_its_writes_one_by_one_leave(tmp_path: Path
             seqs[client] += 1
             seq = seqs[client]
         key = b"k%d" % rng.randrange(8)
-        command: WriteCommand = rng.choice([
+        choices: list[WriteCommand] = [
             SetCommand(b"h", key, b"v%d" % number), DeleteCommand(b"h", key),
-            IncrCommand(b"c", key, rng.randrange(1, 5))])
+            IncrCommand(b"c", key, rng.randrange(1, 5))]
+        command = rng.choice(choices)
         writes.append(TableEntry(T0_US + number, (command,), client_id=client, seq=seq,
                                  first_outstanding_seq=seq))
     one_by_one, combined = _machine(tmp_path / "one"), _machine(tmp_path / "combined")
@@ -160,7 +163,7 @@ def test_duplication_and_collection_read_every_write_of_a_combined_entry(
                              max_bytes: int) -> list[Entry]:
             return [Entry(term=1, index=1, type=EntryType.NORMAL, data=data)]
 
-    assert unconfirmed_horizon_us(Log(), GROUP, 0, 1) == T0_US + 10 - 1  # type: ignore[arg-type]
+    assert unconfirmed_horizon_us(Log(), GROUP, 0, 1) == T0_US + 10 - 1
 
 
 def _proposal(data: bytes, combinable: bool = True) -> Proposal:
@@ -191,13 +194,13 @@ def test_the_host_proposes_the_writes_of_one_pass_as_one_entry(tmp_path: Path) -
         host = RaftHost(1, {1: "127.0.0.1:1"}, tmp_path / "raft",
                         config=HostConfig(tick_interval_ms=10))
         await host.start()
+        other: PartitionMachine | None = None
         try:
             host.add_group(GROUP, {1}, machine, combine=combine_entries)
             group = host.group(GROUP)
-            for _ in range(500):
-                if group.node.leader_id == 1 and group.applied_index >= 1:
-                    break
-                await asyncio.sleep(0.01)
+            # Leading, with the leader's own empty entry applied.
+            await wait_until(lambda: group.node.leader_id == 1 and group.applied_index
+                             == group.storage.last_index() > 1, timeout_s=30)
             before = group.applied_index
             futures = [host.propose_nowait(GROUP, encode_entry(
                 _write(seq, IncrCommand(b"h", b"n", 1))), combine=True)
@@ -217,6 +220,30 @@ def test_the_host_proposes_the_writes_of_one_pass_as_one_entry(tmp_path: Path) -
         finally:
             await host.close()
             machine.store.close()
-            other.store.close()
+            if other is not None:
+                other.store.close()
+
+    run(main())
+
+
+def test_a_table_node_opens_partition_groups_that_combine_writes_and_learn_commits_lazily(
+        tmp_path: Path) -> None:
+    """TableService adds each partition's group with the combiner and without
+    a commit broadcast (TableConfig.broadcast_commit, off by default)."""
+    async def main() -> None:
+        for broadcast in (False, True):
+            service = TableService(1, "127.0.0.1:1", ["127.0.0.1:2"],
+                                   tmp_path / f"node-{broadcast}",
+                                   TableConfig(broadcast_commit=broadcast) if broadcast
+                                   else None)
+            layout = TableLayout("t", TableRecord(table_id=3, partitions=1, replicas=1,
+                                                  created_ms=0), (PartitionRecord((1,)),))
+            try:
+                service._open_replica(layout, 0)
+                group = service.host.group(group_id_of(3, 0))
+                assert group.combine is combine_entries
+                assert group.node._config.broadcast_commit is broadcast
+            finally:
+                await service.close()
 
     run(main())

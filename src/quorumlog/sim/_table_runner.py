@@ -91,6 +91,7 @@ from quorumlog.table import (
     ScheduledChange,
     Scheduler,
     SchedulerConfig,
+    TableConfig,
     change_outcome,
     collection_entry,
     conf_change_of,
@@ -385,7 +386,8 @@ class TableSimulation:
             node_id=node.node_id,
             election_timeout_ticks=self.config.election_timeout_ticks,
             heartbeat_interval_ticks=self.config.heartbeat_interval_ticks,
-            pre_vote=self._pre_vote, check_quorum=self._check_quorum)
+            pre_vote=self._pre_vote, check_quorum=self._check_quorum,
+            broadcast_commit=TableConfig().broadcast_commit)  # as TableService adds groups
         outbox = Outbox(
             send_raft=functools.partial(self._send_raft, gid),
             send_client=functools.partial(self._send_write_answer, node.node_id, gid),

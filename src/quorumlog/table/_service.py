@@ -103,6 +103,12 @@ class TableConfig(Config, frozen=True):
     cluster_id: int = 1  # timetags' cluster id (duplication tells clusters apart)
     tick_interval_ms: int = 100
     election_timeout_ticks: int = 10
+    # RaftConfig.broadcast_commit of the partition groups. Off: a follower
+    # learns a commit from the leader's next AppendEntries or heartbeat (at
+    # most a tick later when writes stop) instead of from a message of its
+    # own per commit, which saved 10-15 % of the CPU per set at 64-256
+    # clients (docs/table.md, "Benchmark"); stale_ok reads may lag that much more.
+    broadcast_commit: bool = False
     # A Raft snapshot (a RocksDB checkpoint) after this many applied entries.
     snapshot_entries: int = 10_000
     # The node's registration disappears this long after the node dies.
@@ -376,7 +382,8 @@ class TableService:
         # replica already on disk reopens what it has either way.
         joining = record.epoch > 0 or self.node_id not in record.members
         self.host.add_group(gid, None if joining else set(record.members), machine,
-                            combine=combine_entries)
+                            combine=combine_entries,
+                            broadcast_commit=self.config.broadcast_commit)
         _log.info("table_replica_opened", table=layout.name, partition=partition, group=gid,
                   joining=joining)
 
