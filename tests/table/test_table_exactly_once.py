@@ -6,17 +6,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+import quorumlog.table._client as client_module
 from quorumlog.table import (
+    Done,
     IncrCommand,
     IncrResult,
     Refused,
     SetCommand,
+    TableClient,
     TableEntry,
     TableStore,
     TimetagClock,
     encode_entry,
 )
+from quorumlog.table._layout import PartitionRecord, TableLayout, TableRecord
 from quorumlog.table._machine import PartitionMachine
+from quorumlog.table._messages import TableWriteRequest, TableWriteResponse
 from quorumlog.table._sessions import (
     CLIENT_RESULTS_WINDOW_WRITES,
     CLIENT_SESSION_IDLE_EXPIRY_S,
@@ -27,6 +34,7 @@ from quorumlog.table._sessions import (
     US_PER_S,
     count_sessions,
 )
+from rpc.support import run
 
 CLIENT = 77
 T0_US = 1_700_000_000 * US_PER_S
@@ -124,3 +132,42 @@ def test_expiry_is_bounded_per_entry_and_keeps_active_sessions(tmp_path: Path) -
         # The active client's retry of its first write still gets its first answer.
         assert store.apply(decree + 1, _incr(1, client=active, timestamp_us=later_us)) == [
             IncrResult(idle + 1)]
+
+
+def test_the_client_keeps_one_session_per_partition(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every write to a partition carries the same client id and the next seq;
+    the session is made once (it draws its id from the OS)."""
+    made: list[object] = []
+
+    class CountedSession(client_module._WriterSession):
+        def __init__(self) -> None:
+            super().__init__()
+            made.append(self)
+
+    monkeypatch.setattr(client_module, "_WriterSession", CountedSession)
+    sent: list[TableWriteRequest] = []
+
+    class Pool:
+        async def call(self, address: str, request: TableWriteRequest,
+                       timeout_s: float) -> TableWriteResponse:
+            sent.append(request)
+            return TableWriteResponse(results=[Done()])
+
+        async def close(self) -> None:
+            return None
+
+    async def main() -> None:
+        tables = TableClient(["127.0.0.1:1"])
+        tables._pool = Pool()  # type: ignore[assignment]
+        tables._layouts["t"] = TableLayout("t", TableRecord(9, 1, 1, 0), (PartitionRecord((1,)),))
+        tables._addresses[1] = "127.0.0.1:2"
+        try:
+            for number in range(3):
+                await tables.set("t", b"h", b"s", b"%d" % number)
+        finally:
+            await tables.close()
+
+    run(main())
+    assert len(made) == 1
+    assert [(r.client_id, r.seq, r.first_outstanding_seq) for r in sent] == [
+        (made[0].client_id, seq, seq) for seq in (1, 2, 3)]  # type: ignore[attr-defined]

@@ -64,7 +64,8 @@ class RaftConfig(Config, frozen=True):
     # not depend on when followers learn it. Saves a message per follower and
     # a pass on each follower per commit; the metadata service turns it off
     # (a sequential client's next put carries the commit, and its clients
-    # read from the leader), tables keep it (followers serve reads).
+    # read from the leader), and so do tables by default (TableConfig:
+    # their follower reads are stale reads, a tick more at most).
     broadcast_commit: bool = True
     # Quiescence (CockroachDB): a leader whose every member has acknowledged
     # its last entry, with everything committed and applied and nothing

@@ -128,6 +128,12 @@ class HostConfig(Config, frozen=True):
     message_bytes_per_send_max: int = 4 * MIB
     # Proposals waiting for the next ready pass, per group (backpressure bound).
     queued_proposals_max: int = 10_000
+    # Combinable proposals queued for one group before a pass are proposed as
+    # one entry (``add_group``'s ``combine``), of at most this many proposals
+    # and bytes (a larger proposal goes alone): one entry's apply holds the
+    # apply thread, and one AppendEntries message carries it whole.
+    combined_proposals_max: int = 256
+    combined_proposal_bytes_max: int = 1 * MIB
     send_timeout_ms: int = 2_000
     # A follower sent a snapshot gets nothing else until the transfer is
     # reported; this is the core's safety net should no report come (the driver
@@ -196,6 +202,8 @@ class HostConfig(Config, frozen=True):
         require(self.messages_per_send_max >= 1, "messages_per_send_max must be >= 1")
         require(self.message_bytes_per_send_max >= 1, "message_bytes_per_send_max must be >= 1")
         require(self.queued_proposals_max >= 1, "queued_proposals_max must be >= 1")
+        require(self.combined_proposals_max >= 1, "combined_proposals_max must be >= 1")
+        require(self.combined_proposal_bytes_max >= 1, "combined_proposal_bytes_max must be >= 1")
         require(
             self.snapshot_wait_ticks_max > self.election_timeout_ticks,
             "snapshot_wait_ticks_max must exceed election_timeout_ticks",
@@ -230,12 +238,70 @@ class RaftMessagesRequest(rpc.Request[RaftMessagesResponse], frozen=True):
 
 @dataclass(slots=True, eq=False)
 class Proposal:
-    """A local proposal: its future, and where the core appended it (0 = not yet)."""
+    """A local proposal: its future, and where the core appended it (0 = not yet).
+
+    ``combinable``: the group's ``combine`` may put it in one entry with the
+    combinable proposals queued next to it (see ``combine_queued``)."""
 
     future: asyncio.Future[Any]
     data: bytes = b""
     term: int = 0
     index: int = 0
+    combinable: bool = False
+
+
+Combine = Callable[[list[bytes]], bytes]
+"""A group's combiner: the data of several proposals as the data of one entry,
+whose apply returns one result per proposal, in order (a list)."""
+
+
+def combine_queued(queued: list[Proposal], combine: Combine, *, count_max: int,
+                   bytes_max: int) -> list[Proposal]:
+    """The proposals to hand to the core: every run of consecutive combinable
+    proposals (at most ``count_max`` proposals and ``bytes_max`` bytes) as one
+    proposal whose future answers each of them with its own result; the rest
+    as they are. The order of the proposals is kept."""
+    out: list[Proposal] = []
+    run: list[Proposal] = []
+    size = 0
+    for proposal in queued:
+        if run and (not proposal.combinable or len(run) == count_max
+                    or size + len(proposal.data) > bytes_max):
+            out.append(_combined(run, combine))
+            run, size = [], 0
+        if proposal.combinable and len(proposal.data) < bytes_max:
+            run.append(proposal)
+            size += len(proposal.data)
+        else:
+            out.append(proposal)
+    if run:
+        out.append(_combined(run, combine))
+    return out
+
+
+def _combined(run: list[Proposal], combine: Combine) -> Proposal:
+    if len(run) == 1:
+        return run[0]
+    combined = Proposal(run[0].future.get_loop().create_future(),
+                        combine([p.data for p in run]))
+    combined.future.add_done_callback(functools.partial(_answer_members, run))
+    return combined
+
+
+def _answer_members(members: list[Proposal], combined: asyncio.Future[Any]) -> None:
+    """A combined proposal is done: each member gets its own result, or the error."""
+    error = combined.exception() if not combined.cancelled() else ProposalDroppedError(
+        "the combined proposal was cancelled; retry")
+    if error is not None:
+        for member in members:
+            if not member.future.done():
+                member.future.set_exception(error)
+        return
+    results = combined.result()
+    invariant(isinstance(results, list) and len(results) == len(members),
+              "a combined entry's apply answers each of its proposals")
+    for member, result in zip(members, results, strict=True):
+        _resolve(member.future, result)
 
 
 class ProposalWaiters:
@@ -334,6 +400,7 @@ class _Group:
     applied_index: int
     snapshot_index: int
     proposals: ProposalWaiters
+    combine: Combine | None = None  # see add_group
     # Proposals of this pass, handed to the core together (one append, one
     # round of AppendEntries) at the start of the next ready pass.
     queued: list[Proposal] = field(default_factory=list)
@@ -438,12 +505,16 @@ class RaftHost:
 
     def add_group(
         self, group_id: int, voters: set[int] | None, machine: AnyStateMachine,
-        *, broadcast_commit: bool = True,
+        *, broadcast_commit: bool = True, combine: Combine | None = None,
     ) -> None:
         """Open (or create) group ``group_id``; ``voters`` bootstraps a new group.
 
         A member joining an existing group passes ``voters=None`` and learns the
         configuration from the leader. ``broadcast_commit``: see RaftConfig.
+        ``combine``: the group takes combinable proposals (``propose(...,
+        combine=True)``); those queued together before a ready pass become one
+        entry (``combine_queued``), and the machine's apply of such an entry
+        returns a list with one result per proposal.
         """
         invariant(group_id not in self._groups, f"group {group_id} is already hosted")
         cs = ConfState(voters=frozenset(voters)) if voters else None
@@ -469,7 +540,8 @@ class RaftHost:
         )
         node = RaftNode(raft_config, storage, random.Random(self._rng.random()), applied=applied)
         self._groups[group_id] = _Group(
-            group_id, node, storage, machine, applied, applied, ProposalWaiters(group_id))
+            group_id, node, storage, machine, applied, applied, ProposalWaiters(group_id),
+            combine)
         self._kick()
 
     async def remove_group(self, group_id: int) -> None:
@@ -585,17 +657,20 @@ class RaftHost:
         leader = self.group(group_id).node.leader_id
         return self.address_of(leader) if leader else None
 
-    async def propose(self, group_id: int, data: bytes, *, timeout_s: float | None = None) -> Any:
+    async def propose(self, group_id: int, data: bytes, *, timeout_s: float | None = None,
+                      combine: bool = False) -> Any:
         """Replicate ``data``; return what the state machine's apply returned.
 
         Raises NotLeaderError or ProposalDroppedError (retriable) when the
         proposal was not, or may not have been, applied, and
-        DeadlineExceededError when it was not applied in time.
+        DeadlineExceededError when it was not applied in time. ``combine``:
+        the proposal may share an entry with others (``add_group``).
         """
-        return await self.propose_nowait(group_id, data, timeout_s=timeout_s)
+        return await self.propose_nowait(group_id, data, timeout_s=timeout_s, combine=combine)
 
     def propose_nowait(
-        self, group_id: int, data: bytes, *, timeout_s: float | None = None
+        self, group_id: int, data: bytes, *, timeout_s: float | None = None,
+        combine: bool = False,
     ) -> asyncio.Future[Any]:
         """:meth:`propose` without a coroutine: the future of the apply result.
 
@@ -609,13 +684,16 @@ class RaftHost:
         if not isinstance(data, bytes) or not data:
             # Empty entries are the leaders' own (never applied): a proposal has data.
             raise UsageError("a proposal must be non-empty bytes")
+        if combine and group.combine is None:
+            raise UsageError(f"group {group_id} was added without a combiner: "
+                             "its proposals cannot be combined")
         self.require_leader(group)
         if len(group.queued) >= self.config.queued_proposals_max:
             raise ProposalDroppedError(
                 f"group {group_id}: {len(group.queued)} proposals already queued; retry later"
             )
         loop = asyncio.get_running_loop()
-        proposal = Proposal(loop.create_future(), data)
+        proposal = Proposal(loop.create_future(), data, combinable=combine)
         group.queued.append(proposal)
         self._kick()
         if timeout_s is None:
@@ -775,6 +853,10 @@ class RaftHost:
         live = [p for p in queued if not p.future.done()]  # not timed out meanwhile
         if not live:
             return
+        if group.combine is not None:
+            live = combine_queued(live, group.combine,
+                                  count_max=self.config.combined_proposals_max,
+                                  bytes_max=self.config.combined_proposal_bytes_max)
         try:
             term, first = group.node.propose_batch([p.data for p in live])
         except QuorumlogError as exc:

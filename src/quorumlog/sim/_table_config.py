@@ -82,6 +82,9 @@ class TableSimConfig(Config, frozen=True):
     dup_hash_keys: int = 3  # writers write hash_keys x sort_keys keys per group:
     dup_sort_keys: int = 4  # overwrites and deletes, so last-writer-wins decides
     dup_delete_probability: float = 0.3
+    # A writer's write shares its log entry with another client's write to the
+    # group (RaftHost combines the writes of one ready pass, combine_entries).
+    dup_combine_probability: float = 0.4
 
     # After the heal: within this bound every group has `replicas` voters on live
     # nodes, no learners, its record in step, and every acknowledged write on every voter.
@@ -104,7 +107,8 @@ class TableSimConfig(Config, frozen=True):
                      "partition_scheduler_probability", "failover_probability_per_tick",
                      "failover_at_heal_probability", "compaction_probability_per_tick",
                      "dup_skip_mode_probability", "remote_outage_probability_per_tick",
-                     "dup_delete_probability", "odd_size_group_probability"):
+                     "dup_delete_probability", "odd_size_group_probability",
+                     "dup_combine_probability"):
             value = getattr(self, name)
             require(0.0 <= value <= 1.0, f"{name} must be a probability in [0, 1]")
         require(0 < self.remote_outage_ms_min <= self.remote_outage_ms_max,

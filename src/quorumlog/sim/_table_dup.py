@@ -32,7 +32,7 @@ from pathlib import Path
 
 import msgspec
 
-from quorumlog.errors import StorageError
+from quorumlog.errors import StorageError, invariant
 from quorumlog.raft import BOOTSTRAP_INDEX, Entry
 from quorumlog.table import (
     DeleteCommand,
@@ -47,6 +47,7 @@ from quorumlog.table import (
     TableStore,
     TimetagClock,
     block_of,
+    combine_entries,
     compaction_floor_of,
     decode_entry,
     encode_entry,
@@ -114,28 +115,35 @@ class SimTableReplica:
         self.machine.restore_files(self._files.root / name, metadata)
 
 
-def stamp_proposal(replica: object, payload: bytes, now_us: int) -> bytes:
-    """``TableService._on_write`` on the leader: the entry gets the leader
-    clock's timestamp (after the shipped timetags it carries)."""
+def stamp_proposal(replica: object, payloads: list[bytes], now_us: int) -> bytes:
+    """``TableService._on_write`` on the leader for each write of one ready
+    pass, then ``RaftHost``'s combining: each entry gets the leader clock's
+    timestamp (after the shipped timetags it carries), and several share one
+    log entry (``combine_entries``)."""
     if not isinstance(replica, SimTableReplica):
-        return payload
-    entry = decode_entry(payload)
+        invariant(len(payloads) == 1, "only table replicas combine writes")
+        return payloads[0]
     clock = replica.machine.clock
-    observe_duplicates(clock, entry.commands)
-    return encode_entry(TableEntry(timestamp_us=clock.next(now_us), commands=entry.commands,
-                                   client_id=entry.client_id, seq=entry.seq,
-                                   first_outstanding_seq=entry.first_outstanding_seq,
-                                   gc=entry.gc))
+    stamped = []
+    for payload in payloads:
+        entry = decode_entry(payload)
+        observe_duplicates(clock, entry.commands)
+        stamped.append(encode_entry(TableEntry(
+            timestamp_us=clock.next(now_us), commands=entry.commands, client_id=entry.client_id,
+            seq=entry.seq, first_outstanding_seq=entry.first_outstanding_seq, gc=entry.gc)))
+    return stamped[0] if len(stamped) == 1 else combine_entries(stamped)
 
 
 def write_payload(client_id: int, seq: int, hash_key: bytes, sort_key: bytes,
-                  value: bytes | None) -> bytes:
+                  value: bytes | None, *, first_outstanding_seq: int | None = None) -> bytes:
     """A writer's exactly-once write (set, or delete with ``value`` None),
-    stamped by the leader that proposes it."""
+    stamped by the leader that proposes it; ``first_outstanding_seq`` is
+    ``seq`` unless given."""
     command = (DeleteCommand(hash_key, sort_key) if value is None
                else SetCommand(hash_key, sort_key, value))
-    return encode_entry(TableEntry(timestamp_us=0, commands=(command,), client_id=client_id,
-                                   seq=seq, first_outstanding_seq=seq))
+    return encode_entry(TableEntry(
+        timestamp_us=0, commands=(command,), client_id=client_id, seq=seq,
+        first_outstanding_seq=seq if first_outstanding_seq is None else first_outstanding_seq))
 
 
 def live_records(store: TableStore, *,
@@ -159,6 +167,7 @@ class DupStats:
     skipped_mutations: int = 0
     remote_outages: int = 0
     gc_proposed: int = 0
+    combined_proposals: int = 0  # log entries holding a writer's and another client's write
     floor_refreshes: int = 0
 
 

@@ -91,6 +91,7 @@ from quorumlog.table import (
     ScheduledChange,
     Scheduler,
     SchedulerConfig,
+    TableConfig,
     change_outcome,
     collection_entry,
     conf_change_of,
@@ -105,6 +106,9 @@ SCHEDULER_ENDPOINT = 0
 """The scheduler's network endpoint (table nodes are 1..N)."""
 
 WRITER_ENDPOINT = 10_000
+# Client ids of the dup mix's second client per group (``_companion_write``);
+# a group's writer has the group id as its client id.
+COMPANION_CLIENT_ID_BASE = 1 << 32
 """The writers' endpoint; responses carry their group id."""
 
 GROUP_BYTES_PAGE_RECORDS = 1_000  # a leader's size is summed over pages this long
@@ -295,6 +299,8 @@ class TableSimulation:
             fail_mode = (FailMode.SKIP if root.random() < config.dup_skip_mode_probability
                          else FailMode.SLOW)
             self._dup_rng = random.Random(root.getrandbits(64))
+            self._combine_rng = random.Random(root.getrandbits(64))
+            self._companion_seqs: dict[int, int] = {}
             self._files = RunFiles()
             self.dup = DupWorld(self._files, config.groups, fail_mode)
         self._healed = False
@@ -380,7 +386,8 @@ class TableSimulation:
             node_id=node.node_id,
             election_timeout_ticks=self.config.election_timeout_ticks,
             heartbeat_interval_ticks=self.config.heartbeat_interval_ticks,
-            pre_vote=self._pre_vote, check_quorum=self._check_quorum)
+            pre_vote=self._pre_vote, check_quorum=self._check_quorum,
+            broadcast_commit=TableConfig().broadcast_commit)  # as TableService adds groups
         outbox = Outbox(
             send_raft=functools.partial(self._send_raft, gid),
             send_client=functools.partial(self._send_write_answer, node.node_id, gid),
@@ -396,7 +403,7 @@ class TableSimulation:
         dup, files = self.dup, self._files
         if dup is not None and files is not None:
             host.machine_factory = functools.partial(SimTableReplica, files, SOURCE_CLUSTER_ID)
-            host.prepare_proposal = self._stamp
+            host.prepare_proposal = functools.partial(self._stamp, gid)
             host.compaction_floor = functools.partial(dup.floor, node.node_id, gid)
             host.snapshot_log_tail_bytes_max = self.config.snapshot_log_tail_bytes_max
         node.replicas[gid] = host
@@ -842,8 +849,30 @@ class TableSimulation:
 
     # == duplication (the dup mix, ``_table_dup``) ===========================
 
-    def _stamp(self, machine: object, payload: bytes) -> bytes:
-        return stamp_proposal(machine, payload, self.clock.now_ms * 1000)
+    def _stamp(self, gid: int, machine: object, payload: bytes) -> bytes:
+        """The leader stamps the writer's write; some share the log entry with
+        another client's write that reached the leader in the same pass."""
+        payloads = [payload]
+        if self._combine_rng.random() < self.config.dup_combine_probability:
+            payloads.insert(self._combine_rng.randrange(2), self._companion_write(gid))
+            if self.dup is not None:  # always: only the dup mix stamps proposals
+                self.dup.stats.combined_proposals += 1
+        return stamp_proposal(machine, payloads, self.clock.now_ms * 1000)
+
+    def _companion_write(self, gid: int) -> bytes:
+        """A write of a second client of the group, never retried (its answer is
+        not awaited): a set or delete of a key next to the writer's (same hash
+        keys, sort keys of its own: the writer's keys keep their last
+        acknowledged value; duplication checks these by convergence)."""
+        config, rng = self.config, self._combine_rng
+        seq = self._companion_seqs.get(gid, 0) + 1
+        self._companion_seqs[gid] = seq
+        key = (f"h{rng.randrange(config.dup_hash_keys)}".encode(),
+               f"c{rng.randrange(config.dup_sort_keys)}".encode())
+        value = (None if rng.random() < config.dup_delete_probability
+                 else f"{gid}.c{seq}".encode())
+        return write_payload(COMPANION_CLIENT_ID_BASE + gid, seq, key[0], key[1], value,
+                             first_outstanding_seq=1)
 
     def _dup_write(self, writer: _Writer) -> bytes:
         """A set or delete of one of the group's few keys (overwrites and

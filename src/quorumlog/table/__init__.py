@@ -33,8 +33,11 @@ from quorumlog.table._commands import (
     WriteCommand,
     WriteResult,
     check_passes,
+    combine_entries,
     decode_entry,
+    decode_log_entry,
     encode_entry,
+    entries_of,
 )
 from quorumlog.table._dup_gc import collection_entry
 from quorumlog.table._dup_layout import (
@@ -194,10 +197,13 @@ __all__ = [
     "change_outcome",
     "check_passes",
     "collection_entry",
+    "combine_entries",
     "compaction_floor_of",
     "conf_change_of",
     "decode_entry",
+    "decode_log_entry",
     "encode_entry",
+    "entries_of",
     "fetch_schedule",
     "group_id_of",
     "is_table_group",

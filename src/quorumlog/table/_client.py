@@ -290,7 +290,9 @@ class TableClient:
         async def send(address: str, layout: TableLayout, partition: int) -> TableWriteResponse:
             key = (layout.record.table_id, partition)
             if self._exactly_once and key not in proposals:
-                session = self._sessions.setdefault(key, _WriterSession())
+                session = self._sessions.get(key)
+                if session is None:  # not setdefault: a session draws its id from the OS
+                    session = self._sessions[key] = _WriterSession()
                 proposals[key] = (session, session.begin())
             client_id = seq = first = 0
             if key in proposals:

@@ -1,10 +1,13 @@
 """Table writes as Raft log commands, and the pure rules they follow.
 
-A partition's leader batches client writes into one :class:`TableEntry` per
-Raft proposal and stamps it with one timestamp (microseconds, from its
+A partition's leader turns each client write request into one
+:class:`TableEntry` stamped with one timestamp (microseconds, from its
 :class:`~quorumlog.table.TimetagClock`). Every replica applies the entry with
 that timestamp, never its own clock, so TTLs and timetags come out the same on
-every replica. Names and semantics follow Pegasus's client API (``set``,
+every replica. The write requests that reach a leader between two Raft ready
+passes share one log entry (:func:`combine_entries`: a list of TableEntry, each
+with its own timestamp, client session and results; ``TableEntry`` alone is the
+one-request form). Names and semantics follow Pegasus's client API (``set``,
 ``multi_set``, ``del``, ``multi_del``, ``incr``, ``check_and_set``,
 ``check_and_mutate``) and its check types (``cas_check_type``).
 """
@@ -15,6 +18,7 @@ import enum
 
 import msgspec
 
+from quorumlog.errors import UsageError, invariant
 from quorumlog.table._errors import NotAnIntegerError
 
 INT64_MIN = -(1 << 63)
@@ -260,6 +264,11 @@ WriteResult = Done | IncrResult | CheckResult | Refused
 
 _ENTRY_ENCODER = msgspec.msgpack.Encoder()
 _ENTRY_DECODER = msgspec.msgpack.Decoder(TableEntry)
+_LOG_ENTRY_DECODER = msgspec.msgpack.Decoder(TableEntry | list[TableEntry])
+_MSGPACK_ARRAY16 = 0xDC
+_MSGPACK_FIXARRAY = 0x90
+_FIXARRAY_LENGTH_MAX = 15
+COMBINED_ENTRIES_MAX = 0xFFFF  # a msgpack array16 (far above HostConfig.combined_proposals_max)
 
 
 def encode_entry(entry: TableEntry) -> bytes:
@@ -267,4 +276,34 @@ def encode_entry(entry: TableEntry) -> bytes:
 
 
 def decode_entry(raw: bytes) -> TableEntry:
+    """One encoded TableEntry (the one-request form)."""
     return _ENTRY_DECODER.decode(raw)
+
+
+def combine_entries(encoded: list[bytes]) -> bytes:
+    """Encoded TableEntries as one log entry, a msgpack array of them (the
+    encodings are reused as they are). A collection entry is never combined
+    (its scan reads the store, not the writes of the entry it would share)."""
+    count = len(encoded)
+    if not 1 <= count <= COMBINED_ENTRIES_MAX:
+        raise UsageError(f"{count} entries cannot be combined (1..{COMBINED_ENTRIES_MAX})")
+    if count <= _FIXARRAY_LENGTH_MAX:
+        header = bytes((_MSGPACK_FIXARRAY | count,))
+    else:
+        header = bytes((_MSGPACK_ARRAY16,)) + count.to_bytes(2, "big")
+    return header + b"".join(encoded)
+
+
+def decode_log_entry(raw: bytes) -> TableEntry | list[TableEntry]:
+    """A partition's log entry: one TableEntry, or the list :func:`combine_entries` made."""
+    entry: TableEntry | list[TableEntry] = _LOG_ENTRY_DECODER.decode(raw)
+    if isinstance(entry, list):
+        invariant(bool(entry) and all(e.gc is None for e in entry),
+                  "a combined table entry holds one write entry at least and no collection")
+    return entry
+
+
+def entries_of(raw: bytes) -> list[TableEntry]:
+    """The TableEntries of a log entry, in the order they apply."""
+    entry = decode_log_entry(raw)
+    return entry if isinstance(entry, list) else [entry]

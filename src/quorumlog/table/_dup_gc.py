@@ -34,8 +34,8 @@ from quorumlog.raft import CompactedError, Entry, EntryType, RaftHost, Role
 from quorumlog.table._commands import (
     CollectGarbage,
     TableEntry,
-    decode_entry,
     encode_entry,
+    entries_of,
     has_local_writes,
 )
 from quorumlog.table._machine import PartitionMachine
@@ -81,9 +81,9 @@ def unconfirmed_horizon_us(host: RetainedLog, group_id: int, floor: int, mark: i
             return NOTHING
         for entry in entries:
             if entry.type is EntryType.NORMAL and entry.data:
-                table_entry = decode_entry(entry.data)
-                if has_local_writes(table_entry):
-                    horizon = min(horizon, table_entry.timestamp_us - 1)
+                for table_entry in entries_of(entry.data):
+                    if has_local_writes(table_entry):
+                        horizon = min(horizon, table_entry.timestamp_us - 1)
         lo = entries[-1].index + 1
     return horizon
 

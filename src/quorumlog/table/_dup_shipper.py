@@ -47,7 +47,7 @@ from quorumlog.table._commands import (
     MultiSetCommand,
     SetCommand,
     WriteCommand,
-    decode_entry,
+    entries_of,
 )
 from quorumlog.table._dup_layout import (
     DupProgress,
@@ -152,11 +152,11 @@ def block_of(entries: list[Entry], store: TableStore) -> Block:
     for entry in entries:
         if entry.type is not EntryType.NORMAL or not entry.data:
             continue
-        table_entry = decode_entry(entry.data)
-        oldest_us = oldest_us or table_entry.timestamp_us
-        for command in table_entry.commands:
-            for hash_key, sort_key in touched_keys(command):
-                touched.setdefault(hash_key, {})[sort_key] = None
+        for table_entry in entries_of(entry.data):
+            oldest_us = oldest_us or table_entry.timestamp_us
+            for command in table_entry.commands:
+                for hash_key, sort_key in touched_keys(command):
+                    touched.setdefault(hash_key, {})[sort_key] = None
     block = Block(last_decree=entries[-1].index, commands={}, oldest_timestamp_us=oldest_us)
     for hash_key, sort_keys in touched.items():
         records = []

@@ -22,7 +22,13 @@ import msgspec
 
 from quorumlog.errors import StorageError, invariant
 from quorumlog.raft import LOG_TAIL_FILE_NAME
-from quorumlog.table._commands import DuplicateCommand, WriteCommand, WriteResult, decode_entry
+from quorumlog.table._commands import (
+    DuplicateCommand,
+    TableEntry,
+    WriteCommand,
+    WriteResult,
+    decode_log_entry,
+)
 from quorumlog.table._store import TableStore
 from quorumlog.table._timetag import TimetagClock
 
@@ -48,11 +54,20 @@ class PartitionMachine:
         self.clock = clock
         self._staging = staging
 
-    def apply(self, index: int, data: bytes) -> list[WriteResult]:
-        entry = decode_entry(data)
+    def apply(self, index: int, data: bytes) -> list[WriteResult] | list[list[WriteResult]]:
+        """The results of a TableEntry; of a combined entry, one list per entry
+        it holds (what ``RaftHost`` hands each combined proposal)."""
+        entry = decode_log_entry(data)
+        if isinstance(entry, TableEntry):
+            self._observe(entry)
+            return self.store.apply(index, entry)
+        for each in entry:
+            self._observe(each)
+        return self.store.apply_combined(index, entry)
+
+    def _observe(self, entry: TableEntry) -> None:
         self.clock.observe(entry.timestamp_us)
         observe_duplicates(self.clock, entry.commands)
-        return self.store.apply(index, entry)
 
     def snapshot_files(self, directory: Path) -> bytes:
         """A RocksDB checkpoint of the store in ``directory`` (hard links)."""

@@ -8,7 +8,8 @@ assigned to this node. Each group's state machine is a
 :class:`PartitionMachine` over one :class:`TableStore` (RocksDB under
 ``<data_dir>/table/replicas/<group id>``).
 
-Writes are ``TableEntry`` proposals stamped by the leader's ``TimetagClock``;
+Writes are ``TableEntry`` proposals stamped by the leader's ``TimetagClock``
+(those of one pass combined into one log entry, ``combine_entries``);
 reads wait on ``read_barrier`` (ReadIndex) and read the leader's store. A
 follower answers ``NotLeaderError`` with the leader's address, except to a
 read with ``stale_ok``, which any replica answers from its own store.
@@ -37,6 +38,7 @@ from quorumlog.table._commands import (
     Refused,
     TableEntry,
     WriteCommand,
+    combine_entries,
     encode_entry,
 )
 from quorumlog.table._dup_gc import LedReplica, TombstoneCollector
@@ -101,6 +103,12 @@ class TableConfig(Config, frozen=True):
     cluster_id: int = 1  # timetags' cluster id (duplication tells clusters apart)
     tick_interval_ms: int = 100
     election_timeout_ticks: int = 10
+    # RaftConfig.broadcast_commit of the partition groups. Off: a follower
+    # learns a commit from the leader's next AppendEntries or heartbeat (at
+    # most a tick later when writes stop) instead of from a message of its
+    # own per commit, which saved 10-15 % of the CPU per set at 64-256
+    # clients (docs/table.md, "Benchmark"); stale_ok reads may lag that much more.
+    broadcast_commit: bool = False
     # A Raft snapshot (a RocksDB checkpoint) after this many applied entries.
     snapshot_entries: int = 10_000
     # The node's registration disappears this long after the node dies.
@@ -373,7 +381,9 @@ class TableService:
         # it learns the configuration and the data (a snapshot) from the leader. A
         # replica already on disk reopens what it has either way.
         joining = record.epoch > 0 or self.node_id not in record.members
-        self.host.add_group(gid, None if joining else set(record.members), machine)
+        self.host.add_group(gid, None if joining else set(record.members), machine,
+                            combine=combine_entries,
+                            broadcast_commit=self.config.broadcast_commit)
         _log.info("table_replica_opened", table=layout.name, partition=partition, group=gid,
                   joining=joining)
 
@@ -440,7 +450,8 @@ class TableService:
                            commands=tuple(request.commands), client_id=request.client_id,
                            seq=request.seq,
                            first_outstanding_seq=request.first_outstanding_seq)
-        results = await self.host.propose(replica.group_id, encode_entry(entry))
+        # Requests reaching this leader before the next ready pass share a log entry.
+        results = await self.host.propose(replica.group_id, encode_entry(entry), combine=True)
         return TableWriteResponse(results=list(results))
 
     def _refuse_non_idempotent(self, table: str,

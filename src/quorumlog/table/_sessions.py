@@ -33,7 +33,8 @@ every replica applies), never by a replica's own clock:
   client keeps at most that many results per partition;
 * a session idle (no write) for ``CLIENT_SESSION_IDLE_EXPIRY_S`` of entry
   time (counted in whole minutes: up to a minute more) is removed,
-  ``SESSIONS_EXPIRED_PER_ENTRY_MAX`` per applied entry.
+  ``SESSIONS_EXPIRED_PER_ENTRY_MAX`` per applied write (a combined log
+  entry: that many per write it holds, at its first write's timestamp).
 
 Invariant: a seq at or above the floor with no kept result was never
 applied. A request below the floor is refused (``stale_sequence``: its outcome
@@ -96,21 +97,47 @@ def _age_key(bucket: int, client_id: int) -> bytes:
 
 
 class ClientSessions:
-    """The session rows as one applied entry sees them: reads from the database,
-    writes into the entry's write batch."""
+    """The session rows as one applied log entry sees them: reads from the
+    database and from what the entry wrote before (a combined entry may hold
+    several writes of one client), writes into the entry's write batch.
+
+    ``timestamp_us`` is the timestamp of the write being applied (:meth:`at`)."""
 
     def __init__(self, db: Rdict, batch: WriteBatch, timestamp_us: int) -> None:
         self._db = db
         self._batch = batch
         self._timestamp_us = timestamp_us
-        self._expired: set[int] = set()
+        self._written: dict[bytes, bytes | None] = {}  # this entry's puts (None: deleted)
+        self._expired_count = 0
 
-    def expire(self) -> None:
-        """Remove sessions idle past the expiry (a bounded number per entry).
+    def at(self, timestamp_us: int) -> None:
+        """The next write applied has this timestamp."""
+        self._timestamp_us = timestamp_us
+
+    def _get(self, key: bytes) -> bytes | None:
+        if key in self._written:
+            return self._written[key]
+        raw = self._db.get(key)
+        return None if raw is None else _raw(raw)
+
+    def _put(self, key: bytes, value: bytes) -> None:
+        self._written[key] = value
+        self._batch.put(key, value)
+
+    def _delete(self, key: bytes) -> None:
+        self._written[key] = None
+        self._batch.delete(key)
+
+    def expire(self, writes: int = 1) -> None:
+        """Remove sessions idle past the expiry, at most
+        ``SESSIONS_EXPIRED_PER_ENTRY_MAX`` per write of the entry; run before
+        the entry's first write, at its timestamp.
 
         Sessions whose last write's minute lies below ``limit`` are idle for at
         least the expiry; nothing is read but one key until ``limit`` passes
         the minute the previous scan finished."""
+        invariant(not self._written, "sessions expire before the entry's writes")
+        expired_max = SESSIONS_EXPIRED_PER_ENTRY_MAX * writes
         limit = _bucket(self._timestamp_us - CLIENT_SESSION_IDLE_EXPIRY_S * US_PER_S)
         raw = self._db.get(_EXPIRED_BELOW)
         done_below = 0 if raw is None else _U64.unpack(_raw(raw))[0]
@@ -125,12 +152,12 @@ class ClientSessions:
             bucket, client_id = _U64_PAIR.unpack(key[len(_BY_AGE):])
             if bucket >= limit:
                 break
-            if len(self._expired) == SESSIONS_EXPIRED_PER_ENTRY_MAX:
+            if self._expired_count == expired_max:
                 limit = bucket  # the next entry goes on from this minute
                 break
             self._forget(client_id, key)
             it.next()
-        self._batch.put(_EXPIRED_BELOW, _U64.pack(limit))
+        self._put(_EXPIRED_BELOW, _U64.pack(limit))
 
     def _forget(self, client_id: int, age_key: bytes) -> None:
         session = self._session(client_id)
@@ -138,11 +165,11 @@ class ClientSessions:
             raise InvariantViolation(
                 f"invariant violated: client session {client_id} is indexed but absent")
         floor = session[0]
-        self._batch.delete(age_key)
-        self._batch.delete(_SESSION + _U64.pack(client_id))
+        self._delete(age_key)
+        self._delete(_SESSION + _U64.pack(client_id))
         for seq in range(floor, floor + CLIENT_RESULTS_WINDOW_WRITES):
-            self._batch.delete(_result_key(client_id, seq))
-        self._expired.add(client_id)
+            self._delete(_result_key(client_id, seq))
+        self._expired_count += 1
 
     def answered(self, client_id: int, seq: int,
                  first_outstanding_seq: int) -> list[WriteResult] | Refused | None:
@@ -163,8 +190,8 @@ class ClientSessions:
         if seq < floor:
             return Refused(f"client {client_id}: write {seq} is below the kept window "
                            f"(floor {floor}); its outcome is unknown", code=STALE_SEQUENCE)
-        raw = self._db.get(_result_key(client_id, seq))
-        return None if raw is None else _RESULTS_DECODER.decode(_raw(raw))
+        raw = self._get(_result_key(client_id, seq))
+        return None if raw is None else _RESULTS_DECODER.decode(raw)
 
     def remember(self, client_id: int, seq: int, first_outstanding_seq: int,
                  results: list[WriteResult]) -> None:
@@ -174,24 +201,22 @@ class ClientSessions:
         bucket = _bucket(self._timestamp_us)
         if session is None or _bucket(session[1]) != bucket:
             if session is not None:
-                self._batch.delete(_age_key(_bucket(session[1]), client_id))
-            self._batch.put(_age_key(bucket, client_id), b"")
+                self._delete(_age_key(_bucket(session[1]), client_id))
+            self._put(_age_key(bucket, client_id), b"")
         floor = max(old_floor, first_outstanding_seq, seq - CLIENT_RESULTS_WINDOW_WRITES + 1)
         invariant(floor <= seq, "the floor never passes the write being kept")
         # Kept results lie in [old_floor, old_floor + window): delete those below floor.
         for dropped in range(old_floor, min(floor, old_floor + CLIENT_RESULTS_WINDOW_WRITES)):
-            self._batch.delete(_result_key(client_id, dropped))
-        self._batch.put(_result_key(client_id, seq), _RESULTS_ENCODER.encode(results))
-        self._batch.put(_SESSION + _U64.pack(client_id),
-                        _U64_PAIR.pack(floor, max(self._timestamp_us, 0)))
+            self._delete(_result_key(client_id, dropped))
+        self._put(_result_key(client_id, seq), _RESULTS_ENCODER.encode(results))
+        self._put(_SESSION + _U64.pack(client_id),
+                  _U64_PAIR.pack(floor, max(self._timestamp_us, 0)))
 
     def _session(self, client_id: int) -> tuple[int, int] | None:
-        if client_id in self._expired:
-            return None
-        raw = self._db.get(_SESSION + _U64.pack(client_id))
+        raw = self._get(_SESSION + _U64.pack(client_id))
         if raw is None:
             return None
-        floor, last_us = _U64_PAIR.unpack(_raw(raw))
+        floor, last_us = _U64_PAIR.unpack(raw)
         return floor, last_us
 
 

@@ -187,21 +187,35 @@ class TableStore:
     def apply(self, decree: int, entry: TableEntry) -> list[WriteResult]:
         """Apply one committed entry; an entry at or below ``applied_decree`` was
         applied before a crash and is skipped (returns [])."""
+        return self.apply_combined(decree, [entry])[0]
+
+    def apply_combined(self, decree: int, entries: list[TableEntry]) -> list[list[WriteResult]]:
+        """Apply the entries of one committed log entry (``combine_entries``) in
+        order, each with its own timestamp and session, in one RocksDB write
+        batch; their results, one list per entry (each [] for a log entry at or
+        below ``applied_decree``, skipped)."""
+        invariant(bool(entries), "a log entry holds one table entry at least")
         if decree <= self._applied:
-            return []
-        batch = _Batch(self._db, entry.timestamp_us, self.cluster_id)
-        sessions = ClientSessions(self._db, batch.write_batch, entry.timestamp_us)
-        sessions.expire()
-        if entry.gc is not None:
-            results: list[WriteResult] = []
+            return [[] for _ in entries]
+        first = entries[0]
+        batch = _Batch(self._db, first.timestamp_us, self.cluster_id)
+        sessions = ClientSessions(self._db, batch.write_batch, first.timestamp_us)
+        sessions.expire(len(entries))
+        if first.gc is not None:
+            invariant(len(entries) == 1, "a collection entry is never combined")
+            results: list[list[WriteResult]] = [[]]
             mark, since_min_us, cursor, removed = self._collect(batch.write_batch, decree,
-                                                                entry.gc, entry.timestamp_us)
+                                                                first.gc, first.timestamp_us)
         else:
-            results = self._run(batch, sessions, entry)
             mark, cursor, removed = self._gc_mark, self._gc_cursor, 0
             since_min_us = self._since_mark_min_us
-            if has_local_writes(entry):
-                since_min_us = min(since_min_us, entry.timestamp_us)
+            results = []
+            for entry in entries:
+                batch.at(entry.timestamp_us)
+                sessions.at(entry.timestamp_us)
+                results.append(self._run(batch, sessions, entry))
+                if has_local_writes(entry):
+                    since_min_us = min(since_min_us, entry.timestamp_us)
         batch.write_batch.put(KEY_APPLIED_DECREE, _APPLIED.pack(decree, since_min_us))
         self._db.write(batch.write_batch)
         self._applied, self._since_mark_min_us = decree, since_min_us
@@ -463,17 +477,22 @@ def _raw_key(item: ScanItem) -> bytes:
 
 
 class _Batch:
-    """The writes of one entry: a RocksDB write batch plus what it wrote, so a
-    later command of the same entry reads an earlier one's result."""
+    """The writes of one log entry: a RocksDB write batch plus what it wrote, so
+    a later command (of the same table entry or of a later one combined with
+    it) reads an earlier one's result."""
 
     def __init__(self, db: Rdict, timestamp_us: int, cluster_id: int) -> None:
         self._db = db
+        self._cluster_id = cluster_id
         self.write_batch = WriteBatch(raw_mode=True)
         self._written: dict[bytes, Record] = {}
-        self._timestamp_us = timestamp_us
+        self.at(timestamp_us)
+
+    def at(self, timestamp_us: int) -> None:
+        """The next commands run belong to a table entry with this timestamp."""
         self._now_s = timestamp_us // US_PER_S
-        self._timetag = make_timetag(timestamp_us, cluster_id)
-        self._tombstone_timetag = make_timetag(timestamp_us, cluster_id, deleted=True)
+        self._timetag = make_timetag(timestamp_us, self._cluster_id)
+        self._tombstone_timetag = self._timetag | 1  # the delete flag
 
     def run(self, command: WriteCommand) -> WriteResult:
         try:
