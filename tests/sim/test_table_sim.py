@@ -25,9 +25,10 @@ from quorumlog.table import Scheduler
 DEFAULT_SEEDS = range(0, 16)
 # These failed before their fixes in the world of their time; zones with several
 # nodes and odd-size groups (issue 15's leftovers) changed every seed's world since,
-# so today they are only more seeds. ZONE_SEEDS failed without the zone spreading.
+# so today they are only more seeds. ZONE_SEEDS failed without the zone spreading
+# (the first still does since removed members stay in records until applied).
 FOUND_BUG_SEEDS = (12, 17, 31, 48, 64, 1227, 88892615441718, 88892615442410, 5_000_546)
-ZONE_SEEDS = (38, 84, 94)
+ZONE_SEEDS = (84, 38, 94)
 # A new scheduler picked the only voter of a growing 1-voter group as the one to go.
 REPLICA_COUNT_SEEDS = (207215719920,)
 LARGE_RANGE_START = 5_000_000

@@ -226,16 +226,16 @@ def test_the_host_proposes_the_writes_of_one_pass_as_one_entry(tmp_path: Path) -
     run(main())
 
 
-def test_a_table_node_opens_partition_groups_that_combine_writes_and_learn_commits_lazily(
+def test_a_table_node_opens_partition_groups_that_combine_writes_and_broadcast_commits(
         tmp_path: Path) -> None:
-    """TableService adds each partition's group with the combiner and without
-    a commit broadcast (TableConfig.broadcast_commit, off by default)."""
+    """TableService adds each partition's group with the combiner and with the
+    commit broadcast of TableConfig.broadcast_commit (on by default)."""
     async def main() -> None:
-        for broadcast in (False, True):
+        for broadcast in (True, False):
             service = TableService(1, "127.0.0.1:1", ["127.0.0.1:2"],
                                    tmp_path / f"node-{broadcast}",
-                                   TableConfig(broadcast_commit=broadcast) if broadcast
-                                   else None)
+                                   None if broadcast
+                                   else TableConfig(broadcast_commit=broadcast))
             layout = TableLayout("t", TableRecord(table_id=3, partitions=1, replicas=1,
                                                   created_ms=0), (PartitionRecord((1,)),))
             try:

@@ -22,7 +22,7 @@ A run is a pure function of ``(seed, config)``. The world:
   membership change runs until it is applied on the leader, leadership is
   lost, or the executor timeout passes.
 - Partition records (members, learners, epoch) are kept as the scheduler
-  service keeps them (``table.record_needs_update``, every heartbeat
+  service keeps them (``table.updated_record``, every heartbeat
   interval); nodes reconcile with them as ``TableService`` does: a node named
   in a record opens the replica (founding members bootstrap a record of epoch
   0, later ones join empty), a node no longer named drops it and its files.
@@ -98,8 +98,8 @@ from quorumlog.table import (
     encode_entry,
     keeps_replica,
     place_replicas,
-    record_needs_update,
     report_of,
+    updated_record,
 )
 
 SCHEDULER_ENDPOINT = 0
@@ -558,14 +558,14 @@ class TableSimulation:
         for gid, record in sorted(self.records.items()):
             self.scheduler.set_replicas_target(gid, self.config.replicas)
             view = self.scheduler.groups.get(gid)
-            if view is None or not record_needs_update(view, record):
+            new = None if view is None else updated_record(view, record)
+            if new is None:
                 continue
-            self.records[gid] = PartitionRecord(members=view.voters, epoch=view.epoch,
-                                                learners=view.learners)
+            self.records[gid] = new
             self.stats.records_written += 1
             changed = True
-            self._trace(f"RECORD g{gid} members={list(view.voters)} "
-                        f"learners={list(view.learners)} epoch={view.epoch}")
+            self._trace(f"RECORD g{gid} members={list(new.members)} "
+                        f"learners={list(new.learners)} epoch={new.epoch}")
         if changed:  # the nodes' watches fire
             for node in self.nodes.values():
                 self._reconcile(node)

@@ -107,7 +107,7 @@ from quorumlog.table._scheduler import (
     Scheduler,
     SchedulerConfig,
 )
-from quorumlog.table._scheduler_service import SchedulerService, record_needs_update
+from quorumlog.table._scheduler_service import SchedulerService, updated_record
 from quorumlog.table._service import TableConfig, TableService
 from quorumlog.table._store import SCAN_LIMIT_MAX, ScanItem, ScanPage, TableStore
 from quorumlog.table._timetag import (
@@ -212,8 +212,8 @@ __all__ = [
     "observe_duplicates",
     "partition_of",
     "place_replicas",
-    "record_needs_update",
     "report_of",
     "table_node_key",
     "table_nodes",
+    "updated_record",
 ]

@@ -155,6 +155,8 @@ class GroupView:
     change_in_progress: bool = False
     size_bytes: int = 0
     applied: dict[int, int] = field(default_factory=dict)
+    # Every replica's epoch as it reports it (its group epoch at its applied index).
+    epochs: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -204,6 +206,7 @@ class Scheduler:
         for g in report.groups:
             view = self.groups.setdefault(g.group_id, GroupView(g.group_id))
             view.applied[report.node_id] = g.applied_index
+            view.epochs[report.node_id] = g.epoch
             if g.leader:
                 view.leader, view.epoch = report.node_id, g.epoch
                 view.voters, view.learners = tuple(sorted(g.voters)), tuple(sorted(g.learners))
@@ -211,6 +214,7 @@ class Scheduler:
                 for node in list(view.applied):
                     if node not in view.voters and node not in view.learners:
                         del view.applied[node]
+                        view.epochs.pop(node, None)
             elif view.leader == report.node_id:
                 view.leader = 0  # it led the group and no longer does
         self._settle(now_ms)

@@ -154,11 +154,10 @@ class SchedulerService:
                 known.add(gid)
                 scheduler.set_replicas_target(gid, layout.record.replicas)
                 view = scheduler.groups.get(gid)
-                if view is None or not record_needs_update(view, record):
+                new = None if view is None else updated_record(view, record)
+                if new is None:
                     continue
                 key = partition_key(layout.name, partition)
-                new = PartitionRecord(members=view.voters, epoch=view.epoch,
-                                      learners=view.learners)
                 if await self._client.cas(key, versions[key], encode(new)):
                     self.records_written += 1
                     _log.info("table_partition_recorded", table=layout.name,
@@ -168,10 +167,29 @@ class SchedulerService:
             scheduler.forget_group(gid)
 
 
-def record_needs_update(view: GroupView, record: PartitionRecord) -> bool:
-    """The group's leader reports a settled configuration the record does not have."""
-    if not view.leader or view.change_in_progress or not view.voters:
-        return False
-    return (tuple(sorted(record.members)) != view.voters
-            or tuple(sorted(record.learners)) != view.learners)
+def updated_record(view: GroupView, record: PartitionRecord) -> PartitionRecord | None:
+    """The record of the settled configuration the group's leader reports, or
+    None when the record already says it (or nothing is settled).
 
+    A member the configuration removed stays in the record's members until
+    every voter of the configuration reports the leader's epoch, i.e. has
+    applied it. The record is what makes the removed member's node drop its
+    replica, and a voter that holds the leave-joint entry but not its commit
+    still counts votes in the joint configuration, which needs a majority of
+    the old members too: with the removed replica gone and the leader dead,
+    the group would have no electable majority left (found by the table
+    simulator; docs/table.md, "Removed replicas"). A removed replica kept a
+    while longer only answers votes and redirects.
+    """
+    if not view.leader or view.change_in_progress or not view.voters:
+        return None
+    members = set(view.voters)
+    removed = set(record.members) - members - set(view.learners)
+    if removed and any(view.epochs.get(voter, 0) < view.epoch for voter in view.voters):
+        members |= removed
+    new = PartitionRecord(members=tuple(sorted(members)), epoch=view.epoch,
+                          learners=view.learners)
+    if (tuple(sorted(record.members)) == new.members
+            and tuple(sorted(record.learners)) == new.learners):
+        return None
+    return new

@@ -103,12 +103,14 @@ class TableConfig(Config, frozen=True):
     cluster_id: int = 1  # timetags' cluster id (duplication tells clusters apart)
     tick_interval_ms: int = 100
     election_timeout_ticks: int = 10
-    # RaftConfig.broadcast_commit of the partition groups. Off: a follower
-    # learns a commit from the leader's next AppendEntries or heartbeat (at
-    # most a tick later when writes stop) instead of from a message of its
-    # own per commit, which saved 10-15 % of the CPU per set at 64-256
-    # clients (docs/table.md, "Benchmark"); stale_ok reads may lag that much more.
-    broadcast_commit: bool = False
+    # RaftConfig.broadcast_commit of the partition groups. On: the leader
+    # tells followers of a commit at once. Off saves 10-15 % of the CPU per
+    # set at 64-256 clients (docs/table.md, "Benchmark"), but followers then
+    # learn a commit only with the next AppendEntries or heartbeat, a wider
+    # window for followers that hold a membership change without its commit
+    # (docs/table.md, "Removed replicas stay until the new configuration is
+    # applied").
+    broadcast_commit: bool = True
     # A Raft snapshot (a RocksDB checkpoint) after this many applied entries.
     snapshot_entries: int = 10_000
     # The node's registration disappears this long after the node dies.
