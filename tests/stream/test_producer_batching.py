@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import random
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
@@ -189,6 +190,24 @@ def test_an_entry_to_a_ready_ledger_is_issued_and_acked_without_extra_passes(
 TRACKED_OBJECTS_PER_ENTRY_MAX = 26
 
 
+def _cyclic_garbage() -> list[object]:
+    """What a full collection finds unreachable now (kept, not freed, to be named)."""
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        garbage = list(gc.garbage)
+        gc.garbage.clear()
+    finally:
+        gc.set_debug(0)
+    return garbage
+
+
+def _kinds(objects: list[object]) -> str:
+    """The most common types among ``objects``, for an assertion's message."""
+    kinds = Counter(type(o).__qualname__ for o in objects)
+    return f"{len(objects)} unreachable objects: {kinds.most_common(8)}"
+
+
 def test_sends_keep_few_tracked_objects_alive_and_leave_no_cyclic_garbage(
         meta: list[str]) -> None:
     """What the garbage collector sees of sends in flight (issue 17: its full
@@ -214,7 +233,11 @@ def test_sends_keep_few_tracked_objects_alive_and_leave_no_cyclic_garbage(
                 tracked = len(gc.get_objects()) - before - 1  # not the list of futures
                 await _done(futures)
                 del futures
-                assert gc.collect() == 0  # no reference cycle was left behind
+                garbage = _cyclic_garbage()
+                # A cycle per message or per entry leaves at least `count` objects; a
+                # stray one (an exception's traceback after a slow bookie's timeout on
+                # a loaded machine) leaves a few dozen and is not what this looks for.
+                assert len(garbage) < count // 2, _kinds(garbage)
             finally:
                 gc.enable()
             await producer.close()

@@ -9,6 +9,7 @@ QUORUMLOG_CLUSTERS__TWO); then "two" restarts knowing "one".
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
@@ -25,6 +26,7 @@ import msgspec
 import pytest
 
 from quorumlog import node as cluster
+from quorumlog.errors import UsageError
 from quorumlog.meta import MetaClient
 from quorumlog.table import (
     BlockingTableClient,
@@ -87,9 +89,15 @@ def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clusters]:
     one = tmp_path_factory.mktemp("dup-one")
     two = tmp_path_factory.mktemp("dup-two")
     pair = Clusters(one, two)
+    # Stop what was started (``up`` writes the cluster file before it waits), so
+    # that a start-up failure is reported as itself and not as the clean-up's
+    # "no local cluster".
+    started: list[Path] = []
     try:
+        started.append(two)
         with environment({**DUP_ENV, "QUORUMLOG_TABLE__CLUSTER_ID": "2"}):
             cluster.up(two, 3)
+        started.append(one)
         with environment(pair.env(1, "two", two)):
             cluster.up(one, 3)
         cluster.down(two)
@@ -97,8 +105,9 @@ def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clusters]:
             cluster.up(two, 3)
         yield pair
     finally:
-        cluster.down(one)
-        cluster.down(two)
+        for directory in started:
+            with contextlib.suppress(UsageError):  # up failed before it wrote the file
+                cluster.down(directory)
 
 
 def _cli(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:

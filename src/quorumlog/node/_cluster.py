@@ -515,7 +515,14 @@ def meta_addresses(directory: Path) -> list[str]:
 def running(directory: Path, nodes: int = 3) -> Iterator[list[str]]:
     """A local cluster for the span of a ``with`` block (tests, scripts): ``up``
     on entry, yielding the meta addresses, ``down`` on exit, also on errors."""
-    up(directory, nodes)
+    try:
+        up(directory, nodes)
+    except BaseException:
+        # ``up`` wrote the cluster file before waiting: stop the nodes it started
+        # rather than leave them running behind the error.
+        with contextlib.suppress(UsageError):
+            down(directory)
+        raise
     try:
         yield meta_addresses(directory)
     finally:
