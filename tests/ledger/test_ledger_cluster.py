@@ -103,6 +103,22 @@ async def _read_all(client: LedgerClient, ledger_id: int, password: bytes) -> li
     return [e.payload for e in await handle.read_batch(0, handle.last_add_confirmed)]
 
 
+async def _until_dead(pid: int, deadline_s: float = 30.0) -> None:
+    """Until the SIGKILLed child ``pid`` has exited (reaped here)."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        except ChildProcessError:  # not our child, or reaped already
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+        assert time.monotonic() < deadline, f"process {pid} alive {deadline_s} s after SIGKILL"
+        await asyncio.sleep(0.01)
+
+
 def test_sigkill_bookie_mid_stream_changes_ensemble(four_nodes: Path) -> None:
     killed: list[cluster.NodeInfo] = []
 
@@ -124,6 +140,10 @@ def test_sigkill_bookie_mid_stream_changes_ensemble(four_nodes: Path) -> None:
                     await asyncio.gather(*futures[-200:])
                     os.kill(victim.pid, signal.SIGKILL)
                     killed.append(victim)
+                    # The client notices the bookie when it is gone, and Qa = 2
+                    # confirms entries without it: keep writing past its death
+                    # (a process in fdatasync on a loaded machine dies late).
+                    await _until_dead(victim.pid)
                 if len(futures) - len(acked) > 256:
                     await futures[len(acked)]
             await asyncio.gather(*futures)

@@ -129,5 +129,8 @@ def test_meta_and_table_metrics_on_the_nodes(cluster_dir: Path) -> None:
                  result="ok") == load.TABLE_KEYS
     assert total(samples, "quorumlog_table_request_latency_seconds_count", op="get") \
         == load.TABLE_KEYS
+    # Writes are answered from their proposal's future (no task): timed there.
+    assert total(samples, "quorumlog_table_request_latency_seconds_count", op="write") \
+        == load.TABLE_KEYS
     assert every(samples, "quorumlog_table_groups_hosted") >= 2 * 3
     assert every(samples, "quorumlog_table_groups_led") >= 2

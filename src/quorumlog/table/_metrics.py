@@ -97,6 +97,42 @@ def metered(op: str, handler: Callable[..., Awaitable[R]]) -> Callable[..., Awai
     return wrapper
 
 
+def metered_deferred(op: str, handler: Callable[..., R | asyncio.Future[R]]
+                     ) -> Callable[..., R | asyncio.Future[R]]:
+    """:func:`metered` for a plain handler answering with a future (rpc's
+    deferred answers): counted and timed from the future's done callback, so
+    the write path keeps no task or coroutine per request."""
+    histogram = TABLE_METRICS.latency.setdefault(op, rpc.LatencyHistogram())
+    requests = TABLE_METRICS.requests
+
+    def done(started_s: float, answer: asyncio.Future[R]) -> None:
+        if answer.cancelled():
+            return
+        error = answer.exception()
+        if error is None:
+            requests[(op, "ok")] += 1
+            histogram.observe(asyncio.get_running_loop().time() - started_s)
+        elif isinstance(error, QuorumlogError):
+            requests[(op, "error")] += 1
+
+    @functools.wraps(handler)
+    def wrapper(*args: Any, **kwargs: Any) -> R | asyncio.Future[R]:
+        started_s = asyncio.get_running_loop().time()
+        try:
+            answer = handler(*args, **kwargs)
+        except QuorumlogError:
+            requests[(op, "error")] += 1
+            raise
+        if isinstance(answer, asyncio.Future):
+            answer.add_done_callback(functools.partial(done, started_s))
+        else:
+            requests[(op, "ok")] += 1
+            histogram.observe(asyncio.get_running_loop().time() - started_s)
+        return answer
+
+    return wrapper
+
+
 class _TableCollector(Collector):
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily
                                   | HistogramMetricFamily]:

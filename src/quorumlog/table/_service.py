@@ -80,7 +80,13 @@ from quorumlog.table._messages import (
     TableWriteRequest,
     TableWriteResponse,
 )
-from quorumlog.table._metrics import TABLE_METRICS, metered, register_node, unregister_node
+from quorumlog.table._metrics import (
+    TABLE_METRICS,
+    metered,
+    metered_deferred,
+    register_node,
+    unregister_node,
+)
 from quorumlog.table._scan_contexts import (
     SCAN_CONTEXT_IDLE_MS_DEFAULT,
     SCAN_CONTEXTS_MAX_DEFAULT,
@@ -243,7 +249,7 @@ class TableService:
     def handlers(self) -> dict[type[rpc.Request[Any]], Any]:
         """The table requests; the Raft host's own handlers are in ``host.handlers()``."""
         return {
-            TableWriteRequest: metered("write", self._on_write),
+            TableWriteRequest: metered_deferred("write", self._on_write),
             TableGetRequest: metered("get", self._on_get),
             TableMultiGetRequest: metered("multi_get", self._on_multi_get),
             TableScanRequest: metered("scan", self._on_scan),
@@ -440,21 +446,26 @@ class TableService:
             await self.host.read_barrier(replica.group_id)
         return replica.machine.store
 
-    async def _on_write(self, request: TableWriteRequest,
-                        ctx: rpc.RequestContext) -> TableWriteResponse:
+    def _on_write(self, request: TableWriteRequest,
+                  ctx: rpc.RequestContext) -> TableWriteResponse | asyncio.Future[Any]:
+        """A plain function answering with the proposal's future (rpc runs no
+        task or coroutine per write: the hot path of every set)."""
         replica = self._replica(request.table_id, request.partition)
         self.host.require_leader(self.host.group(replica.group_id))
         refusal = self._refuse_non_idempotent(replica.table, request.commands)
         if refusal is not None:
             return TableWriteResponse(results=[refusal] * len(request.commands))
-        observe_duplicates(replica.machine.clock, tuple(request.commands))
+        commands = tuple(request.commands)
+        observe_duplicates(replica.machine.clock, commands)
         entry = TableEntry(timestamp_us=replica.machine.clock.next(time.time_ns() // 1000),
-                           commands=tuple(request.commands), client_id=request.client_id,
+                           commands=commands, client_id=request.client_id,
                            seq=request.seq,
                            first_outstanding_seq=request.first_outstanding_seq)
         # Requests reaching this leader before the next ready pass share a log entry.
-        results = await self.host.propose(replica.group_id, encode_entry(entry), combine=True)
-        return TableWriteResponse(results=list(results))
+        proposal = self.host.propose_nowait(replica.group_id, encode_entry(entry), combine=True)
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        proposal.add_done_callback(functools.partial(_answer_write, answer))
+        return answer
 
     def _refuse_non_idempotent(self, table: str,
                                commands: list[WriteCommand]) -> Refused | None:
@@ -532,3 +543,16 @@ def _now_s() -> int:
 def _monotonic_ms() -> int:
     return int(time.monotonic() * 1000)
 
+
+def _answer_write(answer: asyncio.Future[Any], proposal: asyncio.Future[Any]) -> None:
+    """Turn a write's proposal outcome into its rpc answer."""
+    if answer.done():
+        return
+    if proposal.cancelled():
+        answer.cancel()
+        return
+    error = proposal.exception()
+    if error is not None:
+        answer.set_exception(error)
+        return
+    answer.set_result(TableWriteResponse(results=list(proposal.result())))
