@@ -125,3 +125,41 @@ def test_flush_writes_queued_frames_before_the_loop_turns() -> None:
             await server.close()
 
     run(body())
+
+
+def test_answer_from_converts_fails_and_cancels_with_its_source() -> None:
+    """``rpc.answer_from``: the deferred answer a plain handler builds from a
+    proposal's future (meta's and the table's writes)."""
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        errors: list[BaseException] = []
+
+        def answer_of() -> tuple[asyncio.Future[int], asyncio.Future[str]]:
+            source: asyncio.Future[int] = loop.create_future()
+            return source, rpc.answer_from(source, lambda n: f"n={n}", on_error=errors.append)
+
+        source, answer = answer_of()
+        source.set_result(7)
+        assert await answer == "n=7" and errors == []
+
+        source, answer = answer_of()
+        failure = NotLeaderError("not me", leader_hint=None)
+        source.set_exception(failure)
+        with pytest.raises(NotLeaderError):
+            await answer
+        assert errors == [failure]
+
+        source, answer = answer_of()
+        source.cancel()
+        await asyncio.sleep(0)
+        assert answer.cancelled()
+
+        # The server cancelled the answer (connection closed): the source's
+        # outcome goes nowhere, and nothing is converted or counted.
+        source, answer = answer_of()
+        answer.cancel()
+        source.set_exception(NotLeaderError("late", leader_hint=None))
+        await asyncio.sleep(0)
+        assert answer.cancelled() and len(errors) == 1
+
+    run(body())

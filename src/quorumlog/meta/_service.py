@@ -422,15 +422,14 @@ class MetaService:
         leader = self._leader_to_forward_to(request.forwarded)
         if leader is not None:
             return asyncio.ensure_future(self._forward(leader, request))
-        loop = asyncio.get_running_loop()
+        started_s = asyncio.get_running_loop().time()
         try:
             proposal = self.host.propose_nowait(META_GROUP_ID, request.request)
         except QuorumlogError:
             META_METRICS.proposals_failed += 1
             raise
-        answer: asyncio.Future[MetaWriteResponse] = loop.create_future()
-        proposal.add_done_callback(functools.partial(_answer_write, answer, loop.time()))
-        return answer
+        return rpc.answer_from(proposal, functools.partial(_write_response, started_s),
+                               on_error=_count_failed_write)
 
     async def _on_range(
         self, request: MetaRangeRequest, ctx: rpc.RequestContext
@@ -636,21 +635,14 @@ class MetaService:
 _RESULT_ENCODER = msgspec.msgpack.Encoder()
 
 
-def _answer_write(answer: asyncio.Future[MetaWriteResponse], started_s: float,
-                  proposal: asyncio.Future[Any]) -> None:
-    """Turn a write's proposal outcome into its rpc answer, counted and timed
+def _write_response(started_s: float, outcome: tuple[Any, Any]) -> MetaWriteResponse:
+    """A write's answer from its proposal's outcome, counted and timed
     (``quorumlog_meta_proposals``) as :meth:`MetaService._propose` does."""
-    if answer.done():
-        return
-    if proposal.cancelled():
-        answer.cancel()
-        return
-    error = proposal.exception()
-    if error is not None:
-        META_METRICS.proposals_failed += 1
-        answer.set_exception(error)
-        return
     META_METRICS.proposals_ok += 1
     META_METRICS.proposal_latency.observe(asyncio.get_running_loop().time() - started_s)
-    result, _ = proposal.result()
-    answer.set_result(MetaWriteResponse(result=_RESULT_ENCODER.encode(result)))
+    result, _ = outcome
+    return MetaWriteResponse(result=_RESULT_ENCODER.encode(result))
+
+
+def _count_failed_write(_: BaseException) -> None:
+    META_METRICS.proposals_failed += 1

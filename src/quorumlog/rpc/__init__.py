@@ -94,7 +94,7 @@ from ._metrics import (
 )
 from ._pool import Pool
 from ._security import server_ssl_context
-from ._server import RequestContext, Server
+from ._server import RequestContext, Server, answer_from
 
 __all__ = [
     "LATENCY_BUCKETS_SECONDS",
@@ -117,6 +117,7 @@ __all__ = [
     "RpcSecurityConfig",
     "Server",
     "UnsupportedRequestError",
+    "answer_from",
     "connect",
     "counter_family",
     "default_security",

@@ -14,7 +14,7 @@ import functools
 import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import msgspec
 
@@ -57,6 +57,38 @@ from ._security import server_ssl_context, token_matches
 # Until its hello is accepted a peer may send only small frames, so an
 # unauthenticated connection cannot make the server buffer max_frame_bytes.
 HELLO_MAX_FRAME_BYTES = 4096
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def answer_from(source: asyncio.Future[T], convert: Callable[[T], R], *,
+                on_error: Callable[[BaseException], None] | None = None) -> asyncio.Future[R]:
+    """A plain handler's deferred answer (no task) built from another future,
+    say a Raft proposal's: it completes with ``convert(source.result())``, or
+    fails as ``source`` failed (after ``on_error``), or is cancelled with it.
+    Nothing happens to an answer that is done already (the server cancelled
+    it when the connection closed)."""
+    answer: asyncio.Future[R] = source.get_loop().create_future()
+    source.add_done_callback(functools.partial(_complete_answer, answer, convert, on_error))
+    return answer
+
+
+def _complete_answer(answer: asyncio.Future[R], convert: Callable[[T], R],
+                     on_error: Callable[[BaseException], None] | None,
+                     source: asyncio.Future[T]) -> None:
+    if answer.done():
+        return
+    if source.cancelled():
+        answer.cancel()
+        return
+    error = source.exception()
+    if error is not None:
+        if on_error is not None:
+            on_error(error)
+        answer.set_exception(error)
+        return
+    answer.set_result(convert(source.result()))
 
 
 @dataclass(frozen=True, slots=True)

@@ -463,9 +463,7 @@ class TableService:
                            first_outstanding_seq=request.first_outstanding_seq)
         # Requests reaching this leader before the next ready pass share a log entry.
         proposal = self.host.propose_nowait(replica.group_id, encode_entry(entry), combine=True)
-        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        proposal.add_done_callback(functools.partial(_answer_write, answer))
-        return answer
+        return rpc.answer_from(proposal, _write_response)
 
     def _refuse_non_idempotent(self, table: str,
                                commands: list[WriteCommand]) -> Refused | None:
@@ -544,15 +542,5 @@ def _monotonic_ms() -> int:
     return int(time.monotonic() * 1000)
 
 
-def _answer_write(answer: asyncio.Future[Any], proposal: asyncio.Future[Any]) -> None:
-    """Turn a write's proposal outcome into its rpc answer."""
-    if answer.done():
-        return
-    if proposal.cancelled():
-        answer.cancel()
-        return
-    error = proposal.exception()
-    if error is not None:
-        answer.set_exception(error)
-        return
-    answer.set_result(TableWriteResponse(results=list(proposal.result())))
+def _write_response(results: list[Any]) -> TableWriteResponse:
+    return TableWriteResponse(results=list(results))
