@@ -459,6 +459,8 @@ def wait_healthy(infos: list[NodeInfo], timeout_s: float) -> list[dict[str, Any]
         f"the cluster did not become healthy within {timeout_s:.0f} s: "
         + "; ".join(f"node {r['id']}: meta {r.get('meta_role')}, "
                     f"bookie {r.get('bookie', {}).get('state', '-')}" for r in rows)
+        + "; its nodes keep running for a look (`quorumlog status`, their node.log), "
+        "`quorumlog down` stops them"
     )
 
 

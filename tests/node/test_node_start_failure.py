@@ -1,0 +1,53 @@
+"""A local cluster that does not become healthy in time: ``quorumlog up``
+leaves its nodes running for a look and says how to stop them; the
+``running`` context (tests, scripts) stops them before it re-raises."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from quorumlog import node as cluster
+from quorumlog.errors import DeadlineExceededError
+from quorumlog.node import _cluster
+
+
+def _alive(pid: int) -> bool:
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_running_stops_the_nodes_of_a_start_that_timed_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_cluster, "UP_TIMEOUT_S", 0.0)  # no cluster is healthy at once
+    directory = tmp_path / "slow"
+    with pytest.raises(DeadlineExceededError) as raised, cluster.running(directory, 3):
+        raise AssertionError("a cluster that is not healthy must not be yielded")
+    assert "`quorumlog down` stops them" in str(raised.value)
+    pids = [n.pid for n in cluster.load(directory)]
+    assert len(pids) == 3
+    assert not any(_alive(p) for p in pids), "running() left the nodes of a failed start"
+
+
+def test_up_that_timed_out_leaves_its_nodes_for_down(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_cluster, "UP_TIMEOUT_S", 0.0)
+    directory = tmp_path / "slow"
+    try:
+        with pytest.raises(DeadlineExceededError, match="keep running for a look"):
+            cluster.up(directory, 1)
+        pids = [n.pid for n in cluster.load(directory)]
+        assert pids and all(_alive(p) for p in pids)
+    finally:
+        stopped = cluster.down(directory)
+    assert stopped == pids and not any(_alive(p) for p in pids)
