@@ -4,7 +4,6 @@ leaves its nodes running for a look and says how to stop them; the
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -13,18 +12,7 @@ from quorumlog import node as cluster
 from quorumlog.errors import DeadlineExceededError
 from quorumlog.node import _cluster
 
-
-def _alive(pid: int) -> bool:
-    try:
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+_alive = _cluster._alive  # the liveness check down() uses (reaps a child)
 
 
 def test_running_stops_the_nodes_of_a_start_that_timed_out(
