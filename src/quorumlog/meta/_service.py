@@ -199,6 +199,62 @@ _MEMBER_ACTIONS = {
 }
 
 
+class _ParkedWatches:
+    """Parked watch requests by what they watch, as etcd's watcher groups: an
+    applied write wakes the watches on its key and on prefixes of its key, not
+    every parked watch (before, each applied pass woke them all, and each
+    rescanned the new revisions: a cost per write times the watches parked).
+
+    A watch's future gets the revision of the first event that woke it (it
+    looks from there: whatever it waited through touched other keys only),
+    or None from :meth:`wake_all` (state restored from a snapshot: look again
+    from where it was)."""
+
+    __slots__ = ("_exact", "_prefixes")
+
+    def __init__(self) -> None:
+        self._exact: dict[str, set[asyncio.Future[int | None]]] = {}
+        self._prefixes: dict[str, set[asyncio.Future[int | None]]] = {}
+
+    def park(self, key: str, prefix: bool, future: asyncio.Future[int | None]) -> None:
+        table = self._prefixes if prefix else self._exact
+        table.setdefault(key, set()).add(future)
+
+    def unpark(self, key: str, prefix: bool, future: asyncio.Future[int | None]) -> None:
+        table = self._prefixes if prefix else self._exact
+        futures = table.get(key)
+        if futures is not None:
+            futures.discard(future)
+            if not futures:
+                del table[key]
+
+    def wake(self, events: list[Event]) -> None:
+        """Wake the watches these events (one revision's) touch."""
+        exact, prefixes = self._exact, self._prefixes
+        if not exact and not prefixes:
+            return
+        for event in events:
+            key = event.kv.key
+            futures = exact.pop(key, None)
+            if futures:
+                _wake(futures, event.kv.mod_revision)
+            if prefixes:
+                for watched in [p for p in prefixes if key.startswith(p)]:
+                    _wake(prefixes.pop(watched), event.kv.mod_revision)
+
+    def wake_all(self) -> None:
+        for table in (self._exact, self._prefixes):
+            for futures in table.values():
+                _wake(futures, None)
+            table.clear()
+
+
+def _wake(futures: set[asyncio.Future[int | None]], revision: int | None) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_result(revision)
+
+
 class _WatchableMachine(MetaStateMachine):
     """The state machine, waking parked watches and tracking sessions on apply."""
 
@@ -245,7 +301,7 @@ class MetaService:
         self.lease_reads = 0
         self.read_index_reads = 0
         self._started = False  # the Raft group is hosted (see start)
-        self._watch_wakeup: asyncio.Future[None] | None = None  # parked watches wait on it
+        self._watches = _ParkedWatches()  # parked watch requests, by key
         self._apply_wakeup: asyncio.Future[None] | None = None  # lease reads wait on it
         self._expiry_task: asyncio.Task[None] | None = None
         self._start_task: asyncio.Task[None] | None = None
@@ -347,7 +403,7 @@ class MetaService:
             elif result.session_id not in self.machine.sessions():
                 self.leases.revoked(result.session_id)
         if events:
-            self._wake_watches()
+            self._watches.wake(events)
         wakeup, self._apply_wakeup = self._apply_wakeup, None
         if wakeup is not None and not wakeup.done():
             wakeup.set_result(None)
@@ -356,13 +412,7 @@ class MetaService:
         self._sessions_count = len(self.machine.sessions())
         if self.leases.active:
             self.leases.promote(self._now_ms(), self.machine.sessions())
-        self._wake_watches()
-
-    def _wake_watches(self) -> None:
-        """Wake every parked watch; costs nothing when none is parked."""
-        wakeup, self._watch_wakeup = self._watch_wakeup, None
-        if wakeup is not None and not wakeup.done():
-            wakeup.set_result(None)
+        self._watches.wake_all()
 
     def _role_changed(self, group_id: int, role: Role, leader_id: int) -> None:
         if group_id != META_GROUP_ID:
@@ -577,16 +627,23 @@ class MetaService:
                     revision=events[WATCH_EVENTS_MAX - 1].kv.mod_revision
                     if len(events) > WATCH_EVENTS_MAX else self.machine.revision,
                 )
-            # Nothing up to the current revision matched: after a wake-up look
-            # at the newer revisions only (every applied write wakes a parked
-            # watch; rescanning from the request's start made each wake-up
-            # cost the whole history since then).
+            # Nothing up to the current revision matched: park until a write
+            # touches the key (or prefix). Writes to other keys do not wake
+            # it, so what it waits through never needs scanning: it looks from
+            # the revision that woke it (a snapshot restore wakes it with
+            # None: look again from here).
             start = max(start, self.machine.revision + 1)
-            if self._watch_wakeup is None:
-                self._watch_wakeup = asyncio.get_running_loop().create_future()
-            # shield: a timed-out watch must not cancel the future others wait on
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._watch_wakeup), remaining)
+            woken: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+            self._watches.park(request.key, request.prefix, woken)
+            try:
+                revision = await asyncio.wait_for(woken, remaining)
+            except TimeoutError:
+                # No write touched the key since ``start``: nothing to report.
+                return MetaWatchResponse(events=[], revision=self.machine.revision)
+            finally:
+                self._watches.unpark(request.key, request.prefix, woken)
+            if revision is not None:
+                start = max(start, revision)
 
     def _resolve_member(self, node_id: int) -> str | None:
         kv = self.machine.get(f"{MEMBER_KEY_PREFIX}{node_id}")
