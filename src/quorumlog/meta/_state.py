@@ -442,9 +442,9 @@ class MetaStateMachine:
                 f"revision {self.revision + 1}"
             )
         # From the newest back to the start: a watch asks for what happened
-        # since it last looked, so this visits the new revisions only, not the
-        # whole history (10,000 revisions by default) on every wake-up - a
-        # parked watch is woken by every applied write.
+        # since it last looked (or since the write that woke it), so this
+        # visits the new revisions only, not the whole history (10,000
+        # revisions by default).
         found: list[list[Event]] = []
         for revision, events in reversed(self._history):
             if revision < start_revision:
