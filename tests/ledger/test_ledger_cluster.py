@@ -28,6 +28,7 @@ from quorumlog import proto as wire
 from quorumlog import rpc
 from quorumlog.errors import QuorumlogError, UsageError
 from quorumlog.ledger import LedgerClient, LedgerClosedError, ReadPastLacError
+from quorumlog.node import _cluster
 from quorumlog.proto import BadEnvelopeError, NoSuchLedgerError, UnauthorizedError
 
 from .ledger_writer_child import PASSWORD, payload
@@ -104,17 +105,9 @@ async def _read_all(client: LedgerClient, ledger_id: int, password: bytes) -> li
 
 
 async def _until_dead(pid: int, deadline_s: float = 30.0) -> None:
-    """Until the SIGKILLed child ``pid`` has exited (reaped here)."""
+    """Until the SIGKILLed child ``pid`` has exited (the cluster's own check reaps it)."""
     deadline = time.monotonic() + deadline_s
-    while True:
-        try:
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                return
-        except ChildProcessError:  # not our child, or reaped already
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return
+    while _cluster._alive(pid):
         assert time.monotonic() < deadline, f"process {pid} alive {deadline_s} s after SIGKILL"
         await asyncio.sleep(0.01)
 
