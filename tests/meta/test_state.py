@@ -31,6 +31,7 @@ from quorumlog.meta import (
     TxnResult,
 )
 from quorumlog.meta._commands import REQUEST_ENCODER, Command
+from quorumlog.raft import combine_msgpack
 
 
 class Log:
@@ -245,6 +246,55 @@ def test_replicas_and_snapshots_agree(seed: int) -> None:
             b = Log(restored)
     assert a.sm.snapshot() == b.sm.snapshot()
     assert CompareOp.EQUAL.value == "=="
+
+
+def _comparable(sm: MetaStateMachine) -> object:
+    """A machine's snapshot without its applied index (which counts entries)."""
+    state = msgspec.msgpack.decode(sm.snapshot())
+    del state["applied_index"]
+    return state
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_combined_entries_apply_as_their_requests_one_by_one(seed: int) -> None:
+    """A combined entry (the writes a meta leader's ready pass proposes
+    together, ``raft.combine_msgpack``) applies as its requests in entries of
+    their own would: the same results, events and revisions in order, and the
+    same state, retries and acknowledgements of one session included."""
+    rng = random.Random(seed)
+    requests = [REQUEST_ENCODER.encode(Request(command=CreateSession(ttl_ms=60_000)))]
+    for i in range(300):
+        seq = i + 1 if rng.random() < 0.8 else max(1, i - rng.randrange(3))
+        first = max(1, seq - rng.randrange(4))
+        requests.append(REQUEST_ENCODER.encode(Request(
+            session_id=1, seq=seq, first_outstanding_seq=first, command=_random_command(rng))))
+    one, combined = MetaStateMachine(), MetaStateMachine()
+    done = entries = 0
+    while done < len(requests):
+        group = requests[done:done + rng.randrange(1, 40)]  # fixarray and array16 both
+        expected = [one.apply(done + offset + 1, data) for offset, data in enumerate(group)]
+        done += len(group)
+        entries += 1
+        assert combined.apply(entries, combine_msgpack(group)) == expected
+    assert combined.applied_index == entries < len(requests) == one.applied_index
+    assert combined.revision == one.revision > 0
+    assert _comparable(combined) == _comparable(one)
+
+
+def test_a_combined_entry_applies_the_requests_that_decode() -> None:
+    """A request of a combined entry that does not decode is answered as
+    malformed; the others apply (each request stands on its own)."""
+    sm = MetaStateMachine()
+    bad = msgspec.msgpack.encode({"command": 5})
+    outcome = sm.apply(1, combine_msgpack([
+        REQUEST_ENCODER.encode(Request(command=put("/a", b"1"))), bad,
+        REQUEST_ENCODER.encode(Request(command=put("/b", b"2")))]))
+    assert isinstance(outcome, list) and len(outcome) == 3
+    (first, _), (malformed, events), (last, _) = outcome
+    assert isinstance(malformed, ErrorResult) and malformed.code == "malformed" and not events
+    assert isinstance(first, TxnResult) and isinstance(last, TxnResult)
+    assert (first.revision, last.revision) == (1, 2)
+    assert sm.get("/b") is not None and sm.get("/b").value == b"2"  # type: ignore[union-attr]
 
 
 def test_lease_keeper_expires_and_refreshes() -> None:

@@ -57,8 +57,20 @@ from quorumlog.meta._commands import (
 from quorumlog.meta._leases import LeaseKeeper
 from quorumlog.meta._metrics import META_METRICS, register_member, unregister_member
 from quorumlog.meta._read_lease import ReadLease, lease_duration_s
-from quorumlog.meta._state import CompactedError, MetaLimits, MetaStateMachine
-from quorumlog.raft import ConfChange, ConfChangeSingle, ConfChangeType, RaftHost, Role
+from quorumlog.meta._state import (
+    Applied,
+    CompactedError,
+    MetaLimits,
+    MetaStateMachine,
+)
+from quorumlog.raft import (
+    ConfChange,
+    ConfChangeSingle,
+    ConfChangeType,
+    RaftHost,
+    Role,
+    combine_msgpack,
+)
 
 META_GROUP_ID = 1
 WATCH_WAIT_MS_MAX = 60_000  # a parked watch answers (maybe empty) within this
@@ -262,10 +274,14 @@ class _WatchableMachine(MetaStateMachine):
         super().__init__(limits)
         self._service = service
 
-    def apply(self, index: int, data: bytes) -> tuple[Result, list[Event]]:
-        result, events = super().apply(index, data)
-        self._service.applied(result, events)
-        return result, events
+    def apply(self, index: int, data: bytes) -> Applied | list[Applied]:
+        outcome = super().apply(index, data)
+        if isinstance(outcome, list):
+            for result, events in outcome:
+                self._service.applied(result, events)
+        else:
+            self._service.applied(*outcome)
+        return outcome
 
     def restore(self, data: bytes) -> None:
         super().restore(data)
@@ -357,7 +373,8 @@ class MetaService:
         # and watches, which may lag anyway): followers learn a commit from
         # the next AppendEntries or heartbeat, one message and one pass per
         # follower per commit fewer (RaftConfig.broadcast_commit).
-        self.host.add_group(META_GROUP_ID, voters, self.machine, broadcast_commit=False)
+        self.host.add_group(META_GROUP_ID, voters, self.machine, broadcast_commit=False,
+                            combine=combine_msgpack)
         self._started = True
 
     def _require_started(self) -> None:
@@ -462,7 +479,11 @@ class MetaService:
         self, request: MetaWriteRequest, ctx: rpc.RequestContext
     ) -> asyncio.Future[MetaWriteResponse]:
         """A plain function returning the answer's future (rpc runs no task for
-        it): the hot path of every write, one proposal and one callback."""
+        it): the hot path of every write, one proposal and one callback. The
+        writes queued before the next ready pass share one log entry (the
+        group's combiner, ``raft.combine_msgpack``): one entry, WAL record and
+        replication per pass instead of per write; each keeps its own
+        revision and result (``MetaStateMachine.apply``)."""
         self._require_started()
         try:
             decoded = msgspec.msgpack.decode(request.request, type=Request)
@@ -474,7 +495,7 @@ class MetaService:
             return asyncio.ensure_future(self._forward(leader, request))
         started_s = asyncio.get_running_loop().time()
         try:
-            proposal = self.host.propose_nowait(META_GROUP_ID, request.request)
+            proposal = self.host.propose_nowait(META_GROUP_ID, request.request, combine=True)
         except QuorumlogError:
             META_METRICS.proposals_failed += 1
             raise

@@ -61,6 +61,9 @@ from quorumlog.meta._commands import (
     TxnResult,
 )
 
+Applied = tuple[Result, list[Event]]
+"""What applying one request returns: its result and the events it made."""
+
 EVENT_OVERHEAD_BYTES = 64
 """What one history event costs beyond its keys and values (revisions, version,
 session, framing), for the history's byte bound."""
@@ -166,14 +169,41 @@ class MetaStateMachine:
 
     # ----- applying -------------------------------------------------------
 
-    def apply(self, index: int, data: bytes) -> tuple[Result, list[Event]]:
-        """Apply the request encoded in log entry ``index``; return result and events."""
+    def apply(self, index: int, data: bytes) -> Applied | list[Applied]:
+        """Apply the request encoded in log entry ``index``; return result and
+        events. A combined entry (``combine_requests``) applies its requests in
+        order, each with its own revision, and returns one pair per request."""
         invariant(index > self.applied_index, f"apply index {index} <= {self.applied_index}")
         self.applied_index = index
         try:
-            request = _REQUEST_DECODER.decode(data)
+            request = _LOG_ENTRY_DECODER.decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            return ErrorResult(code="malformed", message=f"malformed request: {exc}"), []
+            return self._apply_undecodable(data, exc)
+        if isinstance(request, list):
+            return [self._apply_request(r) for r in request]
+        return self._apply_request(request)
+
+    def _apply_undecodable(self, data: bytes, exc: Exception) -> Applied | list[Applied]:
+        """An entry that does not decode as a whole: one error, or, for a
+        combined entry, one error per request that does not decode while the
+        others apply (each request is on its own; a leader checks every
+        request before it proposes it, so this is for entries written by
+        another version)."""
+        try:
+            parts = _COMBINED_PARTS_DECODER.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return _malformed(exc), []
+        applied: list[Applied] = []
+        for part in parts:
+            try:
+                request = _REQUEST_DECODER.decode(part)
+            except (msgspec.DecodeError, msgspec.ValidationError) as part_exc:
+                applied.append((_malformed(part_exc), []))
+            else:
+                applied.append(self._apply_request(request))
+        return applied
+
+    def _apply_request(self, request: Request) -> Applied:
         if not request.session_id:
             return self._apply_command(request.command)
         answered = self._answered(request)
@@ -523,3 +553,13 @@ def _cmp(op: CompareOp, left: int | bytes, right: int | bytes) -> bool:
 
 _ENCODER = msgspec.msgpack.Encoder()
 _REQUEST_DECODER = msgspec.msgpack.Decoder(Request)
+# A log entry: one Request (a msgpack map), or a combined entry (a msgpack
+# array of Requests, ``raft.combine_msgpack``: the writes a leader's ready pass
+# proposes together, see MetaService._on_write).
+_LOG_ENTRY_DECODER = msgspec.msgpack.Decoder(Request | list[Request])
+_COMBINED_PARTS_DECODER = msgspec.msgpack.Decoder(list[msgspec.Raw])
+
+
+def _malformed(exc: Exception) -> ErrorResult:
+    return ErrorResult(code="malformed", message=f"malformed request: {exc}")
+

@@ -9,7 +9,7 @@ driver loop.
 
 from quorumlog.raft._confchange import ConfChangeError
 from quorumlog.raft._config import RaftConfig, ReadOnlyMode
-from quorumlog.raft._driver import HostConfig, RaftHost
+from quorumlog.raft._driver import COMBINED_MSGPACK_MAX, HostConfig, RaftHost, combine_msgpack
 from quorumlog.raft._errors import (
     CompactedError,
     ConfChangePendingError,
@@ -70,6 +70,7 @@ from quorumlog.raft._wal_storage import SNAPSHOT_FILES_KEPT, WalRaftStorage
 __all__ = [
     "BOOTSTRAP_INDEX",
     "BOOTSTRAP_TERM",
+    "COMBINED_MSGPACK_MAX",
     "LOG_TAIL_FILE_NAME",
     "NO_NODE",
     "QUIESCE_CONTEXT",
@@ -114,6 +115,7 @@ __all__ = [
     "StateMachine",
     "UnavailableError",
     "WalRaftStorage",
+    "combine_msgpack",
     "compaction_target",
     "decode_message",
     "encode_message",

@@ -255,6 +255,24 @@ Combine = Callable[[list[bytes]], bytes]
 whose apply returns one result per proposal, in order (a list)."""
 
 
+COMBINED_MSGPACK_MAX = 0xFFFF
+"""Most items :func:`combine_msgpack` puts in one entry (a msgpack array16;
+far above ``HostConfig.combined_proposals_max``)."""
+
+
+def combine_msgpack(encoded: list[bytes]) -> bytes:
+    """The combiner of a group whose proposals are each one msgpack item (a map
+    or a scalar, never an array): one msgpack array of them, the encodings
+    reused as they are, so the machine tells a combined entry from a single one
+    by its first byte (meta's Requests, the table's TableEntries)."""
+    count = len(encoded)
+    if not 1 <= count <= COMBINED_MSGPACK_MAX:
+        raise UsageError(f"{count} proposals cannot be combined (1..{COMBINED_MSGPACK_MAX})")
+    # A fixarray up to 15 items, an array16 above.
+    header = bytes((0x90 | count,)) if count <= 15 else b"\xdc" + count.to_bytes(2, "big")
+    return header + b"".join(encoded)
+
+
 def combine_queued(queued: list[Proposal], combine: Combine, *, count_max: int,
                    bytes_max: int) -> list[Proposal]:
     """The proposals to hand to the core: every run of consecutive combinable

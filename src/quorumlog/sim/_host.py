@@ -426,7 +426,12 @@ class SimRaftHost:
         machine = self._machine
         result: ClientResult = None  # a table replica's answer: applied (ok) is all
         if isinstance(machine, MetaStateMachine):
-            result = machine.apply(entry.index, entry.data)[0]
+            outcome = machine.apply(entry.index, entry.data)
+            # One client request per entry here: the simulator does not combine
+            # meta requests (tests/meta/test_combined_requests.py checks that
+            # a combined entry applies as its requests one by one).
+            invariant(isinstance(outcome, tuple), "a simulated meta entry holds one request")
+            result = outcome[0] if isinstance(outcome, tuple) else None
         else:
             machine.apply(entry.index, entry.data)
         pending = self._pending_writes.pop(entry.index, None)

@@ -18,7 +18,8 @@ import enum
 
 import msgspec
 
-from quorumlog.errors import UsageError, invariant
+from quorumlog.errors import invariant
+from quorumlog.raft import COMBINED_MSGPACK_MAX, combine_msgpack
 from quorumlog.table._errors import NotAnIntegerError
 
 INT64_MIN = -(1 << 63)
@@ -265,10 +266,7 @@ WriteResult = Done | IncrResult | CheckResult | Refused
 _ENTRY_ENCODER = msgspec.msgpack.Encoder()
 _ENTRY_DECODER = msgspec.msgpack.Decoder(TableEntry)
 _LOG_ENTRY_DECODER = msgspec.msgpack.Decoder(TableEntry | list[TableEntry])
-_MSGPACK_ARRAY16 = 0xDC
-_MSGPACK_FIXARRAY = 0x90
-_FIXARRAY_LENGTH_MAX = 15
-COMBINED_ENTRIES_MAX = 0xFFFF  # a msgpack array16 (far above HostConfig.combined_proposals_max)
+COMBINED_ENTRIES_MAX = COMBINED_MSGPACK_MAX
 
 
 def encode_entry(entry: TableEntry) -> bytes:
@@ -284,14 +282,7 @@ def combine_entries(encoded: list[bytes]) -> bytes:
     """Encoded TableEntries as one log entry, a msgpack array of them (the
     encodings are reused as they are). A collection entry is never combined
     (its scan reads the store, not the writes of the entry it would share)."""
-    count = len(encoded)
-    if not 1 <= count <= COMBINED_ENTRIES_MAX:
-        raise UsageError(f"{count} entries cannot be combined (1..{COMBINED_ENTRIES_MAX})")
-    if count <= _FIXARRAY_LENGTH_MAX:
-        header = bytes((_MSGPACK_FIXARRAY | count,))
-    else:
-        header = bytes((_MSGPACK_ARRAY16,)) + count.to_bytes(2, "big")
-    return header + b"".join(encoded)
+    return combine_msgpack(encoded)
 
 
 def decode_log_entry(raw: bytes) -> TableEntry | list[TableEntry]:
