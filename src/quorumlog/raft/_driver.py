@@ -181,7 +181,9 @@ class HostConfig(Config, frozen=True):
     # around it, each of which waits for the GIL and, on a loaded machine,
     # for a CPU (a put crossed four of them: leader and follower, there and
     # back). Larger passes keep the hop, so the loop takes in requests while
-    # the I/O thread syncs. 0: always the I/O thread.
+    # the I/O thread syncs, and so does a pass that answered proposals (a
+    # leader's under load), whose answers go out during the sync, not after.
+    # 0: always the I/O thread.
     inline_sync_entries_max: int = 4
     # Journal bytes between checkpoints (each syncs the group WALs written
     # since the last one and releases the journal's covered segments).
@@ -897,11 +899,18 @@ class RaftHost:
         pending = self._pass.begin(self._groups.values())
         if pending is None:
             return
+        answered = False
         if pending.needs_sync:
             for group, ready in pending.batch:
-                if ready.committed_entries:
-                    self._apply_durable(group, ready)
-        if pending.needs_sync and not self._sync_inline(pending):
+                # Only to answer local proposals sooner: a member without any
+                # (a follower) applies after its write, as its acknowledgement
+                # leaves first (ReadyPass.finish sends, then applies).
+                if ready.committed_entries and group.proposals:
+                    if self._apply_durable(group, ready):
+                        answered = True
+        # A pass that answered proposals syncs on the I/O thread even when small:
+        # the loop sends the answers meanwhile instead of after the fdatasync.
+        if pending.needs_sync and (answered or not self._sync_inline(pending)):
             await asyncio.get_running_loop().run_in_executor(
                 self._io, self._persist, pending, True)
         else:
@@ -914,7 +923,7 @@ class RaftHost:
         if any(g.node.has_ready() for g in self._groups.values()):
             self._kick()
 
-    def _apply_durable(self, group: _Group, ready: Ready) -> None:
+    def _apply_durable(self, group: _Group, ready: Ready) -> bool:
         """Apply, before this pass's write, the committed entries that are already
         durable here, and answer their proposals.
 
@@ -928,16 +937,20 @@ class RaftHost:
         which their proposals resolve) and not when the Ready installs a
         snapshot; ``_apply`` skips what is applied here."""
         if ready.snapshot is not None or ready.soft_state is not None:
-            return
+            return False
         durable = group.storage.last_index()
         if ready.entries:
             durable = min(durable, ready.entries[0].index - 1)
         proposals = group.proposals
+        answered = False
         for entry in ready.committed_entries:
             if entry.index > durable or entry.type is not EntryType.NORMAL:
-                return
+                break
             if entry.index > group.applied_index:
-                _apply_normal(group, entry, proposals.take(entry) if proposals else None)
+                proposal = proposals.take(entry) if proposals else None
+                answered = answered or proposal is not None
+                _apply_normal(group, entry, proposal)
+        return answered
 
     def _sync_inline(self, pending: PendingPass[_Group]) -> bool:
         """Whether a pass that fsyncs is persisted on the loop (``inline_sync_entries_max``)."""
