@@ -127,39 +127,62 @@ def test_flush_writes_queued_frames_before_the_loop_turns() -> None:
     run(body())
 
 
-def test_answer_from_converts_fails_and_cancels_with_its_source() -> None:
-    """``rpc.answer_from``: the deferred answer a plain handler builds from a
-    proposal's future (meta's and the table's writes)."""
+def test_answer_from_converts_fails_and_never_cancels_its_source() -> None:
+    """``rpc.answer_from``: a plain handler's answer taken from a proposal's
+    future (meta's and the table's writes). The server answers from the
+    source's own callback: converted, failed (after ``on_error``), nothing for
+    a cancelled source; it never cancels the source, and closing the server
+    does not wait for it."""
     async def body() -> None:
         loop = asyncio.get_running_loop()
         errors: list[BaseException] = []
+        sources: dict[int, asyncio.Future[int]] = {}
 
-        def answer_of() -> tuple[asyncio.Future[int], asyncio.Future[str]]:
+        def handle(request: EchoRequest, ctx: rpc.RequestContext) -> Any:
             source: asyncio.Future[int] = loop.create_future()
-            return source, rpc.answer_from(source, lambda n: f"n={n}", on_error=errors.append)
+            sources[request.n] = source
+            if request.n == 4:
+                return rpc.answer_from(source, lambda n: 1 // 0)  # a broken converter
+            return rpc.answer_from(source, lambda n: EchoResponse(n=n, text=f"n={n}"),
+                                   on_error=errors.append)
 
-        source, answer = answer_of()
-        source.set_result(7)
-        assert await answer == "n=7" and errors == []
-
-        source, answer = answer_of()
-        failure = NotLeaderError("not me", leader_hint=None)
-        source.set_exception(failure)
-        with pytest.raises(NotLeaderError):
-            await answer
-        assert errors == [failure]
-
-        source, answer = answer_of()
-        source.cancel()
-        await asyncio.sleep(0)
-        assert answer.cancelled()
-
-        # The server cancelled the answer (connection closed): the source's
-        # outcome goes nowhere, and nothing is converted or counted.
-        source, answer = answer_of()
-        answer.cancel()
-        source.set_exception(NotLeaderError("late", leader_hint=None))
-        await asyncio.sleep(0)
-        assert answer.cancelled() and len(errors) == 1
+        server = await started({EchoRequest: handle})
+        conn = await rpc.connect("127.0.0.1", server.port)
+        closed = False
+        try:
+            tasks_before = len(asyncio.all_tasks())
+            calls = [asyncio.ensure_future(conn.call(EchoRequest(n=i), timeout_s=30))
+                     for i in range(6)]
+            await wait_until(lambda: len(sources) == 6, what="6 requests parked")
+            assert len(asyncio.all_tasks()) <= tasks_before + 6  # the callers' only
+            sources[0].set_result(70)
+            assert await calls[0] == EchoResponse(n=70, text="n=70")
+            failure = NotLeaderError("not me", leader_hint="h:1")
+            sources[1].set_exception(failure)
+            with pytest.raises(NotLeaderError, match="not me"):
+                await calls[1]
+            assert errors == [failure]
+            sources[2].set_exception(ZeroDivisionError("bug"))
+            with pytest.raises(rpc.RemoteInternalError, match="ZeroDivisionError"):
+                await calls[2]
+            sources[4].set_result(1)
+            with pytest.raises(rpc.RemoteInternalError, match="ZeroDivisionError"):
+                await calls[4]
+            sources[3].cancel()  # no answer: the caller waits (here, until the close)
+            await wait_until(lambda: conn.in_flight == 2, what="answered or parked")
+            assert server.connection_count == 1
+            await server.close()
+            closed = True
+            assert not sources[5].done()  # the server left its source alone
+            for call in (calls[3], calls[5]):
+                with pytest.raises(rpc.ConnectionClosedError):
+                    await call
+            sources[5].set_exception(NotLeaderError("late", leader_hint=None))
+            await asyncio.sleep(0)  # the closed connection sends nothing
+            assert len(errors) == 3  # counted still: the proposal did fail
+        finally:
+            await conn.close()
+            if not closed:
+                await server.close()
 
     run(body())

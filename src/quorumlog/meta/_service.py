@@ -477,9 +477,9 @@ class MetaService:
 
     def _on_write(
         self, request: MetaWriteRequest, ctx: rpc.RequestContext
-    ) -> asyncio.Future[MetaWriteResponse]:
-        """A plain function returning the answer's future (rpc runs no task for
-        it): the hot path of every write, one proposal and one callback. The
+    ) -> asyncio.Future[MetaWriteResponse] | rpc.DeferredAnswer[Any, MetaWriteResponse]:
+        """A plain function answering from its proposal's future (rpc runs no
+        task for it): the hot path of every write, one proposal and one callback. The
         writes queued before the next ready pass share one log entry (the
         group's combiner, ``raft.combine_msgpack``): one entry, WAL record and
         replication per pass instead of per write; each keeps its own

@@ -250,6 +250,9 @@ class Proposal:
     term: int = 0
     index: int = 0
     combinable: bool = False
+    # A combined proposal's members, answered as soon as it is applied (its
+    # future's callback, _answer_members, covers the failures).
+    members: list[Proposal] | None = None
 
 
 Combine = Callable[[list[bytes]], bytes]
@@ -303,13 +306,14 @@ def _combined(run: list[Proposal], combine: Combine) -> Proposal:
     if len(run) == 1:
         return run[0]
     combined = Proposal(run[0].future.get_loop().create_future(),
-                        combine([p.data for p in run]))
-    combined.future.add_done_callback(functools.partial(_answer_members, run))
+                        combine([p.data for p in run]), members=run)
+    combined.future.add_done_callback(functools.partial(_members_done, run))
     return combined
 
 
-def _answer_members(members: list[Proposal], combined: asyncio.Future[Any]) -> None:
-    """A combined proposal is done: each member gets its own result, or the error."""
+def _members_done(members: list[Proposal], combined: asyncio.Future[Any]) -> None:
+    """A combined proposal is done: each member gets its own result (applied:
+    answered already, see ``_apply_normal``), or the error."""
     error = combined.exception() if not combined.cancelled() else ProposalDroppedError(
         "the combined proposal was cancelled; retry")
     if error is not None:
@@ -317,7 +321,10 @@ def _answer_members(members: list[Proposal], combined: asyncio.Future[Any]) -> N
             if not member.future.done():
                 member.future.set_exception(error)
         return
-    results = combined.result()
+    _answer_members(members, combined.result())
+
+
+def _answer_members(members: list[Proposal], results: Any) -> None:
     invariant(isinstance(results, list) and len(results) == len(members),
               "a combined entry's apply answers each of its proposals")
     for member, result in zip(members, results, strict=True):
@@ -905,9 +912,9 @@ class RaftHost:
                 # Only to answer local proposals sooner: a member without any
                 # (a follower) applies after its write, as its acknowledgement
                 # leaves first (ReadyPass.finish sends, then applies).
-                if ready.committed_entries and group.proposals:
-                    if self._apply_durable(group, ready):
-                        answered = True
+                if (ready.committed_entries and group.proposals
+                        and self._apply_durable(group, ready)):
+                    answered = True
         # A pass that answered proposals syncs on the I/O thread even when small:
         # the loop sends the answers meanwhile instead of after the fdatasync.
         if pending.needs_sync and (answered or not self._sync_inline(pending)):
@@ -1350,6 +1357,9 @@ def _apply_normal(group: _Group, entry: Entry, proposal: Proposal | None) -> Non
     if entry.data:
         result = group.machine.apply(entry.index, entry.data)
         if proposal is not None:
+            if proposal.members is not None:
+                # Now, not a loop turn later from the combined future's callback.
+                _answer_members(proposal.members, result)
             _resolve(proposal.future, result)
     else:
         invariant(proposal is None, "a proposal matched a leader's empty entry")

@@ -94,7 +94,7 @@ from ._metrics import (
 )
 from ._pool import Pool
 from ._security import server_ssl_context
-from ._server import RequestContext, Server, answer_from
+from ._server import DeferredAnswer, RequestContext, Server, answer_from
 
 __all__ = [
     "LATENCY_BUCKETS_SECONDS",
@@ -103,6 +103,7 @@ __all__ = [
     "ConnectFailedError",
     "Connection",
     "ConnectionClosedError",
+    "DeferredAnswer",
     "LatencyHistogram",
     "LoopCallTimeoutError",
     "LoopClosedError",

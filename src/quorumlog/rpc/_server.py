@@ -14,7 +14,7 @@ import functools
 import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, Generic, TypeAlias, TypeVar
 
 import msgspec
 
@@ -62,33 +62,28 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+class DeferredAnswer(Generic[T, R]):
+    """A plain handler's answer taken from another future, say a Raft
+    proposal's (what :func:`answer_from` returns)."""
+
+    __slots__ = ("convert", "on_error", "source")
+
+    def __init__(self, source: asyncio.Future[T], convert: Callable[[T], R],
+                 on_error: Callable[[BaseException], None] | None) -> None:
+        self.source = source
+        self.convert = convert
+        self.on_error = on_error
+
+
 def answer_from(source: asyncio.Future[T], convert: Callable[[T], R], *,
-                on_error: Callable[[BaseException], None] | None = None) -> asyncio.Future[R]:
+                on_error: Callable[[BaseException], None] | None = None) -> DeferredAnswer[T, R]:
     """A plain handler's deferred answer (no task) built from another future,
-    say a Raft proposal's: it completes with ``convert(source.result())``, or
-    fails as ``source`` failed (after ``on_error``), or is cancelled with it.
-    Nothing happens to an answer that is done already (the server cancelled
-    it when the connection closed)."""
-    answer: asyncio.Future[R] = source.get_loop().create_future()
-    source.add_done_callback(functools.partial(_complete_answer, answer, convert, on_error))
-    return answer
-
-
-def _complete_answer(answer: asyncio.Future[R], convert: Callable[[T], R],
-                     on_error: Callable[[BaseException], None] | None,
-                     source: asyncio.Future[T]) -> None:
-    if answer.done():
-        return
-    if source.cancelled():
-        answer.cancel()
-        return
-    error = source.exception()
-    if error is not None:
-        if on_error is not None:
-            on_error(error)
-        answer.set_exception(error)
-        return
-    answer.set_result(convert(source.result()))
+    say a Raft proposal's: the server answers ``convert(source.result())``
+    once ``source`` is done, or the error ``source`` failed with (after
+    ``on_error``); nothing when ``source`` is cancelled. The server waits on
+    ``source`` itself (one callback, no future of its own per request) and
+    never cancels it: a connection that closes meanwhile gets no answer."""
+    return DeferredAnswer(source, convert, on_error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +124,10 @@ class Server:
         self.security = security or RpcSecurityConfig()
         self.security.validate()
         self._handlers = _check_handlers(handlers)
+        # Request classes whose handler is a plain function (not ``async def``).
+        self._plain = frozenset(
+            cls for cls, handler in self._handlers.items()
+            if not inspect.iscoroutinefunction(handler))
         self._ssl = server_ssl_context(self.security)
         self._server: asyncio.Server | None = None
         self._connections: set[_ServerProtocol] = set()
@@ -226,7 +225,8 @@ class _ServerProtocol(FramedProtocol):
         self._hello_done = False
         self._reading_paused = False
         self._send_limit_bytes = server.config.max_frame_bytes
-        self._in_flight: dict[int, asyncio.Future[Any]] = {}  # tasks, or deferred answers
+        # Tasks, futures of plain handlers, or DeferredAnswers (not awaited on close).
+        self._in_flight: dict[int, asyncio.Future[Any] | DeferredAnswer[Any, Any]] = {}
         self._oneway_seq = 0  # keys of one-way handlers in _in_flight: -1, -2, ...
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._reader.set_max_frame_bytes(min(HELLO_MAX_FRAME_BYTES, server.config.max_frame_bytes))
@@ -238,7 +238,7 @@ class _ServerProtocol(FramedProtocol):
 
     @property
     def tasks(self) -> list[asyncio.Future[Any]]:
-        return list(self._in_flight.values())
+        return [t for t in self._in_flight.values() if isinstance(t, asyncio.Future)]
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -414,7 +414,7 @@ class _ServerProtocol(FramedProtocol):
             )
             return
         context = RequestContext(self.peer, request_id, frame.payload)
-        if not inspect.iscoroutinefunction(handler):
+        if entry.cls in self._server._plain:
             self._start_deferred(handler, entry, request, context)
             return
         task = self._loop.create_task(self._serve(handler, entry, request, context))
@@ -432,6 +432,11 @@ class _ServerProtocol(FramedProtocol):
         except Exception as exc:
             self._send_internal_error(request_id, entry, exc)
             return
+        if type(outcome) is DeferredAnswer:
+            self._in_flight[request_id] = outcome
+            outcome.source.add_done_callback(
+                functools.partial(self._answer_from, request_id, entry, outcome))
+            return
         if not isinstance(outcome, asyncio.Future):
             if inspect.isawaitable(outcome):  # a coroutine after all: run it as a task
                 task = self._loop.create_task(self._await(outcome))
@@ -442,6 +447,36 @@ class _ServerProtocol(FramedProtocol):
             return
         self._in_flight[request_id] = outcome
         outcome.add_done_callback(functools.partial(self._answer, request_id, entry))
+
+    def _answer_from(self, request_id: int, entry: MessageType,
+                     deferred: DeferredAnswer[Any, Any], source: asyncio.Future[Any]) -> None:
+        """Send what a :class:`DeferredAnswer`'s source came to, converted."""
+        try:
+            if source.cancelled():
+                return
+            error = source.exception()
+            if error is not None:
+                if deferred.on_error is not None:
+                    deferred.on_error(error)
+                if not self.closing:
+                    self._send_failure(request_id, entry, error)
+                return
+            if self.closing:
+                return
+            try:
+                result = deferred.convert(source.result())
+            except Exception as exc:
+                self._send_internal_error(request_id, entry, exc)
+            else:
+                self._send_result(request_id, entry, result)
+        finally:
+            self._finish(request_id)
+
+    def _send_failure(self, request_id: int, entry: MessageType, error: BaseException) -> None:
+        if isinstance(error, InvariantViolation) or not isinstance(error, QuorumlogError):
+            self._send_internal_error(request_id, entry, error)
+        else:
+            self._send_error(request_id, error)
 
     @staticmethod
     async def _await(awaitable: Awaitable[Any]) -> Any:
@@ -458,11 +493,7 @@ class _ServerProtocol(FramedProtocol):
                 if not self.closing:
                     self._send_result(request_id, entry, future.result())
             elif not self.closing:
-                if isinstance(error, InvariantViolation) or not isinstance(
-                        error, QuorumlogError):
-                    self._send_internal_error(request_id, entry, error)
-                else:
-                    self._send_error(request_id, error)
+                self._send_failure(request_id, entry, error)
         finally:
             self._finish(request_id)
 

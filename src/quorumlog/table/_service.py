@@ -447,8 +447,9 @@ class TableService:
         return replica.machine.store
 
     def _on_write(self, request: TableWriteRequest,
-                  ctx: rpc.RequestContext) -> TableWriteResponse | asyncio.Future[Any]:
-        """A plain function answering with the proposal's future (rpc runs no
+                  ctx: rpc.RequestContext,
+                  ) -> TableWriteResponse | rpc.DeferredAnswer[Any, TableWriteResponse]:
+        """A plain function answering from the proposal's future (rpc runs no
         task or coroutine per write: the hot path of every set)."""
         replica = self._replica(request.table_id, request.partition)
         self.host.require_leader(self.host.group(replica.group_id))
