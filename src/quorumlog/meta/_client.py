@@ -73,6 +73,7 @@ from quorumlog.meta._service import (
 T = TypeVar("T")
 _log = get_logger(__name__)
 
+ATTEMPT_MIN_S = 0.001
 BACKOFF_INITIAL_S = 0.02
 BACKOFF_MAX_S = 0.5
 REQUEST_TIMEOUT_S = 5.0  # one attempt
@@ -157,26 +158,24 @@ class MetaClient:
     # ----- plumbing ----------------------------------------------------------
 
     async def _retrying(
-        self, attempt: Callable[[str], Awaitable[T]], *, leader: bool,
+        self, attempt: Callable[[str, float], Awaitable[T]], *, leader: bool,
         deadline_s: float | None = None,
     ) -> T:
         """Attempts until one succeeds or the deadline passes. The deadline bounds
-        each attempt too: a member that does not answer (partitioned, hung) costs
-        at most what is left of the operation, not a whole request timeout."""
+        each attempt too: ``attempt(address, left_s)`` makes one call with a
+        timeout of at most ``left_s``, so a member that does not answer
+        (partitioned, hung) costs at most what is left of the operation, not a
+        whole request timeout (the call's own timer: no second one per call)."""
         loop = asyncio.get_running_loop()
         budget_s = self._deadline_s if deadline_s is None else deadline_s
         deadline = loop.time() + budget_s
         backoff = BACKOFF_INITIAL_S
         while True:
             address = self._pick(leader)
+            error: QuorumlogError
             try:
-                async with asyncio.timeout_at(deadline):
-                    return await attempt(address)
-            except TimeoutError:
-                self._unreachable(address)
-                self._failed(address)
-                error: QuorumlogError = DeadlineExceededError(
-                    f"{address} did not answer within the operation's deadline")
+                # At least 1 ms: a call's timeout must be positive.
+                return await attempt(address, max(deadline - loop.time(), ATTEMPT_MIN_S))
             except NotLeaderError as exc:
                 self._leader = exc.leader_hint
                 if exc.leader_hint is None:
@@ -236,12 +235,12 @@ class MetaClient:
         data = REQUEST_ENCODER.encode(request)
         failed = False
 
-        async def attempt(address: str) -> Result:
+        async def attempt(address: str, left_s: float) -> Result:
             nonlocal failed
             try:
                 response = await self._pool.call(
-                    address, MetaWriteRequest(request=data), timeout_s=self._request_timeout_s
-                )
+                    address, MetaWriteRequest(request=data),
+                    timeout_s=min(self._request_timeout_s, left_s))
             except (QuorumlogError, asyncio.CancelledError):
                 # It may have reached the log (also when the operation's deadline
                 # cut the attempt short): its outcome is unknown.
@@ -375,8 +374,9 @@ class MetaClient:
             op=RangeOp(key=key, prefix=prefix, end=end, limit=limit), serializable=serializable
         )
 
-        async def attempt(address: str) -> tuple[RangeResult, int]:
-            response = await self._pool.call(address, request, timeout_s=self._request_timeout_s)
+        async def attempt(address: str, left_s: float) -> tuple[RangeResult, int]:
+            response = await self._pool.call(
+                address, request, timeout_s=min(self._request_timeout_s, left_s))
             if response.leader:
                 self._leader_named(response.leader)
             return response.result, response.revision
@@ -405,8 +405,9 @@ class MetaClient:
         """Refresh a session; False if it expired (its ephemeral keys are gone)."""
         request = MetaKeepAliveRequest(session_id=session_id)
 
-        async def attempt(address: str) -> int:
-            response = await self._pool.call(address, request, timeout_s=self._request_timeout_s)
+        async def attempt(address: str, left_s: float) -> int:
+            response = await self._pool.call(
+                address, request, timeout_s=min(self._request_timeout_s, left_s))
             return response.ttl_ms
 
         return await self._retrying(attempt, leader=True) > 0
@@ -433,10 +434,10 @@ class MetaClient:
             key=key, prefix=prefix, start_revision=start_revision, wait_ms=wait_ms
         )
 
-        async def attempt(address: str) -> tuple[list[Event], int]:
+        async def attempt(address: str, left_s: float) -> tuple[list[Event], int]:
             response = await self._pool.call(
-                address, request, timeout_s=self._request_timeout_s + wait_ms / 1000
-            )
+                address, request,
+                timeout_s=min(self._request_timeout_s + wait_ms / 1000, left_s))
             return response.events, response.revision
 
         # A long poll: its attempt may take wait_ms on top of a request.
@@ -463,8 +464,9 @@ class MetaClient:
         """
         request = MetaMemberRequest(action=action, node_id=node_id, address=address)
 
-        async def attempt(addr: str) -> tuple[list[int], list[int]]:
-            response = await self._pool.call(addr, request, timeout_s=self._request_timeout_s * 2)
+        async def attempt(addr: str, left_s: float) -> tuple[list[int], list[int]]:
+            response = await self._pool.call(
+                addr, request, timeout_s=min(self._request_timeout_s * 2, left_s))
             return response.voters, response.learners
 
         return await self._retrying(attempt, leader=True)

@@ -486,7 +486,7 @@ class MetaService:
         revision and result (``MetaStateMachine.apply``)."""
         self._require_started()
         try:
-            decoded = msgspec.msgpack.decode(request.request, type=Request)
+            decoded = _REQUEST_DECODER.decode(request.request)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise UsageError(f"malformed meta request: {exc}") from None
         META_METRICS.requests[type(decoded.command).__name__] += 1
@@ -711,6 +711,7 @@ class MetaService:
 
 
 _RESULT_ENCODER = msgspec.msgpack.Encoder()
+_REQUEST_DECODER = msgspec.msgpack.Decoder(Request)
 
 
 def _write_response(started_s: float, outcome: tuple[Any, Any]) -> MetaWriteResponse:
