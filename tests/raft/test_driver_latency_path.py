@@ -119,13 +119,14 @@ def test_answers_of_committed_entries_do_not_wait_for_the_next_batchs_fdatasync(
         assert host is not None
         real = host._apply_durable
 
-        def recording(group: Any, ready: Any) -> None:
+        def recording(group: Any, ready: Any) -> bool:
             before = group.applied_index
             persisted = group.storage.last_index()
             first_new = ready.entries[0].index if ready.entries else persisted + 1
-            real(group, ready)
+            answered: bool = real(group, ready)
             if group.applied_index > before:
                 early.append((group.applied_index, persisted, first_new))
+            return answered
 
         host._apply_durable = recording  # type: ignore[method-assign]
 
@@ -147,3 +148,4 @@ def test_answers_of_committed_entries_do_not_wait_for_the_next_batchs_fdatasync(
     assert early, "no pass applied committed entries before writing new ones"
     assert all(applied <= persisted and applied < first_new
                for applied, persisted, first_new in early), early
+
