@@ -81,10 +81,10 @@ class Cluster:
     """Node processes as tests/table/test_table_rescheduling.py starts them."""
 
     def __init__(self, root: Path, nodes: int) -> None:
-        from quorumlog.node._cluster import free_port
+        from quorumlog.node._cluster import free_ports
 
         self.root = root
-        self.addresses = {n: f"127.0.0.1:{free_port()}" for n in range(1, nodes + 1)}
+        self.addresses = {n: f"127.0.0.1:{port}" for n, port in enumerate(free_ports(nodes), 1)}
         self.meta = [self.addresses[n] for n in (1, 2, 3)]
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
 

@@ -11,7 +11,7 @@ import pytest
 
 from quorumlog import rpc
 from quorumlog.errors import NotLeaderError
-from quorumlog.node._cluster import free_port
+from quorumlog.node._cluster import free_ports
 from quorumlog.raft import HostConfig, RaftHost, Role
 
 GROUP = 7
@@ -88,7 +88,8 @@ async def propose_retrying(members: list[Member], data: bytes) -> int:
 
 def with_members(tmp_path: Path, body: Callable[[list[Member]], Awaitable[None]]) -> None:
     async def main() -> None:
-        addresses = {i: f"127.0.0.1:{free_port()}" for i in (1, 2, 3)}
+        addresses = {i: f"127.0.0.1:{port}"
+                     for i, port in zip((1, 2, 3), free_ports(3), strict=True)}
         ms = [Member(i, addresses, tmp_path) for i in (1, 2, 3)]
         try:
             for m in ms:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from quorumlog import node as cluster
+from quorumlog.errors import QuorumlogError
 from quorumlog.node._cluster import free_port
 
 NODE_TIMEOUT_S = 60.0
@@ -69,3 +70,32 @@ def test_free_port_is_outside_the_ephemeral_range_and_bindable() -> None:
     for port in ports:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))
+
+
+def test_a_clusters_ports_are_distinct_even_when_free_port_repeats_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """free_port() checks a port, it does not reserve it: two asks may return
+    the same one. ``up`` once wrote one metrics port into two nodes' configs
+    and the third node failed to start (CI, 2026-11-25)."""
+    from quorumlog.node import _cluster
+
+    answers = iter([21001, 21001, 21002, 21001, 21003, 21002, 21004, 21005, 21005, 21006,
+                    21007, 21008])
+    monkeypatch.setattr(_cluster, "free_port", lambda: next(answers))
+    configs = _cluster.write_configs(tmp_path, 3)
+    ports = [int(a.rsplit(":", 1)[1]) for _, _, address, metrics, _ in configs
+             for a in (address, metrics)]
+    assert sorted(ports) == [21001, 21002, 21003, 21004, 21005, 21006]
+
+
+def test_free_ports_skips_the_ports_a_stopped_cluster_keeps(monkeypatch: pytest.MonkeyPatch,
+                                                            ) -> None:
+    from quorumlog.node import _cluster
+
+    answers = iter([21001, 21002, 21001, 21003])
+    monkeypatch.setattr(_cluster, "free_port", lambda: next(answers))
+    assert _cluster.free_ports(2, taken=[21002]) == [21001, 21003]
+    monkeypatch.setattr(_cluster, "free_port", lambda: 21001)
+    with pytest.raises(QuorumlogError, match="distinct free ports"):
+        _cluster.free_ports(2)

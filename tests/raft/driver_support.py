@@ -11,7 +11,7 @@ import msgspec
 
 from quorumlog import rpc
 from quorumlog.errors import QuorumlogError
-from quorumlog.node._cluster import free_port
+from quorumlog.node._cluster import free_ports
 from quorumlog.raft import Role
 from quorumlog.raft._driver import HostConfig, RaftHost
 from rpc.support import wait_until  # tests/rpc/support.py: the shared async poll helper
@@ -126,7 +126,8 @@ def run_cluster(
     the others start empty and wait to be added), run ``body``, stop them all."""
 
     async def main() -> None:
-        addresses = {i: f"127.0.0.1:{free_port()}" for i in node_ids}
+        addresses = {i: f"127.0.0.1:{port}"
+                     for i, port in zip(node_ids, free_ports(len(node_ids)), strict=True)}
         members = [Member(i, addresses, tmp_path, config) for i in node_ids]
         try:
             for member in members:

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from quorumlog import rpc
-from quorumlog.node._cluster import free_port
+from quorumlog.node._cluster import free_ports
 from quorumlog.raft import LOG_TAIL_FILE_NAME, FileSnapshotMachine
 from quorumlog.raft._driver import INCOMING_SNAPSHOTS_DIR_NAME, RaftHost
 from quorumlog.raft._file_snapshot import CHECKPOINTS_DIR_NAME
@@ -103,7 +103,8 @@ def run_file_cluster(tmp_path: Path, body: Callable[[list[Member]], Awaitable[No
     """driver_support.run_cluster with FileMembers: three founding voters."""
 
     async def main() -> None:
-        addresses = {i: f"127.0.0.1:{free_port()}" for i in (1, 2, 3)}
+        addresses = {i: f"127.0.0.1:{port}"
+                     for i, port in zip((1, 2, 3), free_ports(3), strict=True)}
         members: list[Member] = [FileMember(i, addresses, tmp_path, config()) for i in addresses]
         try:
             for member in members:

@@ -13,7 +13,7 @@ import pytest
 
 from quorumlog import rpc
 from quorumlog.errors import UsageError
-from quorumlog.node._cluster import free_port
+from quorumlog.node._cluster import free_ports
 from quorumlog.raft import (
     QUIESCE_CONTEXT,
     Message,
@@ -149,7 +149,7 @@ FAST = HostConfig(tick_interval_ms=20, election_timeout_ticks=ELECTION_TICKS,
 
 async def _hosts(tmp_path: Path, config: HostConfig) -> tuple[
         list[RaftHost], list[rpc.Server]]:
-    addresses = {i: f"127.0.0.1:{free_port()}" for i in (1, 2, 3)}
+    addresses = {i: f"127.0.0.1:{port}" for i, port in zip((1, 2, 3), free_ports(3), strict=True)}
     hosts, servers = [], []
     for node_id in (1, 2, 3):
         host = RaftHost(node_id, addresses, tmp_path / f"n{node_id}", config=config)

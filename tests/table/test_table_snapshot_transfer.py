@@ -12,7 +12,7 @@ import os
 import tracemalloc
 from pathlib import Path
 
-from quorumlog.node._cluster import free_port
+from quorumlog.node._cluster import free_ports
 from quorumlog.raft._driver import RaftHost
 from quorumlog.table import SetCommand, TableEntry, TableStore, TimetagClock, encode_entry
 from quorumlog.table._machine import PartitionMachine
@@ -80,7 +80,8 @@ def entry(number: int) -> bytes:
 def test_a_lagging_replica_receives_the_checkpoint_in_chunks_with_bounded_memory(
         tmp_path: Path) -> None:
     async def main() -> None:
-        addresses = {i: f"127.0.0.1:{free_port()}" for i in (1, 2, 3)}
+        addresses = {i: f"127.0.0.1:{port}"
+                     for i, port in zip((1, 2, 3), free_ports(3), strict=True)}
         members = [PartitionMember(i, addresses, tmp_path, config()) for i in addresses]
         try:
             for member in members:

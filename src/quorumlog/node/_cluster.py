@@ -25,7 +25,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -128,6 +128,27 @@ def free_port() -> int:
         return chosen
 
 
+def free_ports(count: int, *, taken: Iterable[int] = ()) -> list[int]:
+    """``count`` distinct free ports, none of ``taken`` (the ports of a cluster's
+    stopped nodes, which no socket holds now). Each :func:`free_port` is free
+    when asked but not reserved, so two asks can return the same port: a
+    cluster of 3 nodes asks for 6, and found two of them equal about once in
+    a thousand starts (a node then failed with its metrics port in use)."""
+    excluded = set(taken)
+    ports: list[int] = []
+    for _ in range(count * FREE_PORT_TRIES):
+        if len(ports) == count:
+            break
+        port = free_port()
+        if port not in excluded:
+            excluded.add(port)
+            ports.append(port)
+    if len(ports) < count:
+        raise QuorumlogError(f"found {len(ports)} distinct free ports on 127.0.0.1, "
+                             f"not {count}: free some ports and try again")
+    return ports
+
+
 def node_roles(node_id: int, nodes: int) -> list[str]:
     """meta on the first 3 nodes (the first 1 when fewer than 3), bookie and table on all."""
     meta_count = 3 if nodes >= 3 else 1
@@ -173,14 +194,15 @@ def node_toml(node_id: int, node_dir: Path, *, address: str, metrics: str, roles
 
 
 def write_configs(directory: Path, nodes: int) -> list[tuple[int, Path, str, str, list[str]]]:
-    addresses = {i: f"127.0.0.1:{free_port()}" for i in range(1, nodes + 1)}
+    ports = free_ports(2 * nodes)  # each node's rpc and metrics ports
+    addresses = {i: f"127.0.0.1:{ports[i - 1]}" for i in range(1, nodes + 1)}
     meta_ids = [i for i in addresses if "meta" in node_roles(i, nodes)]
     members = ", ".join(f'"{i}={addresses[i]}"' for i in meta_ids)
     out = []
     for i in range(1, nodes + 1):
         node_dir = directory / f"node-{i}"
         node_dir.mkdir(parents=True, exist_ok=True)
-        metrics = f"127.0.0.1:{free_port()}"
+        metrics = f"127.0.0.1:{ports[nodes + i - 1]}"
         roles = node_roles(i, nodes)
         path = node_dir / "node.toml"
         path.write_text(node_toml(i, node_dir, address=addresses[i], metrics=metrics,
@@ -309,7 +331,8 @@ def add_node(directory: Path) -> NodeInfo:
     directory = directory.resolve()
     infos = load(directory)
     node_id = max(i.id for i in infos) + 1
-    address, metrics = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    taken = [int(a.rsplit(":", 1)[1]) for i in infos for a in (i.address, i.metrics) if a]
+    address, metrics = (f"127.0.0.1:{port}" for port in free_ports(2, taken=taken))
     members = [f'"{i.id}={i.address}"' for i in infos if "meta" in i.roles]
     members.append(f'"{node_id}={address}"')
     node_dir = directory / f"node-{node_id}"
