@@ -171,7 +171,7 @@ class MetaStateMachine:
 
     def apply(self, index: int, data: bytes) -> Applied | list[Applied]:
         """Apply the request encoded in log entry ``index``; return result and
-        events. A combined entry (``combine_requests``) applies its requests in
+        events. A combined entry (``raft.combine_msgpack``) applies its requests in
         order, each with its own revision, and returns one pair per request."""
         invariant(index > self.applied_index, f"apply index {index} <= {self.applied_index}")
         self.applied_index = index

@@ -251,7 +251,7 @@ class Proposal:
     index: int = 0
     combinable: bool = False
     # A combined proposal's members, answered as soon as it is applied (its
-    # future's callback, _answer_members, covers the failures).
+    # future's callback, _members_done, covers the failures).
     members: list[Proposal] | None = None
 
 

@@ -461,14 +461,14 @@ class _ServerProtocol(FramedProtocol):
                 if not self.closing:
                     self._send_failure(request_id, entry, error)
                 return
-            if self.closing:
-                return
             try:
-                result = deferred.convert(source.result())
+                result = deferred.convert(source.result())  # counts, even if unsent
             except Exception as exc:
-                self._send_internal_error(request_id, entry, exc)
+                if not self.closing:
+                    self._send_internal_error(request_id, entry, exc)
             else:
-                self._send_result(request_id, entry, result)
+                if not self.closing:
+                    self._send_result(request_id, entry, result)
         finally:
             self._finish(request_id)
 
