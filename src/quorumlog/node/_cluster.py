@@ -394,10 +394,20 @@ def down(directory: Path) -> list[int]:
     deadline = time.monotonic() + DOWN_TIMEOUT_S
     while any(_alive(p) for p in stopped) and time.monotonic() < deadline:
         time.sleep(POLL_INTERVAL_S)
-    for pid in stopped:
-        if _alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    killed = [pid for pid in stopped if _alive(pid)]
+    for pid in killed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    # Return once they are gone: a node that did not stop in time (its shutdown
+    # waits on a meta that lost its quorum, say) may still be alive right after
+    # the SIGKILL, and an `up` of the same directory then found it running.
+    deadline = time.monotonic() + DOWN_TIMEOUT_S
+    while any(_alive(p) for p in killed) and time.monotonic() < deadline:
+        time.sleep(POLL_INTERVAL_S)
+    left = [pid for pid in killed if _alive(pid)]
+    if left:
+        raise QuorumlogError(f"node process(es) {left} still exist {DOWN_TIMEOUT_S:.0f} s after "
+                             "SIGKILL (stuck in the kernel?); check them with `ps`")
     return stopped
 
 
