@@ -428,7 +428,7 @@ class SimRaftHost:
         if isinstance(machine, MetaStateMachine):
             outcome = machine.apply(entry.index, entry.data)
             # One client request per entry here: the simulator does not combine
-            # meta requests (tests/meta/test_combined_requests.py checks that
+            # meta requests (tests/meta/test_state.py checks that
             # a combined entry applies as its requests one by one).
             invariant(isinstance(outcome, tuple), "a simulated meta entry holds one request")
             result = outcome[0] if isinstance(outcome, tuple) else None

@@ -19,7 +19,7 @@ import enum
 import msgspec
 
 from quorumlog.errors import invariant
-from quorumlog.raft import COMBINED_MSGPACK_MAX, combine_msgpack
+from quorumlog.raft import combine_msgpack
 from quorumlog.table._errors import NotAnIntegerError
 
 INT64_MIN = -(1 << 63)
@@ -266,9 +266,6 @@ WriteResult = Done | IncrResult | CheckResult | Refused
 _ENTRY_ENCODER = msgspec.msgpack.Encoder()
 _ENTRY_DECODER = msgspec.msgpack.Decoder(TableEntry)
 _LOG_ENTRY_DECODER = msgspec.msgpack.Decoder(TableEntry | list[TableEntry])
-COMBINED_ENTRIES_MAX = COMBINED_MSGPACK_MAX
-
-
 def encode_entry(entry: TableEntry) -> bytes:
     return _ENTRY_ENCODER.encode(entry)
 
