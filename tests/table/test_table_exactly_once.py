@@ -4,11 +4,13 @@ them) and bounds them by the entries' timestamps."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
 
 import quorumlog.table._client as client_module
+import quorumlog.table._sessions as sessions_module
 from quorumlog.table import (
     Done,
     IncrCommand,
@@ -171,3 +173,57 @@ def test_the_client_keeps_one_session_per_partition(monkeypatch: pytest.MonkeyPa
     assert len(made) == 1
     assert [(r.client_id, r.seq, r.first_outstanding_seq) for r in sent] == [
         (made[0].client_id, seq, seq) for seq in (1, 2, 3)]  # type: ignore[attr-defined]
+
+
+def test_a_restore_replaces_the_session_rows_kept_in_memory(tmp_path: Path) -> None:
+    """The store keeps its session rows in memory too; a snapshot install
+    replaces them with the checkpoint's, or a client's floor would be the
+    replaced data's."""
+    source = _machine(tmp_path / "a")
+    source.apply(5, encode_entry(_incr(1)))  # floor 1: seq 1 may be retried
+    target = _machine(tmp_path / "b")
+    for seq in (1, 2, 3):
+        target.apply(seq, encode_entry(_incr(seq, first=seq)))  # floor 3
+    checkpoint = tmp_path / "checkpoint"
+    target.restore_files(checkpoint, source.snapshot_files(checkpoint))
+    assert target.apply(6, encode_entry(_incr(1))) == [IncrResult(1)]  # the first answer
+    assert target.apply(7, encode_entry(_incr(2, first=1))) == [IncrResult(2)]  # applied
+
+
+@pytest.mark.parametrize("cache_max", [1024, 2])
+@pytest.mark.parametrize("seed", range(8))
+def test_session_rows_in_memory_answer_as_the_database_does(
+        tmp_path: Path, seed: int, cache_max: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random writes, retries, acknowledgements and idle gaps of a few clients,
+    in combined entries: a store that keeps its session rows in memory gives
+    the results of one that reads every row from RocksDB (also when the cache
+    holds fewer clients than write, and starts over)."""
+    monkeypatch.setattr(sessions_module, "SESSION_CACHE_CLIENTS_MAX", cache_max)
+    rng = random.Random(seed)
+    cached = TableStore(tmp_path / "cached", cluster_id=1)
+    reread = TableStore(tmp_path / "reread", cluster_id=1)
+    next_seq = dict.fromkeys(range(1, 5), 1)
+    first = dict.fromkeys(range(1, 5), 1)
+    now_us = T0_US
+    for decree in range(1, 300):
+        if rng.random() < 0.03:
+            now_us += (CLIENT_SESSION_IDLE_EXPIRY_S + EXPIRY_BUCKET_S) * US_PER_S
+        now_us += 1
+        entries = []
+        for _ in range(rng.randint(1, 4)):
+            client = rng.randint(1, 4)
+            if next_seq[client] > 1 and rng.random() < 0.3:  # a retry, maybe acked already
+                seq = rng.randint(max(1, next_seq[client] - 5), next_seq[client] - 1)
+            else:
+                seq = next_seq[client]
+                next_seq[client] += 1
+                if rng.random() < 0.4:  # acknowledgements move the floor
+                    first[client] = rng.randint(first[client], seq)
+            entries.append(TableEntry(
+                timestamp_us=now_us, commands=(IncrCommand(b"h", b"%d" % client, 1),),
+                client_id=client, seq=seq, first_outstanding_seq=min(first[client], seq)))
+        reread._sessions.clear()
+        assert cached.apply_combined(decree, entries) == reread.apply_combined(decree, entries)
+    assert count_sessions(cached._db) == count_sessions(reread._db)
+    cached.close()
+    reread.close()

@@ -21,6 +21,11 @@ carry it, a restart finds it, and every replica holds the same rows:
 * ``ff ff 'cx'`` -> the minute below which every session was expired: the
   expiry scan runs when that minute advances, and seeks past what it did.
 
+The store also keeps each client's session row in memory (``SessionCache``,
+with the highest seq that has a kept result), updated once the entry's batch
+is written: a write reads nothing back from RocksDB but for a retry of a seq
+it has a result for.
+
 Every delete is a point delete of a key known to exist (no range
 tombstones, which would slow every later read): a client's kept results lie
 in ``[floor, floor + CLIENT_RESULTS_WINDOW_WRITES)``.
@@ -53,7 +58,7 @@ from rocksdict import Rdict, WriteBatch
 
 from quorumlog.errors import InvariantViolation, invariant
 from quorumlog.table._codec import STORE_KEY_PREFIX
-from quorumlog.table._commands import Refused, WriteResult
+from quorumlog.table._commands import Done, Refused, WriteResult
 
 CLIENT_RESULTS_WINDOW_WRITES = 1024  # results kept per client and partition (seq window)
 # A client idle this long (entry time) is forgotten; far above the client's
@@ -96,37 +101,82 @@ def _age_key(bucket: int, client_id: int) -> bytes:
     return _BY_AGE + _U64_PAIR.pack(bucket, client_id)
 
 
+class SessionCache:
+    """What a partition replica's store holds of its client sessions, kept in
+    memory so that applying a write does not read it back from RocksDB: per
+    client ``(floor, last_timestamp_us, top)`` (None: no session), ``top``
+    being at least the highest seq with a kept result (none above it), and
+    the expiry scan's minute.
+
+    A read-through cache of committed rows: filled from the database on a
+    miss, updated by :meth:`ClientSessions.commit` only after the entry's
+    write batch is written, and dropped whole when the store's data is
+    replaced (``TableStore.restore``) or when it grows past
+    ``SESSION_CACHE_CLIENTS_MAX`` clients."""
+
+    __slots__ = ("expired_below", "rows")
+
+    def __init__(self) -> None:
+        self.rows: dict[int, tuple[int, int, int] | None] = {}
+        self.expired_below: int | None = None  # None: not read yet
+
+    def clear(self) -> None:
+        self.rows.clear()
+        self.expired_below = None
+
+
+# Session rows a store keeps in memory: past it the cache starts over (about
+# 100 bytes a client; a node may host hundreds of partition replicas).
+SESSION_CACHE_CLIENTS_MAX = 1024
+_DONE_RESULTS = _RESULTS_ENCODER.encode([Done()])
+
+
 class ClientSessions:
-    """The session rows as one applied log entry sees them: reads from the
-    database and from what the entry wrote before (a combined entry may hold
-    several writes of one client), writes into the entry's write batch.
+    """The session rows as one applied log entry sees them: the committed rows
+    (``SessionCache``, else the database) overlaid by what the entry wrote
+    before (a combined entry may hold several writes of one client); writes go
+    into the entry's write batch and, once it is written (:meth:`commit`),
+    into the cache.
 
     ``timestamp_us`` is the timestamp of the write being applied (:meth:`at`)."""
 
-    def __init__(self, db: Rdict, batch: WriteBatch, timestamp_us: int) -> None:
+    def __init__(self, db: Rdict, batch: WriteBatch, timestamp_us: int,
+                 cache: SessionCache | None = None) -> None:
         self._db = db
         self._batch = batch
         self._timestamp_us = timestamp_us
-        self._written: dict[bytes, bytes | None] = {}  # this entry's puts (None: deleted)
+        self._cache = SessionCache() if cache is None else cache
+        self._rows: dict[int, tuple[int, int, int] | None] = {}  # this entry's sessions
+        self._results: dict[bytes, bytes | None] = {}  # this entry's results (None: deleted)
+        self._expired_below: int | None = None  # this entry's scan minute, if it moved
+        self._wrote = False
         self._expired_count = 0
 
     def at(self, timestamp_us: int) -> None:
         """The next write applied has this timestamp."""
         self._timestamp_us = timestamp_us
 
-    def _get(self, key: bytes) -> bytes | None:
-        if key in self._written:
-            return self._written[key]
-        raw = self._db.get(key)
-        return None if raw is None else _raw(raw)
-
-    def _put(self, key: bytes, value: bytes) -> None:
-        self._written[key] = value
-        self._batch.put(key, value)
+    def commit(self) -> None:
+        """The entry's write batch is written: its rows are the committed ones."""
+        cache = self._cache
+        if len(cache.rows) + len(self._rows) > SESSION_CACHE_CLIENTS_MAX:
+            cache.rows.clear()  # the next entries read their rows from the database
+        cache.rows.update(self._rows)
+        if self._expired_below is not None:
+            cache.expired_below = self._expired_below
 
     def _delete(self, key: bytes) -> None:
-        self._written[key] = None
         self._batch.delete(key)
+
+    def _scan_minute(self) -> int:
+        if self._expired_below is not None:
+            return self._expired_below
+        cached = self._cache.expired_below
+        if cached is None:
+            raw = self._db.get(_EXPIRED_BELOW)
+            cached = 0 if raw is None else _U64.unpack(_raw(raw))[0]
+            self._cache.expired_below = cached
+        return cached
 
     def expire(self, writes: int = 1) -> None:
         """Remove sessions idle past the expiry, at most
@@ -134,13 +184,12 @@ class ClientSessions:
         the entry's first write, at its timestamp.
 
         Sessions whose last write's minute lies below ``limit`` are idle for at
-        least the expiry; nothing is read but one key until ``limit`` passes
-        the minute the previous scan finished."""
-        invariant(not self._written, "sessions expire before the entry's writes")
+        least the expiry; nothing is read until ``limit`` passes the minute the
+        previous scan finished."""
+        invariant(not self._wrote, "sessions expire before the entry's writes")
         expired_max = SESSIONS_EXPIRED_PER_ENTRY_MAX * writes
         limit = _bucket(self._timestamp_us - CLIENT_SESSION_IDLE_EXPIRY_S * US_PER_S)
-        raw = self._db.get(_EXPIRED_BELOW)
-        done_below = 0 if raw is None else _U64.unpack(_raw(raw))[0]
+        done_below = self._scan_minute()
         if limit <= done_below:
             return
         it = self._db.iter()
@@ -157,7 +206,8 @@ class ClientSessions:
                 break
             self._forget(client_id, key)
             it.next()
-        self._put(_EXPIRED_BELOW, _U64.pack(limit))
+        self._batch.put(_EXPIRED_BELOW, _U64.pack(limit))
+        self._expired_below = limit
 
     def _forget(self, client_id: int, age_key: bytes) -> None:
         session = self._session(client_id)
@@ -169,6 +219,7 @@ class ClientSessions:
         self._delete(_SESSION + _U64.pack(client_id))
         for seq in range(floor, floor + CLIENT_RESULTS_WINDOW_WRITES):
             self._delete(_result_key(client_id, seq))
+        self._rows[client_id] = None
         self._expired_count += 1
 
     def answered(self, client_id: int, seq: int,
@@ -186,38 +237,74 @@ class ClientSessions:
                                f"(idle over {CLIENT_SESSION_IDLE_EXPIRY_S} s); the client "
                                "starts a new one", code=SESSION_EXPIRED)
             return None
-        floor, _ = session
+        floor, _, top = session
         if seq < floor:
             return Refused(f"client {client_id}: write {seq} is below the kept window "
                            f"(floor {floor}); its outcome is unknown", code=STALE_SEQUENCE)
-        raw = self._get(_result_key(client_id, seq))
+        if seq > top:
+            return None  # no result is kept above top: never applied
+        key = _result_key(client_id, seq)
+        if key in self._results:
+            raw = self._results[key]
+        else:
+            found = self._db.get(key)
+            raw = None if found is None else _raw(found)
         return None if raw is None else _RESULTS_DECODER.decode(raw)
 
     def remember(self, client_id: int, seq: int, first_outstanding_seq: int,
                  results: list[WriteResult]) -> None:
         """Keep the results of an applied write and move the session's floor and age."""
+        self._wrote = True
         session = self._session(client_id)
-        old_floor = 1 if session is None else session[0]
+        old_floor, top = (1, 0) if session is None else (session[0], session[2])
         bucket = _bucket(self._timestamp_us)
         if session is None or _bucket(session[1]) != bucket:
             if session is not None:
                 self._delete(_age_key(_bucket(session[1]), client_id))
-            self._put(_age_key(bucket, client_id), b"")
+            self._batch.put(_age_key(bucket, client_id), b"")
         floor = max(old_floor, first_outstanding_seq, seq - CLIENT_RESULTS_WINDOW_WRITES + 1)
         invariant(floor <= seq, "the floor never passes the write being kept")
         # Kept results lie in [old_floor, old_floor + window): delete those below floor.
+        written = self._results
         for dropped in range(old_floor, min(floor, old_floor + CLIENT_RESULTS_WINDOW_WRITES)):
-            self._delete(_result_key(client_id, dropped))
-        self._put(_result_key(client_id, seq), _RESULTS_ENCODER.encode(results))
-        self._put(_SESSION + _U64.pack(client_id),
-                  _U64_PAIR.pack(floor, max(self._timestamp_us, 0)))
+            key = _result_key(client_id, dropped)
+            written[key] = None
+            self._batch.delete(key)
+        key = _result_key(client_id, seq)
+        encoded = (_DONE_RESULTS if len(results) == 1 and type(results[0]) is Done
+                   else _RESULTS_ENCODER.encode(results))
+        written[key] = encoded
+        self._batch.put(key, encoded)
+        last_us = max(self._timestamp_us, 0)
+        self._batch.put(_SESSION + _U64.pack(client_id), _U64_PAIR.pack(floor, last_us))
+        self._rows[client_id] = (floor, last_us, max(top, seq))
 
-    def _session(self, client_id: int) -> tuple[int, int] | None:
-        raw = self._get(_SESSION + _U64.pack(client_id))
+    def _session(self, client_id: int) -> tuple[int, int, int] | None:
+        """(floor, last_timestamp_us, top) of the client's session, None: none."""
+        rows = self._rows
+        if client_id in rows:
+            return rows[client_id]
+        cached = self._cache.rows
+        if client_id in cached:
+            return cached[client_id]
+        raw = self._db.get(_SESSION + _U64.pack(client_id))
         if raw is None:
-            return None
-        floor, last_us = _U64_PAIR.unpack(raw)
-        return floor, last_us
+            session = None
+        else:
+            floor, last_us = _U64_PAIR.unpack(_raw(raw))
+            session = (floor, last_us, self._top_result(client_id))
+        cached[client_id] = session  # the committed row: this entry has not written it
+        return session
+
+    def _top_result(self, client_id: int) -> int:
+        """The highest seq with a kept result of the client (0: none)."""
+        prefix = _RESULT + _U64.pack(client_id)
+        it = self._db.iter()
+        it.seek_for_prev(prefix + b"\xff" * _U64.size)
+        if not it.valid():
+            return 0
+        key = _raw(it.key())
+        return _U64.unpack(key[len(prefix):])[0] if key.startswith(prefix) else 0
 
 
 def count_sessions(db: Rdict) -> int:

@@ -68,7 +68,7 @@ from quorumlog.table._commands import (
     parse_int64,
 )
 from quorumlog.table._errors import BadTableRequestError, TableError
-from quorumlog.table._sessions import ClientSessions
+from quorumlog.table._sessions import ClientSessions, SessionCache
 from quorumlog.table._timetag import CLUSTER_ID_MAX, check_cluster_id, make_timetag
 
 KEY_APPLIED_DECREE = STORE_KEY_PREFIX + b"applied_decree"
@@ -131,6 +131,7 @@ class TableStore:
         self.path = path
         self.cluster_id = check_cluster_id(cluster_id)
         self._db = self._open(path)
+        self._sessions = SessionCache()
         self._load_state()
 
     def _load_state(self) -> None:
@@ -146,6 +147,7 @@ class TableStore:
         self._gc_mark = _U64.unpack(state[:_U64.size])[0] if state else 0
         self._gc_cursor = state[_U64.size:]
         self.collected_records = 0  # by collections applied since the store opened
+        self._sessions.clear()  # (re)opened: the data may be a checkpoint's
 
     @staticmethod
     def _open(path: Path) -> Rdict:
@@ -199,7 +201,8 @@ class TableStore:
             return [[] for _ in entries]
         first = entries[0]
         batch = _Batch(self._db, first.timestamp_us, self.cluster_id)
-        sessions = ClientSessions(self._db, batch.write_batch, first.timestamp_us)
+        sessions = ClientSessions(self._db, batch.write_batch, first.timestamp_us,
+                                  self._sessions)
         sessions.expire(len(entries))
         if first.gc is not None:
             invariant(len(entries) == 1, "a collection entry is never combined")
@@ -214,10 +217,11 @@ class TableStore:
                 batch.at(entry.timestamp_us)
                 sessions.at(entry.timestamp_us)
                 results.append(self._run(batch, sessions, entry))
-                if has_local_writes(entry):
-                    since_min_us = min(since_min_us, entry.timestamp_us)
+                if entry.timestamp_us < since_min_us and has_local_writes(entry):
+                    since_min_us = entry.timestamp_us
         batch.write_batch.put(KEY_APPLIED_DECREE, _APPLIED.pack(decree, since_min_us))
         self._db.write(batch.write_batch)
+        sessions.commit()
         self._applied, self._since_mark_min_us = decree, since_min_us
         self._gc_mark, self._gc_cursor = mark, cursor
         self.collected_records += removed
