@@ -29,7 +29,7 @@ from collections.abc import Callable
 from quorumlog.clock import SYSTEM_CLOCK, Clock
 from quorumlog.errors import QuorumlogError
 from quorumlog.log import get_logger
-from quorumlog.meta import MetaClient
+from quorumlog.meta import CLOSE_REVOKE_DEADLINE_S, MetaClient
 from quorumlog.proto import BOOKIE_REGISTRATIONS_PREFIX, BOOKIE_REGISTRY_PREFIX, BookieRegistration
 
 _log = get_logger(__name__)
@@ -115,8 +115,11 @@ class Registration:
                 await self._task
         self._registered = False
         if self._session_id:
+            # Best effort: without a meta quorum (every node stopping) the
+            # session's lease ends it instead; a stop must not wait for meta.
             with contextlib.suppress(QuorumlogError):
-                await self._meta.revoke_session(self._session_id)
+                await self._meta.revoke_session(self._session_id,
+                                                deadline_s=CLOSE_REVOKE_DEADLINE_S)
         await self._meta.close()
 
     # ------------------------------------------------------------------ task

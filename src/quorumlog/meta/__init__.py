@@ -5,7 +5,7 @@ the service that runs it on a Raft group (driver, server, clients) is built on
 ``quorumlog.raft`` and ``quorumlog.rpc``.
 """
 
-from quorumlog.meta._client import BlockingMetaClient, MetaClient
+from quorumlog.meta._client import CLOSE_REVOKE_DEADLINE_S, BlockingMetaClient, MetaClient
 from quorumlog.meta._commands import (
     Compact,
     CompactResult,
@@ -45,6 +45,7 @@ from quorumlog.meta._service import (
 from quorumlog.meta._state import CompactedError, MetaLimits, MetaStateMachine
 
 __all__ = [
+    "CLOSE_REVOKE_DEADLINE_S",
     "LEASE_CLOCK_DRIFT_PERCENT",
     "READ_MODES",
     "BlockingMetaClient",

@@ -254,9 +254,9 @@ class MetaClient:
         result = await self._retrying(attempt, leader=True, deadline_s=deadline_s)
         return result, failed
 
-    async def _write(self, command: Command) -> Result:
+    async def _write(self, command: Command, *, deadline_s: float | None = None) -> Result:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._deadline_s
+        deadline = loop.time() + (self._deadline_s if deadline_s is None else deadline_s)
         while True:
             session_id = await self._session()
             self._seq += 1
@@ -412,8 +412,14 @@ class MetaClient:
 
         return await self._retrying(attempt, leader=True) > 0
 
-    async def revoke_session(self, session_id: int) -> None:
-        await self._write(RevokeSession(session_id=session_id))
+    async def revoke_session(self, session_id: int, *,
+                             deadline_s: float | None = None) -> None:
+        """End a session now (its keys vanish). ``deadline_s`` bounds the attempts
+        (default: the client's operation deadline); a close that revokes its
+        session only to save others the lease's wait passes
+        ``CLOSE_REVOKE_DEADLINE_S``: without a meta quorum (a cluster stopping
+        all at once) it gives up soon, and the lease ends the session."""
+        await self._write(RevokeSession(session_id=session_id), deadline_s=deadline_s)
 
     async def next_id(self, name: str, count: int = 1) -> int:
         """The first of ``count`` unique increasing ids of sequence ``name``."""

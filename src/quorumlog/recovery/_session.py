@@ -9,6 +9,7 @@ import contextlib
 
 from quorumlog.errors import QuorumlogError
 from quorumlog.log import get_logger
+from quorumlog.meta import CLOSE_REVOKE_DEADLINE_S
 from quorumlog.recovery._store import RecoveryMeta
 
 _log = get_logger(__name__)
@@ -58,6 +59,7 @@ class RecoverySession:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         if self.session_id:
-            with contextlib.suppress(QuorumlogError):
-                await self._meta.revoke_session(self.session_id)
+            with contextlib.suppress(QuorumlogError):  # else the lease ends it
+                await self._meta.revoke_session(self.session_id,
+                                                deadline_s=CLOSE_REVOKE_DEADLINE_S)
             self.session_id = 0

@@ -139,7 +139,8 @@ class SimRecoveryMeta(SimMetaStore):
         await self._latency()
         return session is not None
 
-    async def revoke_session(self, session_id: int) -> None:
+    async def revoke_session(self, session_id: int, *,
+                             deadline_s: float | None = None) -> None:
         await self._latency()
         if session_id in self._sessions:
             self._drop_session(session_id, "revoked")
@@ -199,6 +200,7 @@ class NodeMeta:
         self._check()
         return await self._meta.keepalive(session_id)
 
-    async def revoke_session(self, session_id: int) -> None:
+    async def revoke_session(self, session_id: int, *,
+                             deadline_s: float | None = None) -> None:
         self._check()
-        await self._meta.revoke_session(session_id)
+        await self._meta.revoke_session(session_id, deadline_s=deadline_s)
