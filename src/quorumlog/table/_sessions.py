@@ -141,11 +141,11 @@ class ClientSessions:
     ``timestamp_us`` is the timestamp of the write being applied (:meth:`at`)."""
 
     def __init__(self, db: Rdict, batch: WriteBatch, timestamp_us: int,
-                 cache: SessionCache | None = None) -> None:
+                 cache: SessionCache) -> None:
         self._db = db
         self._batch = batch
         self._timestamp_us = timestamp_us
-        self._cache = SessionCache() if cache is None else cache
+        self._cache = cache
         self._rows: dict[int, tuple[int, int, int] | None] = {}  # this entry's sessions
         self._results: dict[bytes, bytes | None] = {}  # this entry's results (None: deleted)
         self._expired_below: int | None = None  # this entry's scan minute, if it moved
@@ -165,12 +165,7 @@ class ClientSessions:
         if self._expired_below is not None:
             cache.expired_below = self._expired_below
 
-    def _delete(self, key: bytes) -> None:
-        self._batch.delete(key)
-
     def _scan_minute(self) -> int:
-        if self._expired_below is not None:
-            return self._expired_below
         cached = self._cache.expired_below
         if cached is None:
             raw = self._db.get(_EXPIRED_BELOW)
@@ -215,10 +210,10 @@ class ClientSessions:
             raise InvariantViolation(
                 f"invariant violated: client session {client_id} is indexed but absent")
         floor = session[0]
-        self._delete(age_key)
-        self._delete(_SESSION + _U64.pack(client_id))
+        self._batch.delete(age_key)
+        self._batch.delete(_SESSION + _U64.pack(client_id))
         for seq in range(floor, floor + CLIENT_RESULTS_WINDOW_WRITES):
-            self._delete(_result_key(client_id, seq))
+            self._batch.delete(_result_key(client_id, seq))
         self._rows[client_id] = None
         self._expired_count += 1
 
@@ -260,7 +255,7 @@ class ClientSessions:
         bucket = _bucket(self._timestamp_us)
         if session is None or _bucket(session[1]) != bucket:
             if session is not None:
-                self._delete(_age_key(_bucket(session[1]), client_id))
+                self._batch.delete(_age_key(_bucket(session[1]), client_id))
             self._batch.put(_age_key(bucket, client_id), b"")
         floor = max(old_floor, first_outstanding_seq, seq - CLIENT_RESULTS_WINDOW_WRITES + 1)
         invariant(floor <= seq, "the floor never passes the write being kept")
