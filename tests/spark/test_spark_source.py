@@ -8,11 +8,14 @@ Java is missing (``QUORUMLOG_SPARK=0 ./scripts/setup.sh`` leaves pyspark out).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -37,7 +40,12 @@ ROW_KEYS = ("partition", "ledger_id", "entry_id", "batch_index", "key", "value")
 
 @pytest.fixture(scope="module")
 def meta(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
-    with cluster.running(tmp_path_factory.mktemp("spark") / "cluster", 3) as addresses:
+    # These tests trim by hand and check what each trim deleted: no background
+    # trimmer (tests/stream/test_stream_trimmer.py tests that one).
+    with contextlib.ExitStack() as stack:
+        with mock.patch.dict(os.environ, {"QUORUMLOG_TRIMMER__ENABLED": "false"}):
+            addresses = stack.enter_context(
+                cluster.running(tmp_path_factory.mktemp("spark") / "cluster", 3))
         yield addresses
 
 

@@ -6,6 +6,7 @@ One cluster for the whole module; each test uses its own stream.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -75,7 +77,12 @@ DEADLINE_S = 30.0
 
 @pytest.fixture(scope="module")
 def meta(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
-    with cluster.running(tmp_path_factory.mktemp("streams") / "cluster", 3) as addresses:
+    # These tests trim by hand and check what each trim deleted: no background
+    # trimmer (tests/stream/test_stream_trimmer.py tests that one).
+    with contextlib.ExitStack() as stack:
+        with mock.patch.dict(os.environ, {"QUORUMLOG_TRIMMER__ENABLED": "false"}):
+            addresses = stack.enter_context(
+                cluster.running(tmp_path_factory.mktemp("streams") / "cluster", 3))
         yield addresses
 
 

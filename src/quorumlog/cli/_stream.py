@@ -363,6 +363,23 @@ def trim(
 
 
 @app.command()
+def trimmer(
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+) -> None:
+    """Show which node runs the background trimmer (retention and TTL of every stream)."""
+    from quorumlog.stream import trimmer_holder
+
+    holder = _run(members, directory, lambda client: trimmer_holder(client.ledger_client))
+    if holder:
+        console.print(f"trimmer: {holder} (applies retention and TTL to every stream each "
+                      "[trimmer] check_interval_ms)")
+    else:
+        console.print("trimmer: none elected (every bookie node has [trimmer] enabled = false, "
+                      "or the nodes started less than one check_interval_ms ago)")
+
+
+@app.command()
 def delete(
     name: str,
     yes: bool = typer.Option(False, "--yes", help="Do not ask for confirmation."),

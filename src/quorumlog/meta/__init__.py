@@ -34,6 +34,7 @@ from quorumlog.meta._commands import (
     TxnResult,
 )
 from quorumlog.meta._leases import LeaseKeeper
+from quorumlog.meta._owned_session import OwnedSession, SessionMeta
 from quorumlog.meta._service import (
     LEASE_CLOCK_DRIFT_PERCENT,
     READ_MODES,
@@ -72,6 +73,7 @@ __all__ = [
     "MetaStatusRequest",
     "NextId",
     "Op",
+    "OwnedSession",
     "PutOp",
     "PutResult",
     "RangeOp",
@@ -80,6 +82,7 @@ __all__ = [
     "Request",
     "Result",
     "RevokeSession",
+    "SessionMeta",
     "SessionResult",
     "Txn",
     "TxnResult",

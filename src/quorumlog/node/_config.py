@@ -73,6 +73,7 @@ from quorumlog.config import Config, require
 from quorumlog.meta import LEASE_CLOCK_DRIFT_PERCENT, READ_MODES, ReadMode
 from quorumlog.recovery import RecoveryConfig
 from quorumlog.rpc import RpcSecurityConfig
+from quorumlog.stream import TrimmerConfig
 from quorumlog.table import TableConfig
 
 KNOWN_ROLES = frozenset({"meta", "bookie", "table"})
@@ -183,6 +184,10 @@ class NodeConfig(Config, frozen=True):
     # [recovery]: the auditor and replication worker of a bookie node
     # (quorumlog.recovery.RecoveryConfig; defaults when absent).
     recovery: RecoveryConfig | None = None
+    # [trimmer]: the background trimmer candidate of a bookie node, which
+    # applies every stream's retention and TTL (quorumlog.stream.TrimmerConfig;
+    # defaults when absent).
+    trimmer: TrimmerConfig | None = None
     # TLS and token for the node's rpc server and for its own clients (Raft
     # peers, the bookie's meta client): see quorumlog.rpc.RpcSecurityConfig.
     security: RpcSecurityConfig | None = None
@@ -209,6 +214,8 @@ class NodeConfig(Config, frozen=True):
             self.bookie_config.validate()
             if self.recovery is not None:
                 self.recovery.validate()
+            if self.trimmer is not None:
+                self.trimmer.validate()
         if "table" in self.node.roles:
             require(self.meta is not None and bool(self.meta.members),
                     "role table needs [meta] members (the meta addresses it registers with)")

@@ -44,6 +44,7 @@ from quorumlog.node._config import NodeConfig, parse_address
 from quorumlog.node._health import Health, start_http
 from quorumlog.raft import HostConfig, RaftHost
 from quorumlog.recovery import RecoveryConfig, RecoveryService
+from quorumlog.stream import StreamTrimmer, TrimmerConfig
 from quorumlog.table import SchedulerService, TableConfig, TableService, is_table_group
 
 _log = get_logger(__name__)
@@ -126,6 +127,7 @@ class _Roles:
         self.bookie: BookieService | None = None
         self.table: TableService | None = None
         self.recovery: RecoveryService | None = None
+        self.trimmer: StreamTrimmer | None = None
         self.scheduler: SchedulerService | None = None
         if "meta" in cfg.node.roles:
             assert cfg.meta is not None  # NodeConfig.validate requires it
@@ -156,6 +158,10 @@ class _Roles:
             if recovery.enabled:  # auditor candidate + replication worker (docs/recovery.md)
                 self.recovery = RecoveryService(cfg.node.advertise_address, cfg.meta_addresses,
                                                 recovery)
+            trimmer = cfg.trimmer or TrimmerConfig()
+            if trimmer.enabled:  # retention and TTL of every stream (docs/stream.md)
+                self.trimmer = StreamTrimmer(cfg.node.advertise_address, cfg.meta_addresses,
+                                             trimmer)
         if "table" in cfg.node.roles:
             self.table = TableService(cfg.node.id, cfg.node.advertise_address, cfg.meta_addresses,
                                       cfg.data_path, cfg.table or TableConfig(),
@@ -319,6 +325,8 @@ async def _start_roles(cfg: NodeConfig, roles: _Roles) -> None:
         gc.freeze()  # start-up objects live for good: keep them out of collections
     if roles.recovery is not None:
         await roles.recovery.start()
+    if roles.trimmer is not None:
+        await roles.trimmer.start()
     if roles.table is not None:
         await roles.table.start()
 
@@ -326,9 +334,12 @@ async def _start_roles(cfg: NodeConfig, roles: _Roles) -> None:
 async def _stop(server: rpc.Server, roles: _Roles) -> None:
     """The bookie leaves meta (while meta, maybe this process's, still answers), then
     the rpc server stops (no new requests), then the bookie, the table role (its
-    own Raft host), meta, the meta Raft host. Recovery stops first (its locks go)."""
+    own Raft host), meta, the meta Raft host. Recovery and the trimmer stop first
+    (their locks and leases go)."""
     if roles.recovery is not None:
         await roles.recovery.close()
+    if roles.trimmer is not None:
+        await roles.trimmer.close()
     if roles.bookie is not None:
         await roles.bookie.unregister()
     await server.close()

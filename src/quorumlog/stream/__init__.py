@@ -81,6 +81,13 @@ from quorumlog.stream._reader import (
 )
 from quorumlog.stream._retention import RoundRobin, partition_for_key
 from quorumlog.stream._subscriptions import PartitionCursor, SubscriptionInfo
+from quorumlog.stream._trimmer import (
+    TRIMMER_KEY,
+    StreamTrimmer,
+    TrimmerConfig,
+    TrimRound,
+    trimmer_holder,
+)
 
 __all__ = [
     "BATCH_MESSAGES_MAX",
@@ -89,6 +96,7 @@ __all__ = [
     "ENTRY_PREFIX_WORD",
     "LATEST",
     "MESSAGE_HEADER_BYTES",
+    "TRIMMER_KEY",
     "BadPositionError",
     "BlockingConsumer",
     "BlockingProducer",
@@ -130,10 +138,13 @@ __all__ = [
     "StreamInUseError",
     "StreamNotFoundError",
     "StreamRecord",
+    "StreamTrimmer",
     "SubscriptionBusyError",
     "SubscriptionInfo",
     "SubscriptionNotFoundError",
     "TrimReport",
+    "TrimRound",
+    "TrimmerConfig",
     "WriterBusyError",
     "WriterStuckError",
     "abort_job_ledgers",
@@ -150,4 +161,5 @@ __all__ = [
     "parse_positions",
     "partition_for_key",
     "resolve_start",
+    "trimmer_holder",
 ]

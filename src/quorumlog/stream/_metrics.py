@@ -19,7 +19,10 @@ Families (see docs/metrics.md):
 - ``quorumlog_stream_out_messages_total{stream}``, ``..._out_bytes_total{stream}``;
 - ``quorumlog_stream_producers{stream}``, ``..._consumers{stream}`` (gauges);
 - ``quorumlog_stream_ledger_rollovers_total{stream}``;
-- ``quorumlog_stream_backlog_entries{stream,subscription}`` (gauge).
+- ``quorumlog_stream_backlog_entries{stream,subscription}`` (gauge);
+- ``quorumlog_stream_trimmer_rounds_total``, ``..._trimmer_deleted_ledgers_total``,
+  ``..._trimmer_failures_total``: the background trimmer of this process, when it
+  holds the trimmer lease (``stream/_trimmer.py``).
 """
 
 from __future__ import annotations
@@ -68,6 +71,22 @@ def stream_metrics(stream: str) -> StreamMetrics:
         return _streams.setdefault(stream, StreamMetrics())
 
 
+@dataclass(slots=True)
+class TrimmerMetrics:
+    """The background trimmer's counters in this process (its loop writes them)."""
+
+    rounds: int = 0  # rounds run while holding the lease
+    deleted_ledgers: int = 0  # ledgers retention, TTL or orphan collection deleted
+    failures: int = 0  # streams a round failed to trim
+
+
+_trimmer = TrimmerMetrics()
+
+
+def trimmer_metrics() -> TrimmerMetrics:
+    return _trimmer
+
+
 def set_backlog(stream: str, backlog_by_subscription: dict[str, int]) -> None:
     """Replace the stream's backlog gauges (the producer's periodic computation)."""
     kept = dict(sorted(backlog_by_subscription.items())[:SUBSCRIPTION_LABELS_MAX])
@@ -112,6 +131,15 @@ class _StreamCollector(Collector):
             ["stream", "subscription"],
             [([s, sub], count) for s, m in streams
              for sub, count in sorted(m.backlog_entries.items())])
+        yield rpc.counter_family("quorumlog_stream_trimmer_rounds", "Rounds of the background "
+                                 "trimmer run while this process held its lease.", [],
+                                 [([], _trimmer.rounds)])
+        yield rpc.counter_family("quorumlog_stream_trimmer_deleted_ledgers", "Ledgers the "
+                                 "background trimmer deleted (retention, TTL, orphans).", [],
+                                 [([], _trimmer.deleted_ledgers)])
+        yield rpc.counter_family("quorumlog_stream_trimmer_failures", "Streams a background "
+                                 "trimmer round failed to trim (logged as stream_trim_failed).",
+                                 [], [([], _trimmer.failures)])
 
 
 rpc.metrics_registry.register(_StreamCollector())

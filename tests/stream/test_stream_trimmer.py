@@ -1,0 +1,167 @@
+"""The background trimmer against real node processes: retention applies with
+no one calling ``trim``, only to ledgers every cursor has passed, and a
+SIGKILLed trimmer is replaced by another node."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+from quorumlog import node as cluster
+from quorumlog import rpc
+from quorumlog.errors import ConfigError
+from quorumlog.proto import ledger_key
+from quorumlog.stream import (
+    TRIMMER_KEY,
+    ConsumerConfig,
+    RetentionPolicy,
+    RolloverPolicy,
+    StreamClient,
+    StreamConfig,
+    TrimmerConfig,
+)
+
+DEADLINE_S = 30.0
+TRIMMER_ENV = {"QUORUMLOG_TRIMMER__CHECK_INTERVAL_MS": "300",
+               "QUORUMLOG_TRIMMER__LEASE_TTL_MS": "1000"}
+
+
+@pytest.fixture
+def directory(tmp_path: Path) -> Iterator[Path]:
+    with contextlib.ExitStack() as stack:
+        with mock.patch.dict(os.environ, TRIMMER_ENV):  # the node processes inherit it
+            stack.enter_context(cluster.running(tmp_path / "cluster", 3))
+        yield tmp_path / "cluster"
+
+
+def config(**retention: int) -> StreamConfig:
+    return StreamConfig(writer_lease_ttl_ms=1000,
+                        rollover=RolloverPolicy(max_entries=4, min_time_ms=0),
+                        retention=RetentionPolicy(**retention))
+
+
+async def ledger_ids(client: StreamClient, stream: str) -> list[int]:
+    info = await client.stream_info(stream)
+    return [ledger["ledger_id"] for ledger in info["partitions"][0]["ledgers"]]
+
+
+async def wait_for(what: str, check: object) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        if await check():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"not within {DEADLINE_S} s: {what}")
+
+
+def scrape(address: str, name: str) -> float:
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"{name} is not in the metrics of {address}")
+
+
+def test_background_trimmer_applies_retention_and_fails_over(directory: Path) -> None:
+    nodes = cluster.load(directory)
+    meta = cluster.meta_addresses(directory)
+
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("retained", config(time_ms=0))
+            await client.create_stream("subscribed", config(time_ms=0))
+            await client.create_stream("kept", config())  # 7 days: nothing goes
+            consumer = await client.subscribe("subscribed", "s", config=ConsumerConfig(
+                initial_position="earliest", ack_flush_ms=0))
+            producers = {name: await client.producer(name)
+                         for name in ("retained", "subscribed", "kept")}
+            written: dict[str, list[int]] = {}  # the ledgers each stream's messages went to
+
+            async def produce(name: str, values: range) -> None:
+                for i in values:
+                    message_id = await producers[name].send(b"%d" % i)
+                    ledgers = written.setdefault(name, [])
+                    if message_id.position.ledger_id not in ledgers:
+                        ledgers.append(message_id.position.ledger_id)
+
+            for name in producers:  # 5 ledgers of 4 entries (the last one still open)
+                await produce(name, range(20))
+            assert all(len(ids) == 5 for ids in written.values()), written
+            # The cursor is at the start: nothing of "subscribed" can have gone.
+            assert await ledger_ids(client, "subscribed") == written["subscribed"]
+            for _ in range(10):  # the cursor passes ledgers 0 and 1, and half of 2
+                message = await consumer.receive(wait_ms=5000)
+                assert message is not None
+                await consumer.ack(message)
+
+            # Nobody calls trim: the elected trimmer does, within a few rounds.
+            async def trimmed() -> bool:
+                return (await ledger_ids(client, "retained") == written["retained"][-1:]
+                        and await ledger_ids(client, "subscribed") == written["subscribed"][2:])
+
+            await wait_for("retention applied by the background trimmer", trimmed)
+            assert await ledger_ids(client, "kept") == written["kept"]
+            gone = written["retained"][:-1] + written["subscribed"][:2]
+            for ledger_id in gone:
+                assert await client.ledger_client.meta.get(ledger_key(ledger_id)) is None
+            holder = await client.ledger_client.meta.get(TRIMMER_KEY)
+            assert holder is not None
+            victim = next(n for n in nodes if n.address == holder.value.decode())
+            shown = await asyncio.to_thread(  # off the loop: the leases keep beating
+                subprocess.run,
+                [sys.executable, "-m", "quorumlog", "stream", "trimmer", "--dir", str(directory)],
+                capture_output=True, text=True, timeout=60)
+            assert shown.returncode == 0 and f"trimmer: {victim.address}" in shown.stdout, shown
+            assert scrape(victim.metrics,
+                          "quorumlog_stream_trimmer_deleted_ledgers_total") >= len(gone)
+            assert scrape(victim.metrics, "quorumlog_stream_trimmer_rounds_total") >= 1
+
+            # SIGKILL the trimmer's node: another node takes the lease and trims on.
+            os.kill(victim.pid, signal.SIGKILL)
+            written["retained"] = []
+            await produce("retained", range(20, 32))  # 3 or more new ledgers
+            after = written["retained"]
+            assert len(after) >= 3, after
+
+            async def taken_over() -> bool:
+                current = await client.ledger_client.meta.get(TRIMMER_KEY)
+                return (current is not None and current.value != holder.value
+                        and len(await ledger_ids(client, "retained")) == 1)
+
+            # (The writer may have rolled over to a new ledger when its bookie died:
+            # the one ledger kept is the last one, which may hold no message yet.)
+            await wait_for("a new trimmer after the SIGKILL", taken_over)
+            kept = await ledger_ids(client, "retained")
+            assert kept[0] >= after[-1]
+            for ledger_id in after:
+                if ledger_id not in kept:
+                    assert await client.ledger_client.meta.get(ledger_key(ledger_id)) is None
+            # Every message from the cursor's position on is still there.
+            rest = []
+            while (message := await consumer.receive(wait_ms=2000)) is not None:
+                rest.append(int(message.value))
+                await consumer.ack(message)
+            assert rest == list(range(10, 20))
+            await consumer.close()
+            for producer in producers.values():
+                await producer.close()
+
+    rpc.run(main())
+
+
+def test_trimmer_config_refuses_bad_values() -> None:
+    with pytest.raises(ConfigError, match="check_interval_ms"):
+        TrimmerConfig(check_interval_ms=0).validate()
+    with pytest.raises(ConfigError, match="lease_ttl_ms"):
+        TrimmerConfig(lease_ttl_ms=10).validate()
