@@ -45,6 +45,7 @@ from quorumlog.stream import (
     WriterBusyError,
 )
 from quorumlog.stream import _admin as stream_admin
+from quorumlog.stream._admin import PENDING_TTL_MS
 from quorumlog.stream._entry import OutgoingMessage
 from quorumlog.stream._errors import MessageFormatError
 from quorumlog.stream._layout import (
@@ -523,6 +524,36 @@ def test_linked_job_ledgers_are_atomic_and_live_writer_continues(meta: list[str]
             assert await abort_job_ledgers(client.ledger_client, record, "job1", stats) == []
             values_after = [m.value for m in await read_all(client, "link") if m.partition == 0]
             assert values_after == values
+
+    rpc.run(main())
+
+
+def test_orphan_collection_ends_a_job_that_outlived_it(meta: list[str]) -> None:
+    """A write job still running when its pending ledgers become orphans (older
+    than PENDING_TTL_MS; the background trimmer collects them unasked): trim
+    ends the job before deleting them, so its commit fails instead of linking
+    deleted ledgers into the stream."""
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("longjob", small())
+            record = await client.get_stream("longjob")
+            writer = JobLedgerWriter(client.ledger_client, record, 0, "slowjob")
+            await writer.open()
+            await writer.add(OutgoingMessage(b"late"))
+            stats = {0: [await writer.close()]}
+            ledger_id = stats[0][0].ledger_id
+            later = client.ledger_client.clock.wall_ms() + PENDING_TTL_MS + 1
+            report = await client.trim("longjob", at_ms=later)
+            assert report.orphans_deleted == [ledger_id]
+            assert await client.ledger_client.meta.get(ledger_key(ledger_id)) is None
+            with pytest.raises(UsageError, match="already ended"):
+                await link_job_ledgers(client.ledger_client, record, "slowjob", stats)
+            head = (await client.stream_info("longjob"))["partitions"][0]
+            assert head["ledgers"] == [] and head["entries"] == 0
+            assert await read_all(client, "longjob", wait_ms=300) == []
+            # A late task attempt of the ended job cannot mark a ledger pending.
+            with pytest.raises(JobEndedError, match="already ended"):
+                await JobLedgerWriter(client.ledger_client, record, 0, "slowjob").open()
 
     rpc.run(main())
 

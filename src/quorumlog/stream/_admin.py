@@ -57,6 +57,7 @@ from quorumlog.stream._layout import (
     writer_key,
 )
 from quorumlog.stream._ledgers import LedgerList
+from quorumlog.stream._link import abort_job_ledgers
 from quorumlog.stream._meta import CAS_ATTEMPTS_MAX, load_record, version_is
 from quorumlog.stream._position import SeqPosition
 from quorumlog.stream._retention import EntrySearch, ledgers_to_trim, ttl_mark_delete
@@ -245,15 +246,24 @@ async def _delete_ledger(client: LedgerClient, ledger_id: int) -> None:
 
 
 async def _delete_orphans(client: LedgerClient, name: str, now: int, ttl_ms: int) -> list[int]:
+    """Abort every write job with a ledger marked pending over ``ttl_ms`` ago (its
+    driver died before commit or abort) and delete its pending ledgers.
+
+    The job is ended first (``abort_job_ledgers``: its ``jobs/`` mark, compared
+    absent): a job still running past the TTL then fails its commit ("already
+    ended") instead of linking ledgers this deleted, and no task attempt can
+    mark a new one. A committed job is left alone."""
+    prefix = pending_prefix(name)
+    stale = sorted({kv.key[len(prefix):].split("/", 1)[0]
+                    for kv in await client.meta.list_keys(prefix)
+                    if now - PendingLedger.decode(kv.value).created_ms >= ttl_ms})
+    if not stale:
+        return []
+    record = await load_record(client.meta, name)
     deleted = []
-    for kv in await client.meta.list_keys(pending_prefix(name)):
-        marker = PendingLedger.decode(kv.value)
-        if now - marker.created_ms < ttl_ms:
-            continue
-        ledger_id = int(kv.key.rsplit("/", 1)[1])
-        await _delete_ledger(client, ledger_id)
-        await client.meta.delete(kv.key)
-        deleted.append(ledger_id)
+    for job in stale:
+        log.info("stream_orphan_job_aborted", stream=name, job=job, ttl_ms=ttl_ms)
+        deleted += await abort_job_ledgers(client, record, job)
     return deleted
 
 

@@ -149,6 +149,8 @@ class StreamTrimmer:
                     await self.trim_once()
             except QuorumlogError as exc:
                 _log.warning("stream_trimmer_round_failed", error=exc.message)
+            except Exception:  # a bug: say so, and keep trimming at the next round
+                _log.exception("stream_trimmer_round_crashed", trimmer=self.node_id)
 
     async def close(self) -> None:
         if self._task is not None:
