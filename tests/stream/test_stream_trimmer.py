@@ -105,14 +105,20 @@ def test_background_trimmer_applies_retention_and_fails_over(directory: Path) ->
                 assert message is not None
                 await consumer.ack(message)
 
-            # Nobody calls trim: the elected trimmer does, within a few rounds.
+            # Nobody calls trim: the elected trimmer does, within a few rounds. (A
+            # writer whose ledger is full may roll over to an empty one meanwhile:
+            # then the last ledger kept is that one, and the full one goes too.)
             async def trimmed() -> bool:
-                return (await ledger_ids(client, "retained") == written["retained"][-1:]
-                        and await ledger_ids(client, "subscribed") == written["subscribed"][2:])
+                retained = await ledger_ids(client, "retained")
+                subscribed = await ledger_ids(client, "subscribed")
+                return (len(retained) == 1 and retained[0] >= written["retained"][-1]
+                        and subscribed[:3] == written["subscribed"][2:])
 
             await wait_for("retention applied by the background trimmer", trimmed)
-            assert await ledger_ids(client, "kept") == written["kept"]
-            gone = written["retained"][:-1] + written["subscribed"][:2]
+            assert (await ledger_ids(client, "kept"))[:5] == written["kept"]
+            kept = await ledger_ids(client, "retained")
+            gone = [i for i in written["retained"] if i not in kept] + written["subscribed"][:2]
+            assert len(gone) >= 6
             for ledger_id in gone:
                 assert await client.ledger_client.meta.get(ledger_key(ledger_id)) is None
             holder = await client.ledger_client.meta.get(TRIMMER_KEY)
@@ -165,3 +171,5 @@ def test_trimmer_config_refuses_bad_values() -> None:
         TrimmerConfig(check_interval_ms=0).validate()
     with pytest.raises(ConfigError, match="lease_ttl_ms"):
         TrimmerConfig(lease_ttl_ms=10).validate()
+    with pytest.raises(ConfigError, match="streams_in_flight_max"):
+        TrimmerConfig(streams_in_flight_max=0).validate()

@@ -56,10 +56,16 @@ class TrimmerConfig(Config, frozen=True):
     # The trimmer's lease lives in a meta session of this TTL: a SIGKILLed
     # trimmer is replaced after at most this long plus one check interval.
     lease_ttl_ms: int = 4_000
+    # Streams trimmed at once: a round is mostly meta round trips, a few per
+    # partition, so it overlaps them; bounded so that a round over many
+    # streams does not flood meta.
+    streams_in_flight_max: int = 8
 
     def validate(self) -> None:
         require(self.check_interval_ms > 0, "[trimmer] check_interval_ms must be positive")
         require(self.lease_ttl_ms >= 500, "[trimmer] lease_ttl_ms must be >= 500")
+        require(self.streams_in_flight_max >= 1,
+                "[trimmer] streams_in_flight_max must be positive")
 
 
 @dataclass(slots=True)
@@ -114,22 +120,28 @@ class StreamTrimmer:
 
     async def trim_once(self) -> TrimRound:
         """Trim every stream once (the caller holds the lease)."""
-        assert self._client is not None
+        client = self._client
+        assert client is not None
         out = TrimRound()
         metrics = trimmer_metrics()
-        for name in await list_streams(self._client):
-            out.streams += 1
-            try:
-                report = await trim_stream(self._client, name)
-            except StreamNotFoundError:
-                continue  # deleted (or being deleted) since the list was read
-            except QuorumlogError as exc:
-                out.failed[name] = exc.message
-                metrics.failures += 1
-                _log.warning("stream_trim_failed", stream=name, error=exc.message)
-                continue
-            out.deleted_ledgers += report.deleted_ledgers + report.orphans_deleted
-            out.expired_cursors += report.expired_cursors
+        names = iter(await list_streams(client))
+
+        async def trim_each() -> None:  # one of streams_in_flight_max workers
+            for name in names:
+                out.streams += 1
+                try:
+                    report = await trim_stream(client, name)
+                except StreamNotFoundError:
+                    continue  # deleted (or being deleted) since the list was read
+                except QuorumlogError as exc:
+                    out.failed[name] = exc.message
+                    metrics.failures += 1
+                    _log.warning("stream_trim_failed", stream=name, error=exc.message)
+                    continue
+                out.deleted_ledgers += report.deleted_ledgers + report.orphans_deleted
+                out.expired_cursors += report.expired_cursors
+
+        await asyncio.gather(*(trim_each() for _ in range(self._config.streams_in_flight_max)))
         metrics.rounds += 1
         metrics.deleted_ledgers += len(out.deleted_ledgers)
         if out.deleted_ledgers or out.expired_cursors:
