@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Protocol
+from typing import Any, Protocol
 
 from quorumlog.errors import QuorumlogError
 from quorumlog.log import get_logger
@@ -22,6 +22,11 @@ KEEPALIVES_PER_TTL = 3
 
 class SessionMeta(Protocol):
     """What an owned session needs of a meta client."""
+
+    async def get(self, key: str) -> Any: ...  # KeyValue | None
+
+    async def cas(self, key: str, expected_version: int, value: bytes, *,
+                  session_id: int = 0) -> bool: ...
 
     async def create_session(self, ttl_ms: int) -> int: ...
 
@@ -40,6 +45,22 @@ class OwnedSession:
         self.owner = owner
         self.session_id = 0
         self._task: asyncio.Task[None] | None = None
+        self._held: dict[str, int] = {}  # key -> the session it was taken in
+
+    async def hold(self, key: str, value: bytes) -> bool:
+        """Hold (or take) the ephemeral ``key`` with ``value``: an elected role's
+        lease. False while another owner holds it; a lease held in a session that
+        was lost is taken again once meta has removed it with that session."""
+        session_id = await self.current()
+        if self._held.get(key) == session_id:
+            current = await self._meta.get(key)
+            if current is not None and current.value == value:
+                return True
+        if await self._meta.cas(key, 0, value, session_id=session_id):
+            self._held[key] = session_id
+            _log.info("meta_lease_taken", owner=self.owner, key=key, session=session_id)
+            return True
+        return False
 
     async def current(self) -> int:
         """The live session id (a new session if the last one was lost)."""

@@ -75,21 +75,10 @@ class Auditor:
         self._session = session
         self._config = config
         self._clock = clock
-        self._held_in_session = 0
 
     async def elected(self) -> bool:
         """Hold (or take) the auditor lease; False while another node holds it."""
-        session_id = await self._session.current()
-        if self._held_in_session == session_id:
-            current = await self._meta.get(layout.AUDITOR_KEY)
-            if current is not None and current.value == self.auditor_id.encode():
-                return True
-        if await self._meta.cas(layout.AUDITOR_KEY, 0, self.auditor_id.encode(),
-                                session_id=session_id):
-            self._held_in_session = session_id
-            _log.info("recovery_auditor_elected", auditor=self.auditor_id)
-            return True
-        return False
+        return await self._session.hold(layout.AUDITOR_KEY, self.auditor_id.encode())
 
     async def audit_once(self) -> AuditRound:
         """One round (the caller holds the lease)."""

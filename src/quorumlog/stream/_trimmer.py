@@ -90,7 +90,6 @@ class StreamTrimmer:
         self._client: LedgerClient | None = None
         self._owns_client = False
         self._session: OwnedSession | None = None
-        self._held_in_session = 0
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -105,18 +104,8 @@ class StreamTrimmer:
 
     async def elected(self) -> bool:
         """Hold (or take) the trimmer lease; False while another node holds it."""
-        assert self._client is not None and self._session is not None
-        meta = self._client.meta
-        session_id = await self._session.current()
-        if self._held_in_session == session_id:
-            current = await meta.get(TRIMMER_KEY)
-            if current is not None and current.value == self.node_id.encode():
-                return True
-        if await meta.cas(TRIMMER_KEY, 0, self.node_id.encode(), session_id=session_id):
-            self._held_in_session = session_id
-            _log.info("stream_trimmer_elected", trimmer=self.node_id)
-            return True
-        return False
+        assert self._session is not None
+        return await self._session.hold(TRIMMER_KEY, self.node_id.encode())
 
     async def trim_once(self) -> TrimRound:
         """Trim every stream once (the caller holds the lease)."""
