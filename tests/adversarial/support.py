@@ -44,11 +44,6 @@ def server_received_bytes(info: cluster.NodeInfo) -> float:
     return _metric(info, 'quorumlog_rpc_received_bytes_total{side="server"}')
 
 
-def server_open_connections(info: cluster.NodeInfo) -> float:
-    """Connections the node's rpc server holds (its own clients' are apart)."""
-    return _metric(info, 'quorumlog_rpc_open_connections{side="server"}')
-
-
 def host_port(info: cluster.NodeInfo) -> tuple[str, int]:
     host, port = info.address.rsplit(":", 1)
     return host, int(port)
