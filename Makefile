@@ -5,7 +5,7 @@ setup:
 	./scripts/setup.sh
 
 test: setup
-	./scripts/uv run --frozen pytest -n 2
+	./scripts/uv run --frozen pytest -n 2 --dist loadscope
 
 test-slow: setup
 	./scripts/uv run --frozen pytest -n 2 -m "slow"
