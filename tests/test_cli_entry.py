@@ -45,7 +45,12 @@ def imported_modules(*args: str) -> set[str]:
     the names only)."""
     done = subprocess.run([sys.executable, "-X", "importtime", "-m", "quorumlog", *args],
                           capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=True)
-    return {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines()
+    return module_names(done.stderr)
+
+
+def module_names(importtime_stderr: str) -> set[str]:
+    """The module names of ``-X importtime`` lines."""
+    return {line.rsplit("|", 1)[1].strip() for line in importtime_stderr.splitlines()
             if line.startswith("import time:") and line.count("|") == 2} - {"package"}
 
 
@@ -78,8 +83,7 @@ def test_a_node_process_starts_without_the_cli_framework(tmp_path: Path) -> None
     assert done.returncode == 1
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert errors and "node.id" in errors[0], done.stderr
-    modules = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines()
-               if line.startswith("import time:") and line.count("|") == 2}
+    modules = module_names(done.stderr)
     assert "quorumlog.node" in modules  # the node's own code was loaded
     # structlog's "import rich" is attempted and refused (a 0-µs line named
     # "rich"), so nothing below it loads: rich.console, rich.traceback ...
