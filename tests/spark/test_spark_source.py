@@ -383,3 +383,54 @@ def test_reads_in_a_session_with_pushdown_off(spark: Any, meta: list[str]) -> No
     finally:
         spark.conf.set(PUSHDOWN_SETTING, "true")
         register(spark)
+
+
+def test_offload_job_then_reads_from_parquet_after_the_bookies_lose_the_ledgers(
+        spark: Any, meta: list[str], tmp_path: Path) -> None:
+    """Tiered storage: the Spark offload job copies every closed ledger to
+    Parquet; batch and streaming reads return the same rows from the files once
+    the bookies' copies are deleted (the offloaded tasks read no bookie)."""
+    from quorumlog.spark import offload
+
+    async def fill(client: StreamClient) -> list[Any]:
+        await client.create_stream("cold", config(entries=5))
+        producer = await client.producer("cold")
+        for i in range(30):
+            await producer.send(b"c%d" % i, key=b"k%d" % (i % 3), properties={"n": str(i)})
+        await asyncio.gather(*[await producer.send_async(b"cb%d" % i) for i in range(20)])
+        await producer.close()
+        return await all_messages(client, "cold")
+
+    produced = run(meta, fill)
+    assert len(produced) == 50
+    before = reader(spark, meta, "cold", maxRowsPerPartition="3").collect()
+    assert row_tuples(before) == as_tuples(produced)
+
+    result = offload(spark, meta, "cold", str(tmp_path / "tier"), deletion_lag_ms=0, tasks=3)
+    assert result.failed == [] and result.offloaded == result.candidates >= 6
+    assert result.entries == sum(o.entries for o in result.outcomes)
+    assert len(list((tmp_path / "tier").rglob("*.parquet"))) == result.offloaded
+    again = offload(spark, meta, "cold", str(tmp_path / "tier"))
+    assert again.candidates == 0 and again.offloaded == 0
+
+    async def drop_copies(client: StreamClient) -> list[int]:
+        report = await client.trim("cold")
+        for ledger_id in report.offloaded_copies_deleted:
+            assert await client.ledger_client.meta.get(ledger_key(ledger_id)) is None
+        return report.offloaded_copies_deleted
+
+    assert sorted(run(meta, drop_copies)) == sorted(o.ledger_id for o in result.outcomes)
+    after = reader(spark, meta, "cold", maxRowsPerPartition="3").collect()
+    assert row_tuples(after) == row_tuples(before)
+    assert {bytes(r["value"]): r["properties"] for r in after}[b"c7"] == {"n": "7"}
+    pushed = reader(spark, meta, "cold").filter("partition = 0").collect()
+    assert row_tuples(pushed) == {t for t in row_tuples(before) if t[0] == 0}
+
+    query = (spark.readStream.format("quorumlog").option("meta", ",".join(meta))
+             .option("stream", "cold").option("startingPositions", "earliest").load()
+             .writeStream.format("parquet").option("path", str(tmp_path / "out"))
+             .option("checkpointLocation", str(tmp_path / "ckpt"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    streamed = spark.read.parquet(str(tmp_path / "out")).collect()
+    assert row_tuples(streamed) == row_tuples(before)

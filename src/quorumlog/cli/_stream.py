@@ -359,7 +359,145 @@ def trim(
     report = _run(members, directory, body)
     console.print(f"deleted ledgers: {report.deleted_ledgers or 'none'}; cursors expired by "
                   f"TTL: {report.expired_cursors}; orphan ledgers deleted: "
-                  f"{report.orphans_deleted or 'none'}")
+                  f"{report.orphans_deleted or 'none'}; bookie copies of offloaded ledgers "
+                  f"deleted: {report.offloaded_copies_deleted or 'none'}")
+
+
+OFFLOAD_SUMMARY = (
+    ("candidates", "closed ledgers not offloaded yet", str),
+    ("offloaded", "offloaded now", str),
+    ("already", "offloaded by another run meanwhile", str),
+    ("trimmed", "trimmed by retention meanwhile", str),
+    ("failed", "failed (left on the bookies)", str),
+    ("entries", "entries copied", lambda v: f"{v:,}"),
+    ("payload_bytes", "bytes read from the bookies", human_bytes),
+    ("file_bytes", "Parquet bytes written", human_bytes),
+    ("seconds", "took", lambda v: f"{v:.1f} s"),
+)
+OFFLOAD_DELETION_LAG_HELP = (
+    "Keep each offloaded ledger on the bookies this long (ms) after its Parquet copy is "
+    "committed; the nodes' stream trimmer deletes the bookies' copy after it (Pulsar's "
+    "managedLedgerOffloadDeletionLagMs, 4 h by default).")
+
+
+@app.command()
+def offload(
+    name: str,
+    to: str = typer.Option(..., "--to", help="Directory or URL the Parquet files go under: "
+                           "a local path, file://, s3://, gs://, hdfs://, abfs:// (any fsspec "
+                           "URL when fsspec is installed)."),
+    keep_bytes: int = typer.Option(0, "--keep-bytes", help="Per partition, leave the newest "
+                                   "closed ledgers holding up to this many bytes on the "
+                                   "bookies only (Pulsar's offload size threshold)."),
+    deletion_lag_ms: int = typer.Option(4 * 3600 * 1000, "--deletion-lag-ms",
+                                        help=OFFLOAD_DELETION_LAG_HELP),
+    partition: list[int] | None = typer.Option(None, "--partition", help="Offload only this "
+                                               "partition (repeat for more)."),
+    spark: bool = typer.Option(True, "--spark/--no-spark", help="Run as a Spark job "
+                               "(default: one task per ledger) or in this process."),
+    master: str = typer.Option("local[2]", "--master", help="Spark master of the job."),
+    tasks: int | None = typer.Option(None, "--tasks", help="Spark tasks (default: one per "
+                                     "ledger, at most 64)."),
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+    output: str = OutputOption,
+) -> None:
+    """Offload the stream's closed ledgers to Parquet (tiered storage): each file is
+    verified, then readers read it instead of the bookies (docs/stream.md)."""
+    fmt = output_format(output)
+    if keep_bytes < 0 or deletion_lag_ms < 0:
+        raise typer.BadParameter("--keep-bytes and --deletion-lag-ms are 0 or more")
+    if spark:
+        from quorumlog.spark import local_session
+        from quorumlog.spark import offload as spark_offload
+
+        addresses = _members(members, directory)
+        session = local_session(master, "quorumlog-offload")
+        try:
+            result = spark_offload(session, addresses, name, to, keep_bytes=keep_bytes,
+                                   deletion_lag_ms=deletion_lag_ms, partitions=partition,
+                                   tasks=tasks)
+        finally:
+            session.stop()
+        row = {"candidates": result.candidates, "offloaded": result.offloaded,
+               "already": result.already, "trimmed": result.trimmed,
+               "failed": len(result.failed), "entries": result.entries,
+               "payload_bytes": result.payload_bytes, "file_bytes": result.file_bytes,
+               "seconds": round(result.seconds, 3), "target": result.target,
+               "errors": [{"ledger_id": ledger_id, "error": error}
+                          for ledger_id, error in result.failed]}
+    else:
+        import time
+
+        from quorumlog.stream import normalize_target
+
+        started = time.monotonic()
+        outcomes = _run(members, directory, lambda c: c.offload(
+            name, to, keep_bytes=keep_bytes, deletion_lag_ms=deletion_lag_ms,
+            partitions=partition))
+        done = [o for o in outcomes if o.status == "offloaded"]
+        row = {"candidates": len(outcomes), "offloaded": len(done),
+               "already": sum(o.status == "already" for o in outcomes),
+               "trimmed": sum(o.status == "trimmed" for o in outcomes), "failed": 0,
+               "entries": sum(o.entries for o in done),
+               "payload_bytes": sum(o.payload_bytes for o in done),
+               "file_bytes": sum(o.file_bytes for o in done),
+               "seconds": round(time.monotonic() - started, 3), "target": normalize_target(to),
+               "errors": []}
+    if fmt in ("json", "yaml"):
+        emit_document(fmt, row)
+    else:
+        from rich.table import Table
+
+        table = Table("", "", title=f"offload of {name} to {row['target']}", show_header=False)
+        for key, label, show in OFFLOAD_SUMMARY:
+            table.add_row(label, show(row[key]))
+        console.print(table)
+    for failure in row["errors"]:
+        console.print(f"[red]ledger {failure['ledger_id']} not offloaded:[/red] "
+                      f"{escape(failure['error'])}")
+    if row["errors"]:
+        raise typer.Exit(2)
+
+
+def _bookie_copy(row: dict[str, Any]) -> str:
+    import time
+
+    if row["bookies_deleted_ms"]:
+        return f"deleted {human_age_ms(row['bookies_deleted_ms'])}"
+    left_ms = row["delete_after_ms"] - int(time.time() * 1000)
+    if left_ms <= 0:
+        return "kept (lag passed: the trimmer deletes it)"
+    return f"kept, deleted in {human_duration_ms(left_ms)}"
+
+
+OFFLOADED_COLUMNS = (
+    field("ledger_id", header="ledger", no_wrap=True),
+    field("partition", header="part"),
+    field("entries", lambda v: f"{v:,}"),
+    field("payload_bytes", human_bytes, header="size"),
+    field("offloaded_ms", human_age_ms, header="offloaded"),
+    Column("bookie copy", _bookie_copy),
+    field("url", header="file", wide_only=True, no_wrap=True),
+)
+
+
+@app.command()
+def offloaded(
+    name: str,
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+    output: str = OutputOption,
+) -> None:
+    """List the stream's offloaded ledgers: size, age, whether the bookies still hold a
+    copy (-o wide for the Parquet file of each)."""
+    import msgspec
+
+    fmt = output_format(output)
+    records = _run(members, directory, lambda c: c.offloaded(name))
+    rows = [msgspec.structs.asdict(record) for record in records]
+    emit(console, fmt, "offloaded", rows, OFFLOADED_COLUMNS,
+         title=f"{len(rows)} offloaded ledger(s) of {name}")
 
 
 @app.command()

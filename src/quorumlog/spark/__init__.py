@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ARROW_SCHEMA", "PUSHDOWN_SETTING", "SCHEMA_DDL", "AuditResult", "QuorumlogDataSource",
-           "audit", "local_session", "register"]
+__all__ = ["ARROW_SCHEMA", "PUSHDOWN_SETTING", "SCHEMA_DDL", "AuditResult", "OffloadResult",
+           "QuorumlogDataSource", "audit", "local_session", "offload", "register"]
 
 
 def __getattr__(name: str) -> Any:
@@ -31,6 +31,10 @@ def __getattr__(name: str) -> Any:
         from quorumlog.spark import _audit
 
         return getattr(_audit, name)
+    if name in ("offload", "OffloadResult"):
+        from quorumlog.spark import _offload
+
+        return getattr(_offload, name)
     if name in ("ARROW_SCHEMA", "SCHEMA_DDL"):
         from quorumlog.spark import _arrow
 

@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quorumlog.errors import UsageError
-from quorumlog.stream import BadPositionError, DataLossError, LedgerInfo, PartitionHead, SeqPosition
+from quorumlog.stream import (
+    BadPositionError,
+    DataLossError,
+    LedgerInfo,
+    OffloadRecord,
+    PartitionHead,
+    SeqPosition,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +42,7 @@ class ReadTask:
     end_batch: int = -1  # in last_entry, read batch indexes < end_batch (-1: all)
     publish_min_ms: int | None = None  # rows outside are filtered in the task
     publish_max_ms: int | None = None
+    offload: OffloadRecord | None = None  # read the ledger's Parquet copy (tiered storage)
 
     @property
     def entries(self) -> int:

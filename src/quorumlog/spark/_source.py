@@ -71,6 +71,8 @@ from quorumlog.stream import (
     LedgerInfo,
     LedgerList,
     LedgerStats,
+    OffloadedLedger,
+    OffloadRecord,
     PartitionHead,
     Position,
     RoundRobin,
@@ -82,6 +84,7 @@ from quorumlog.stream import (
     end_position,
     first_position,
     link_job_ledgers,
+    load_offloads,
     new_job_id,
     parse_positions,
     partition_for_key,
@@ -96,6 +99,7 @@ READ_CHUNK_BYTES = 8 * 1024 * 1024  # entries fetched per bookie round of a task
 # second round; one 100 B message per entry makes a chunk of ~6 MB).
 READ_CHUNK_ENTRIES_MAX = 32768
 READ_CHUNK_ENTRIES_FIRST = 256  # before the entry size is known
+OFFLOADED_CHUNK_ENTRIES = 8192  # entries per read of an offloaded ledger (its row groups' bound)
 BATCH_ID_PROPERTY = "streaming.sql.batchId"  # Spark's local property in micro-batch tasks
 
 
@@ -173,11 +177,15 @@ class QuorumlogInputPartition(InputPartition):
 
 
 def read_partition(partition: QuorumlogInputPartition) -> Iterator[pa.RecordBatch]:
-    """Read one task's entries straight from the bookies (never past the LAC).
+    """Read one task's entries straight from the bookies (never past the LAC),
+    or from the ledger's Parquet copy when it was offloaded.
 
     The next chunk is read on the I/O loop while this thread decodes the
     current one into Arrow, so the network and the decode overlap."""
     task = partition.task
+    if task.offload is not None:
+        yield from _read_offloaded(partition, task.offload)
+        return
     client = _io.ledger_client(partition.meta)
     handle = _io.run(client.open_ledger(task.ledger_id, password=partition.password,
                                         recovery=False))
@@ -204,6 +212,29 @@ def read_partition(partition: QuorumlogInputPartition) -> Iterator[pa.RecordBatc
     finally:
         if pending is not None:
             pending.cancel()
+
+
+def _read_offloaded(partition: QuorumlogInputPartition,
+                    offload: OffloadRecord) -> Iterator[pa.RecordBatch]:
+    """A task's entries from the ledger's Parquet file, a row group at a time
+    (the file's page checksums and metadata are checked as it is read)."""
+    task = partition.task
+    ledger = OffloadedLedger(offload, task.stream)
+    first = task.first_entry
+    while first <= task.last_entry:
+        last = min(task.last_entry, first + OFFLOADED_CHUNK_ENTRIES - 1)
+        batch = _decode_chunk(task, ledger.read_raw_sync(first, last))
+        for offset in range(0, batch.num_rows, partition.batch_rows):
+            yield batch.slice(offset, partition.batch_rows)
+        first = last + 1
+
+
+async def _with_offloads(client: LedgerClient, record: StreamRecord,
+                         tasks: list[ReadTask]) -> list[ReadTask]:
+    """The tasks, those over an offloaded ledger pointed at its Parquet copy."""
+    found = await load_offloads(client.meta, record.name, {task.ledger_id for task in tasks})
+    return [dataclasses.replace(task, offload=found[task.ledger_id])
+            if task.ledger_id in found else task for task in tasks]
 
 
 def entry_columns(batches: list[EntryBatch]) -> EntryColumns:
@@ -373,7 +404,7 @@ class QuorumlogReader(DataSourceReader):
             for partition in range(record.config.partitions):
                 if pruning.partitions is not None and partition not in pruning.partitions:
                     continue
-                handles = LedgerHandles(client, record.password)
+                handles = LedgerHandles(client, record)
                 view = await _view(client, record, partition, handles)
                 start, skip_ms = await _start_of(client, record, options, partition=partition,
                                                  view=view, handles=handles, default=EARLIEST)
@@ -386,7 +417,7 @@ class QuorumlogReader(DataSourceReader):
                                             max_entries=options.max_rows_per_partition,
                                             pruning=pruning)
                 tasks += [_with_start_time(t, start.seq, skip_ms) for t in part_tasks]
-            return tasks
+            return await _with_offloads(client, record, tasks)
 
         _io.ledger_client(options.meta)
         tasks = _io.run(plan())
@@ -464,7 +495,7 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def _views(self) -> dict[int, _PartitionView]:
         async def go() -> dict[int, _PartitionView]:
             client = await _io._client(self.options.meta)
-            handles = LedgerHandles(client, self.record.password)
+            handles = LedgerHandles(client, self.record)
             return {p: await _view(client, self.record, p, handles)
                     for p in range(self.record.config.partitions)}
 
@@ -475,7 +506,7 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
         async def go() -> dict[int, SeqPosition]:
             client = await _io._client(options.meta)
-            handles = LedgerHandles(client, record.password)
+            handles = LedgerHandles(client, record)
             out = {}
             for partition in range(record.config.partitions):
                 view = await _view(client, record, partition, handles)
@@ -506,7 +537,7 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
         async def go() -> dict[int, SeqPosition]:
             client = await _io._client(options.meta)
-            handles = LedgerHandles(client, record.password)
+            handles = LedgerHandles(client, record)
             views = {p: await _view(client, record, p, handles) for p in range(partitions)}
             ends: dict[int, SeqPosition] = {}
             begins: dict[int, SeqPosition] = {}
@@ -536,7 +567,7 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
         async def plan() -> list[ReadTask]:
             client = await _io._client(options.meta)
-            handles = LedgerHandles(client, record.password)
+            handles = LedgerHandles(client, record)
             tasks: list[ReadTask] = []
             for partition, stop in ends.items():
                 view = await _view(client, record, partition, handles)
@@ -552,7 +583,7 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 stretch = await view.ledgers.slice(begin.seq, stop.seq + 1)
                 tasks += plan_partition(record.name, partition, stretch, begin, stop,
                                         open_lac=lac, max_entries=options.max_rows_per_partition)
-            return tasks
+            return await _with_offloads(client, record, tasks)
 
         _io.ledger_client(options.meta)
         return _wrap(_io.run(plan()), options, record)

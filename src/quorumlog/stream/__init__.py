@@ -47,6 +47,7 @@ from quorumlog.stream._errors import (
     JobEndedError,
     MessageFormatError,
     MessageTooLargeError,
+    OffloadError,
     ProducerFencedError,
     StreamError,
     StreamExistsError,
@@ -61,6 +62,7 @@ from quorumlog.stream._layout import (
     LedgerInfo,
     LedgerRun,
     LedgerStats,
+    OffloadRecord,
     PartitionHead,
     StreamRecord,
     check_name,
@@ -68,6 +70,16 @@ from quorumlog.stream._layout import (
 from quorumlog.stream._ledgers import LedgerList
 from quorumlog.stream._link import JobLedgerWriter, abort_job_ledgers, link_job_ledgers, new_job_id
 from quorumlog.stream._meta import load_record
+from quorumlog.stream._offload import (
+    DELETION_LAG_MS_DEFAULT,
+    OffloadedLedger,
+    OffloadOutcome,
+    load_offloads,
+    normalize_target,
+    offload_candidates,
+    offload_ledger,
+    offloaded_records,
+)
 from quorumlog.stream._position import EARLIEST, LATEST, Position, SeqPosition, parse_positions
 from quorumlog.stream._producer import MessageId, Producer, ProducerConfig
 from quorumlog.stream._reader import (
@@ -91,6 +103,7 @@ from quorumlog.stream._trimmer import (
 
 __all__ = [
     "BATCH_MESSAGES_MAX",
+    "DELETION_LAG_MS_DEFAULT",
     "EARLIEST",
     "ENTRY_HEADER_BYTES",
     "ENTRY_PREFIX_WORD",
@@ -118,6 +131,10 @@ __all__ = [
     "MessageFormatError",
     "MessageId",
     "MessageTooLargeError",
+    "OffloadError",
+    "OffloadOutcome",
+    "OffloadRecord",
+    "OffloadedLedger",
     "OutgoingMessage",
     "PartitionCursor",
     "PartitionHead",
@@ -156,8 +173,13 @@ __all__ = [
     "end_position",
     "first_position",
     "link_job_ledgers",
+    "load_offloads",
     "load_record",
     "new_job_id",
+    "normalize_target",
+    "offload_candidates",
+    "offload_ledger",
+    "offloaded_records",
     "parse_positions",
     "partition_for_key",
     "resolve_start",

@@ -10,6 +10,11 @@ call runs up to ``TRIM_STEPS_MAX`` of them per partition and the next call goes
 on. Ledgers a Spark write created but never linked (a crashed driver) have
 ``pending/<job>/<ledger>`` markers; trim deletes those older than
 ``pending_ttl_ms``.
+
+Offloaded ledgers (tiered storage, ``_offload``): emptying the trash deletes
+a trimmed ledger's Parquet file and offload record before the ledger itself;
+each trim also deletes the bookies' copy of every offloaded ledger whose
+deletion lag has passed (``offload-pending/`` keys).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from quorumlog.stream._errors import (
 from quorumlog.stream._layout import (
     NAMES_PREFIX,
     LedgerInfo,
+    OffloadRecord,
     PartitionHead,
     PendingLedger,
     StreamRecord,
@@ -47,6 +53,9 @@ from quorumlog.stream._layout import (
     config_key,
     cursors_prefix,
     name_key,
+    offload_key,
+    offload_pending_key,
+    offload_pending_prefix,
     partition_key,
     pending_prefix,
     run_key,
@@ -59,6 +68,12 @@ from quorumlog.stream._layout import (
 from quorumlog.stream._ledgers import LedgerList
 from quorumlog.stream._link import abort_job_ledgers
 from quorumlog.stream._meta import CAS_ATTEMPTS_MAX, load_record, version_is
+from quorumlog.stream._offload import (
+    OffloadedLedger,
+    drop_offloaded,
+    load_offload,
+    offloaded_records,
+)
 from quorumlog.stream._position import SeqPosition
 from quorumlog.stream._retention import EntrySearch, ledgers_to_trim, ttl_mark_delete
 
@@ -153,6 +168,7 @@ class TrimReport:
     deleted_ledgers: list[int] = field(default_factory=list)
     expired_cursors: int = 0
     orphans_deleted: list[int] = field(default_factory=list)
+    offloaded_copies_deleted: list[int] = field(default_factory=list)  # bookie copies, past lag
 
 
 async def trim_stream(client: LedgerClient, name: str, *,
@@ -170,7 +186,33 @@ async def trim_stream(client: LedgerClient, name: str, *,
         await _trim_partition(client, record, partition, policy, now)
     report.deleted_ledgers = await _empty_trash(client, name)  # this run's and a crashed run's
     report.orphans_deleted = await _delete_orphans(client, name, now, pending_ttl_ms)
+    report.offloaded_copies_deleted = await _delete_offloaded_copies(client, name, now)
     return report
+
+
+async def _delete_offloaded_copies(client: LedgerClient, name: str, now: int) -> list[int]:
+    """Delete the bookies' copy of every offloaded ledger whose deletion lag has
+    passed; its record keeps when (``bookies_deleted_ms``)."""
+    deleted = []
+    prefix = offload_pending_prefix(name)
+    for kv in await client.meta.list_keys(prefix):
+        ledger_id = int(kv.key[len(prefix):])
+        key = offload_key(name, ledger_id)
+        current = await client.meta.get(key)
+        if current is None:  # dropped (trimmed) meanwhile
+            await client.meta.delete(kv.key)
+            continue
+        record = OffloadRecord.decode(current.value)
+        if record.delete_after_ms > now:
+            continue
+        await _delete_ledger(client, ledger_id)
+        done = msgspec.structs.replace(record, bookies_deleted_ms=now)
+        await client.meta.txn(compares=[version_is(key, current.version)],
+                              success=[PutOp(key=key, value=done.encode()),
+                                       DeleteOp(key=offload_pending_key(name, ledger_id))])
+        deleted.append(ledger_id)
+        log.info("stream_offloaded_copy_deleted", stream=name, ledger_id=ledger_id)
+    return deleted
 
 
 async def _trim_partition(client: LedgerClient, record: StreamRecord, partition: int,
@@ -230,6 +272,7 @@ async def _empty_trash(client: LedgerClient, name: str) -> list[int]:
     while kvs := await client.meta.list_keys(trash_prefix(name), limit=TRASH_RECORDS_PER_READ):
         for kv in kvs:
             for ledger_id in TrashRecord.decode(kv.value).ledger_ids:
+                await drop_offloaded(client.meta, name, ledger_id)
                 await _delete_ledger(client, ledger_id)
                 deleted.append(ledger_id)
             await client.meta.delete(kv.key)
@@ -307,8 +350,10 @@ async def _partial_expiry(client: LedgerClient, record: StreamRecord,
     that is not entirely older (binary search over its entries)."""
     if info is None or info.is_open or info.entries == 0 or info.first_publish_ms >= cutoff:
         return None
-    handle = await client.open_ledger(info.ledger_id, password=record.password,
-                                      recovery=False)
+    offloaded = await load_offload(client.meta, record.name, info.ledger_id)
+    handle: Any = (OffloadedLedger(offloaded, record.name) if offloaded is not None
+                   else await client.open_ledger(info.ledger_id, password=record.password,
+                                                 recovery=False))
     search = EntrySearch(0, info.entries - 1, cutoff)
     while (probe := search.probe()) is not None:
         [entry] = await handle.read_batch(probe, probe)
@@ -389,6 +434,8 @@ async def delete_stream(client: LedgerClient, name: str, *, force: bool = False,
         if isinstance(result, BaseException):
             raise result
     deleted = list(listed)
+    for offloaded in await offloaded_records(client.meta, name):
+        await drop_offloaded(client.meta, name, offloaded.ledger_id)
     deleted += await _empty_trash(client, name)
     deleted += await _delete_orphans(client, name, client.clock.wall_ms(), 0)
     await client.meta.txn(success=[DeleteOp(key=stream_prefix(name), prefix=True),

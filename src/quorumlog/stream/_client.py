@@ -9,10 +9,10 @@ from typing import Any, TypeVar
 from quorumlog import rpc
 from quorumlog.clock import Clock
 from quorumlog.ledger import LedgerClient
-from quorumlog.stream import _admin, _stats, _subscriptions
+from quorumlog.stream import _admin, _offload, _stats, _subscriptions
 from quorumlog.stream._config import RetentionPolicy, StreamConfig
 from quorumlog.stream._consumer import Consumer, ConsumerConfig
-from quorumlog.stream._layout import StreamRecord
+from quorumlog.stream._layout import OffloadRecord, StreamRecord
 from quorumlog.stream._meta import load_record
 from quorumlog.stream._position import EARLIEST, SeqPosition
 from quorumlog.stream._producer import MessageId, Producer, ProducerConfig
@@ -76,6 +76,34 @@ class StreamClient:
                    at_ms: int | None = None) -> _admin.TrimReport:
         return await _admin.trim_stream(self.ledger_client, name, retention=retention,
                                         at_ms=at_ms)
+
+    async def offload(self, name: str, target: str, *, keep_bytes: int = 0,
+                      deletion_lag_ms: int = _offload.DELETION_LAG_MS_DEFAULT,
+                      partitions: Sequence[int] | None = None,
+                      in_flight: int = 4) -> list[_offload.OffloadOutcome]:
+        """Offload the stream's closed ledgers to Parquet files under ``target``
+        (tiered storage, in this process; ``quorumlog.spark.offload`` spreads
+        the same work over Spark tasks). Newest closed ledgers holding up to
+        ``keep_bytes`` per partition stay on the bookies only; the bookies'
+        copy of an offloaded ledger goes ``deletion_lag_ms`` after it (trim)."""
+        target = _offload.normalize_target(target)
+        record = await load_record(self.ledger_client.meta, name)
+        todo = await _offload.offload_candidates(self.ledger_client, record,
+                                                 keep_bytes=keep_bytes, partitions=partitions)
+        slots = asyncio.Semaphore(max(1, in_flight))
+
+        async def one(partition: int, info: Any) -> _offload.OffloadOutcome:
+            async with slots:
+                return await _offload.offload_ledger(self.ledger_client, record, partition,
+                                                     info, target,
+                                                     deletion_lag_ms=deletion_lag_ms)
+
+        return list(await asyncio.gather(*(one(p, info) for p, info in todo)))
+
+    async def offloaded(self, name: str) -> list[OffloadRecord]:
+        """The stream's offloaded ledgers (their records), in ledger id order."""
+        await load_record(self.ledger_client.meta, name)
+        return await _offload.offloaded_records(self.ledger_client.meta, name)
 
     async def subscriptions(self, name: str) -> list[SubscriptionInfo]:
         """Every subscription of the stream: cursors, backlog in entries, connected."""
@@ -177,6 +205,16 @@ class BlockingStreamClient:
     def trim(self, name: str, *, retention: RetentionPolicy | None = None,
              at_ms: int | None = None) -> _admin.TrimReport:
         return self.run(self._client.trim(name, retention=retention, at_ms=at_ms))
+
+    def offload(self, name: str, target: str, *, keep_bytes: int = 0,
+                deletion_lag_ms: int = _offload.DELETION_LAG_MS_DEFAULT,
+                partitions: Sequence[int] | None = None) -> list[_offload.OffloadOutcome]:
+        return self.run(self._client.offload(name, target, keep_bytes=keep_bytes,
+                                             deletion_lag_ms=deletion_lag_ms,
+                                             partitions=partitions))
+
+    def offloaded(self, name: str) -> list[OffloadRecord]:
+        return self.run(self._client.offloaded(name))
 
     def subscriptions(self, name: str) -> list[SubscriptionInfo]:
         return self.run(self._client.subscriptions(name))

@@ -79,7 +79,7 @@ async def load_or_create_cursor(client: LedgerClient, record: StreamRecord, subs
         ledgers = LedgerList(client.meta, record.name, partition)
         head = await ledgers.refresh()
         if initial == LATEST:
-            start = await end_position(LedgerHandles(client, record.password), head)
+            start = await end_position(LedgerHandles(client, record), head)
         else:
             start = await first_position(ledgers)
         state = CursorState(start=start, updated_ms=client.clock.wall_ms())

@@ -80,3 +80,8 @@ class JobEndedError(StreamError):
 
 class MessageFormatError(StreamError, CorruptionError):
     """An entry of a stream ledger is not in the stream entry format."""
+
+
+class OffloadError(StreamError, StorageError):
+    """An offloaded ledger's Parquet file is missing, unreadable or not what its
+    record says (a damaged or replaced file), or the offload target refused a write."""

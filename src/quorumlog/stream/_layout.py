@@ -11,6 +11,8 @@ Keys (``<p>`` is the partition number, 4 digits; ``<seq>`` 20 digits)::
     /streams/<name>/cursors/<sub>/owner           ConsumerLease, ephemeral
     /streams/<name>/pending/<job>/<ledger>        a ledger a Spark task wrote, not linked yet
     /streams/<name>/trash/<p>-<first seq>         TrashRecord: ledgers trimmed, to delete
+    /streams/<name>/offloaded/<ledger id>         OffloadRecord: the ledger's copy in Parquet
+    /streams/<name>/offload-pending/<ledger id>   empty: its bookie copy is still to delete
     /streams/<name>/sinks/<writer id>             last micro-batch a streaming write committed
 
 A partition is an ordered list of ledgers. Every ledger has a ``seq`` (its
@@ -163,6 +165,26 @@ def jobs_prefix(stream: str) -> str:
 def job_key(stream: str, job: str) -> str:
     """Written once when a write job ends (committed or aborted); fences late task attempts."""
     return f"{jobs_prefix(stream)}{job}"
+
+
+def offload_prefix(stream: str) -> str:
+    return f"{STREAMS_PREFIX}{stream}/offloaded/"
+
+
+def offload_key(stream: str, ledger_id: int) -> str:
+    """The :class:`OffloadRecord` of a ledger offloaded to Parquet (by ledger id,
+    zero-padded: keys sort by id, and the trash, which lists ids, finds it)."""
+    return f"{offload_prefix(stream)}{ledger_id:020d}"
+
+
+def offload_pending_prefix(stream: str) -> str:
+    return f"{STREAMS_PREFIX}{stream}/offload-pending/"
+
+
+def offload_pending_key(stream: str, ledger_id: int) -> str:
+    """Present while an offloaded ledger still has its copy on the bookies (the
+    trimmer deletes that copy once the record's deletion lag has passed)."""
+    return f"{offload_pending_prefix(stream)}{ledger_id:020d}"
 
 
 def trash_prefix(stream: str) -> str:
@@ -488,6 +510,30 @@ class TrashRecord(msgspec.Struct, frozen=True, kw_only=True):
     @classmethod
     def decode(cls, data: bytes) -> TrashRecord:
         return _decode(msgspec.msgpack.Decoder(TrashRecord), data, "trash record")
+
+
+class OffloadRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A closed ledger's copy in Parquet (tiered storage), written once the file
+    is complete and verified. Readers read the file instead of the bookies from
+    then on; the bookies' copy is deleted after ``delete_after_ms``."""
+
+    ledger_id: int
+    partition: int
+    seq: int
+    url: str  # the Parquet file: a local path or a URL pyarrow.fs (or fsspec) opens
+    entries: int
+    payload_bytes: int
+    payload_crc32c: int  # CRC32C chained over every payload, in entry order
+    offloaded_ms: int
+    delete_after_ms: int  # the bookies' copy may go from then (the deletion lag)
+    bookies_deleted_ms: int = 0  # when it went (0: still there)
+
+    def encode(self) -> bytes:
+        return _checked_size(msgspec.msgpack.encode(self), "offload record")
+
+    @classmethod
+    def decode(cls, data: bytes) -> OffloadRecord:
+        return _decode(msgspec.msgpack.Decoder(OffloadRecord), data, "offload record")
 
 
 class TrimStep(msgspec.Struct, frozen=True, kw_only=True):

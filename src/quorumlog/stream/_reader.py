@@ -34,6 +34,7 @@ from quorumlog.stream._layout import LedgerInfo, PartitionHead, StreamRecord, pa
 from quorumlog.stream._ledgers import LedgerList
 from quorumlog.stream._meta import watch_key_once
 from quorumlog.stream._metrics import stream_metrics
+from quorumlog.stream._offload import OffloadedLedger, load_offload
 from quorumlog.stream._position import EARLIEST, LATEST, Position, SeqPosition
 from quorumlog.stream._retention import EntrySearch
 
@@ -73,17 +74,25 @@ class Message(msgspec.Struct, frozen=True, gc=False):
 
 
 class LedgerHandles:
-    """Read handles of ledgers (opened without recovery), bounded LRU."""
+    """Read handles of a stream's ledgers, bounded LRU: a closed ledger that
+    was offloaded (tiered storage) is read from its Parquet file
+    (:class:`OffloadedLedger`), any other one from the bookies (opened
+    without recovery)."""
 
-    def __init__(self, client: LedgerClient, password: bytes) -> None:
+    def __init__(self, client: LedgerClient, record: StreamRecord) -> None:
         self._client = client
-        self._password = password
+        self._password = record.password
+        self._stream = record.name
         self._handles: dict[int, Any] = {}
 
     async def get(self, info: LedgerInfo) -> Any:
         handle = self._handles.pop(info.ledger_id, None)
         if handle is not None and not info.is_open and not handle.is_closed:
             handle = None  # it closed since: open again for its final LAC
+        if handle is None and not info.is_open:
+            offloaded = await load_offload(self._client.meta, self._stream, info.ledger_id)
+            if offloaded is not None:
+                handle = OffloadedLedger(offloaded, self._stream)
         if handle is None:
             handle = await self._client.open_ledger(info.ledger_id, password=self._password,
                                                     recovery=False)
@@ -198,7 +207,7 @@ class PartitionReader:
         self._start: SeqPosition | None = start if start.batch_index else None
         self._skip_before_ms = skip_before_ms
         self._skip_data_loss = skip_data_loss
-        self._handles = handles or LedgerHandles(client, record.password)
+        self._handles = handles or LedgerHandles(client, record)
         self._ledgers = ledgers or LedgerList(client.meta, record.name, partition)
         self._lac: dict[int, int] = {}
         self._metrics = stream_metrics(record.name)
@@ -340,7 +349,7 @@ class Reader:
             if not 0 <= partition < record.config.partitions:
                 raise UsageError(f"stream {record.name!r} has no partition {partition}")
             spec = start.get(partition, EARLIEST) if isinstance(start, Mapping) else start
-            handles = LedgerHandles(client, record.password)
+            handles = LedgerHandles(client, record)
             ledgers = LedgerList(client.meta, record.name, partition)
             position, skip_ms = await resolve_start(client, handles, record, partition, spec,
                                                     ledgers=ledgers)

@@ -149,7 +149,7 @@ async def stream_stats(client: LedgerClient, name: str, *, interval_s: float = 1
         raise UsageError(f"the sampling interval must be within 0..{STATS_INTERVAL_S_MAX:g} s, "
                          f"got {interval_s:g}")
     record = await load_record(client.meta, name)
-    handles = LedgerHandles(client, record.password)
+    handles = LedgerHandles(client, record)
     lists = [LedgerList(client.meta, name, p) for p in range(record.config.partitions)]
     first = await _sample(client, record, handles, lists)
     await asyncio.sleep(interval_s)

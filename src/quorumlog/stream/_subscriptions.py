@@ -91,7 +91,7 @@ async def list_subscriptions(client: LedgerClient, name: str) -> list[Subscripti
     """Every subscription of the stream with its cursors and backlog."""
     record = await load_record(client.meta, name)
     prefix = cursors_prefix(name)
-    handles = LedgerHandles(client, record.password)
+    handles = LedgerHandles(client, record)
     found: dict[str, SubscriptionInfo] = {}
     for kv in await client.meta.list_keys(prefix):
         subscription, _, tail = kv.key[len(prefix):].partition("/")
@@ -157,7 +157,7 @@ async def reset_cursor(client: LedgerClient, name: str, subscription: str, to: S
         raise UsageError(f"stream {name!r} has {record.config.partitions} partitions: a "
                          "position names one ledger of one partition; reset to 'earliest', "
                          "'latest' or a publish time instead")
-    handles = LedgerHandles(client, record.password)
+    handles = LedgerHandles(client, record)
     now = client.clock.wall_ms()
     starts: list[SeqPosition] = []
     puts = []

@@ -127,7 +127,8 @@ class StreamTrimmer:
                     metrics.failures += 1
                     _log.warning("stream_trim_failed", stream=name, error=exc.message)
                     continue
-                out.deleted_ledgers += report.deleted_ledgers + report.orphans_deleted
+                out.deleted_ledgers += (report.deleted_ledgers + report.orphans_deleted
+                                        + report.offloaded_copies_deleted)
                 out.expired_cursors += report.expired_cursors
 
         await asyncio.gather(*(trim_each() for _ in range(self._config.streams_in_flight_max)))

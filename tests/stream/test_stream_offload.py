@@ -1,0 +1,287 @@
+"""Tiered storage against real node processes: closed ledgers offloaded to
+Parquet read back exactly as from the bookies (reader, seek, consumer), also
+after the bookies' copy is deleted; retention and delete remove the files; a
+damaged, swapped or missing file and a bad target are clear errors."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+
+from quorumlog import node as cluster
+from quorumlog import rpc
+from quorumlog.errors import UsageError
+from quorumlog.proto import NoSuchLedgerError, ledger_key
+from quorumlog.stream import (
+    ConsumerConfig,
+    OffloadError,
+    ProducerConfig,
+    RetentionPolicy,
+    RolloverPolicy,
+    StreamClient,
+    StreamConfig,
+    StreamNotFoundError,
+)
+
+
+@pytest.fixture(scope="module")
+def meta(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    # Trims are called by hand and checked: no background trimmer.
+    with contextlib.ExitStack() as stack:
+        with mock.patch.dict(os.environ, {"QUORUMLOG_TRIMMER__ENABLED": "false"}):
+            addresses = stack.enter_context(
+                cluster.running(tmp_path_factory.mktemp("offload") / "cluster", 3))
+        yield addresses
+
+
+def small(partitions: int = 2, entries: int = 4) -> StreamConfig:
+    return StreamConfig(partitions=partitions, writer_lease_ttl_ms=1000,
+                        rollover=RolloverPolicy(max_entries=entries, min_time_ms=0))
+
+
+def key_of(message: Any) -> tuple[Any, ...]:
+    p = message.position
+    return (message.partition, p.ledger_id, p.entry_id, p.batch_index, message.key,
+            message.value, tuple(sorted(message.properties.items())), message.publish_time_ms)
+
+
+async def read_all(client: StreamClient, stream: str, start: Any = "earliest") -> list[Any]:
+    out = []
+    async with await client.reader(stream, start) as reader:
+        while (message := await reader.read_next(1500)) is not None:
+            out.append(key_of(message))
+    return sorted(out, key=lambda row: row[:4])
+
+
+async def fill(client: StreamClient, stream: str, count: int = 60) -> None:
+    """Single messages and batches (several messages an entry) over many ledgers."""
+    producer = await client.producer(stream, config=ProducerConfig(batching=False))
+    for i in range(count):
+        await producer.send(b"single-%d" % i, key=f"k{i % 7}", properties={"i": str(i)})
+    await producer.close()
+    batched = await client.producer(stream, config=ProducerConfig(batch_delay_ms=5))
+    await asyncio.gather(*[await batched.send_async(b"batched-%d" % i, key=f"b{i % 3}")
+                           for i in range(count)])
+    await batched.close()
+
+
+def files_under(root: Path) -> list[Path]:
+    return sorted(root.rglob("*.parquet")) if root.exists() else []
+
+
+def test_offloaded_ledgers_read_back_the_same_before_and_after_the_bookies_lose_them(
+        meta: list[str], tmp_path: Path) -> None:
+    tier = tmp_path / "tier"
+
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("tiered", small())
+            await fill(client, "tiered")
+            before = await read_all(client, "tiered")
+            assert len(before) == 120
+            info = await client.stream_info("tiered")
+            closed = [ledger["ledger_id"] for part in info["partitions"]
+                      for ledger in part["ledgers"] if ledger["status"] == "closed"
+                      and ledger["entries"] > 0]
+            assert len(closed) >= 10
+
+            outcomes = await client.offload("tiered", str(tier), deletion_lag_ms=0)
+            assert sorted(o.ledger_id for o in outcomes) == sorted(closed)
+            assert {o.status for o in outcomes} == {"offloaded"}
+            records = await client.offloaded("tiered")
+            assert sorted(r.ledger_id for r in records) == sorted(closed)
+            assert [Path(r.url) for r in sorted(records, key=lambda r: r.url)] == files_under(tier)
+            assert all(r.bookies_deleted_ms == 0 for r in records)
+
+            # Read from the files (the bookies still hold a copy): the same messages.
+            assert await read_all(client, "tiered") == before
+            # A second run has nothing to do.
+            assert await client.offload("tiered", str(tier)) == []
+
+            # The lag (0) has passed: trim deletes the bookies' copies.
+            report = await client.trim("tiered")
+            assert sorted(report.offloaded_copies_deleted) == sorted(closed)
+            for ledger_id in closed:
+                assert await client.ledger_client.meta.get(ledger_key(ledger_id)) is None
+                with pytest.raises(NoSuchLedgerError):
+                    await client.ledger_client.open_ledger(ledger_id, recovery=False)
+            assert all(r.bookies_deleted_ms > 0 for r in await client.offloaded("tiered"))
+
+            # Every reader path now reads the files only.
+            assert await read_all(client, "tiered") == before
+            middle = sorted(before, key=lambda row: row[7])[len(before) // 2]
+            since = await read_all(client, "tiered", middle[7])  # seek by publish time
+            assert since and {row for row in since} <= set(before)
+            assert min(row[7] for row in since) >= middle[7]
+            assert {row for row in before if row[7] >= middle[7]} <= set(since)
+            consumer = await client.subscribe("tiered", "sub", config=ConsumerConfig(
+                initial_position="earliest"))
+            received = []
+            while (message := await consumer.receive(wait_ms=1500)) is not None:
+                received.append(key_of(message))
+                await consumer.ack(message)
+            await consumer.close()
+            assert sorted(received, key=lambda row: row[:4]) == before
+
+            # New writes after the offload go on, on the bookies.
+            producer = await client.producer("tiered")
+            await producer.send(b"after", key="z")
+            await producer.close()
+            after = await read_all(client, "tiered")
+            assert len(after) == 121 and [row for row in after if row[5] == b"after"]
+
+    rpc.run(main())
+
+
+def test_retention_and_delete_remove_the_offloaded_files(meta: list[str],
+                                                         tmp_path: Path) -> None:
+    tier = tmp_path / "tier"
+
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("expiring", small(partitions=1))
+            await fill(client, "expiring", count=20)
+            done = await client.offload("expiring", str(tier))  # lag 4 h: bookies keep theirs
+            assert len(done) >= 4
+            assert len(files_under(tier)) == len(done)
+            report = await client.trim("expiring", retention=RetentionPolicy(time_ms=0,
+                                                                             size_bytes=0))
+            gone = set(report.deleted_ledgers)
+            assert gone and report.offloaded_copies_deleted == []
+            left = await client.offloaded("expiring")
+            assert not gone & {r.ledger_id for r in left}
+            assert files_under(tier) == sorted(Path(r.url) for r in left)
+            for ledger_id in gone:
+                assert await client.ledger_client.meta.get(ledger_key(ledger_id)) is None
+
+            await client.create_stream("dropped", small(partitions=1))
+            await fill(client, "dropped", count=12)
+            assert await client.offload("dropped", str(tier / "d"))
+            assert files_under(tier / "d")
+            await client.delete_stream("dropped")
+            assert files_under(tier / "d") == []
+            assert await client.ledger_client.meta.list_keys("/streams/dropped/") == []
+
+    rpc.run(main())
+
+
+def test_keep_bytes_leaves_the_newest_ledgers_on_the_bookies(meta: list[str],
+                                                             tmp_path: Path) -> None:
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("threshold", small(partitions=1))
+            await fill(client, "threshold", count=20)
+            info = await client.stream_info("threshold")
+            closed = [ledger for ledger in info["partitions"][0]["ledgers"]
+                      if ledger["status"] == "closed" and ledger["entries"] > 0]
+            newest_two = closed[-1]["size_bytes"] + closed[-2]["size_bytes"]
+            done = await client.offload("threshold", str(tmp_path / "t"), keep_bytes=newest_two)
+            assert sorted(o.ledger_id for o in done) == [c["ledger_id"] for c in closed[:-2]]
+
+    rpc.run(main())
+
+
+def test_a_damaged_swapped_or_missing_file_is_a_clear_error(meta: list[str],
+                                                            tmp_path: Path) -> None:
+    tier = tmp_path / "tier"
+
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("damaged", small(partitions=1, entries=50))
+            producer = await client.producer("damaged", config=ProducerConfig(batching=False))
+            for i in range(120):  # 50-entry ledgers: sizeable pages to damage
+                await producer.send(os.urandom(200) + b"%d" % i)
+            await producer.close()
+            done = sorted(await client.offload("damaged", str(tier)), key=lambda o: o.seq)
+            assert len(done) >= 2
+            first, second = Path(done[0].url), Path(done[1].url)
+            good = first.read_bytes()
+
+            data = bytearray(good)
+            data[len(data) // 3] ^= 0xFF  # inside the first column chunk's pages
+            first.write_bytes(bytes(data))
+            with pytest.raises(OffloadError) as bad:
+                await read_all(client, "damaged")
+            assert str(done[0].ledger_id) in bad.value.message
+            assert str(first) in bad.value.message
+
+            shutil.copyfile(second, first)  # another ledger's (intact) file in its place
+            with pytest.raises(OffloadError, match="is not this ledger's file"):
+                await read_all(client, "damaged")
+
+            first.unlink()
+            with pytest.raises(OffloadError, match="is missing"):
+                await read_all(client, "damaged")
+
+            first.write_bytes(good)  # put back: the stream reads whole again
+            assert len(await read_all(client, "damaged")) == 120
+
+    rpc.run(main())
+
+
+def test_bad_input_gets_a_clear_error_and_loses_nothing(meta: list[str],
+                                                        tmp_path: Path) -> None:
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("refused", small(partitions=1))
+            await fill(client, "refused", count=12)
+            before = await read_all(client, "refused")
+            with pytest.raises(StreamNotFoundError):
+                await client.offload("no-such-stream", str(tmp_path))
+            with pytest.raises(UsageError, match="cannot open it"):
+                await client.offload("refused", "nope://bucket/x")
+            with pytest.raises(UsageError, match="empty"):
+                await client.offload("refused", "  ")
+            with pytest.raises(UsageError, match="keep_bytes"):
+                await client.offload("refused", str(tmp_path), keep_bytes=-1)
+            with pytest.raises(UsageError, match="no partition 3"):
+                await client.offload("refused", str(tmp_path), partitions=[3])
+            a_file = tmp_path / "a-file"
+            a_file.write_bytes(b"")
+            with pytest.raises(OffloadError, match="cannot write the offload file"):
+                await client.offload("refused", str(a_file))
+            assert await client.offloaded("refused") == []
+            assert files_under(tmp_path) == []
+            assert await read_all(client, "refused") == before
+
+    rpc.run(main())
+
+
+def test_cli_offloads_and_lists(meta: list[str], tmp_path: Path) -> None:
+    async def setup() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("cli-tiered", small(partitions=1))
+            await fill(client, "cli-tiered", count=12)
+
+    rpc.run(setup())
+    members = ",".join(meta)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "quorumlog", "stream", *args,
+                               "--members", members], capture_output=True, text=True,
+                              timeout=120)
+
+    done = cli("offload", "cli-tiered", "--to", str(tmp_path / "t"), "--no-spark",
+               "-o", "json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["offloaded"] >= 3 and summary["failed"] == 0
+    listed = cli("offloaded", "cli-tiered", "-o", "json")
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)["offloaded"]
+    assert len(rows) == summary["offloaded"]
+    assert all(Path(row["url"]).is_file() for row in rows)
+    typo = cli("offload", "cli-tiered", "--to", "s4://x", "--no-spark")
+    assert typo.returncode == 1
+    assert typo.stderr.startswith("error:") and "Traceback" not in typo.stderr
