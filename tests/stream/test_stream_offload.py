@@ -117,6 +117,11 @@ def test_offloaded_ledgers_read_back_the_same_before_and_after_the_bookies_lose_
                 with pytest.raises(NoSuchLedgerError):
                     await client.ledger_client.open_ledger(ledger_id, recovery=False)
             assert all(r.bookies_deleted_ms > 0 for r in await client.offloaded("tiered"))
+            info = await client.stream_info("tiered")
+            tiers = {ledger["ledger_id"]: ledger["tier"] for part in info["partitions"]
+                     for ledger in part["ledgers"]}
+            assert {tiers[ledger_id] for ledger_id in closed} == {"offloaded-only"}
+            assert sum(part["offloaded_ledgers"] for part in info["partitions"]) == len(closed)
 
             # Every reader path now reads the files only.
             assert await read_all(client, "tiered") == before
@@ -285,3 +290,31 @@ def test_cli_offloads_and_lists(meta: list[str], tmp_path: Path) -> None:
     typo = cli("offload", "cli-tiered", "--to", "s4://x", "--no-spark")
     assert typo.returncode == 1
     assert typo.stderr.startswith("error:") and "Traceback" not in typo.stderr
+
+
+def test_a_dead_runs_file_is_swept_once_old_and_named_files_never(meta: list[str],
+                                                                  tmp_path: Path) -> None:
+    tier = tmp_path / "tier"
+
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("swept", small(partitions=1))
+            await fill(client, "swept", count=12)
+            done = await client.offload("swept", str(tier))
+            named = sorted(Path(o.url) for o in done)
+            # What a run that died between its file and its record leaves: a file
+            # no record names. One is two hours old, one was just written.
+            old = named[0].with_name(f"{named[0].name.split('-')[0]}-deadbeef0000.parquet")
+            young = old.with_name(f"{named[0].name.split('-')[0]}-0123456789ab.parquet")
+            shutil.copyfile(named[0], old)
+            shutil.copyfile(named[0], young)
+            two_hours_ago = os.path.getmtime(old) - 7200
+            os.utime(old, (two_hours_ago, two_hours_ago))
+            for path in named:  # named files are kept however old they are
+                os.utime(path, (two_hours_ago, two_hours_ago))
+            swept = await client.sweep_offload_orphans("swept", str(tier))
+            assert swept == [str(old)]
+            assert files_under(tier) == sorted([*named, young])
+            assert len(await read_all(client, "swept")) == 24
+
+    rpc.run(main())

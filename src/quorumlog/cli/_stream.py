@@ -168,6 +168,7 @@ LEDGER_COLUMNS = (
     Column("entries", lambda r: f"{r.get('entries', 0):,}" if r.get("status") else "-"),
     Column("size", lambda r: human_bytes(r.get("size_bytes", 0)) if r.get("status") else "-"),
     field("last_publish_ms", human_age_ms, header="last publish"),
+    field("tier", wide_only=True),
     field("seq", wide_only=True),
     field("first_publish_ms", human_time_ms, header="first publish", wide_only=True),
     field("created_ms", human_time_ms, header="created", wide_only=True),
@@ -207,7 +208,8 @@ def info(
     for part in data["partitions"]:
         console.print(f"partition {part['partition']}: {part['ledger_count']} ledger(s), "
                       f"{part['entries']:,} closed entries ({human_bytes(part['size_bytes'])})"
-                      f", {part['trimmed_entries']:,} trimmed, writer "
+                      f", {part['trimmed_entries']:,} trimmed, {part['offloaded_ledgers']} "
+                      f"offloaded ({human_bytes(part['offloaded_bytes'])}), writer "
                       f"{'connected' if part['writer'] else 'none'}")
     rows = [{"partition": part["partition"], **ledger}
             for part in data["partitions"] for ledger in part["ledgers"]]
@@ -372,6 +374,7 @@ OFFLOAD_SUMMARY = (
     ("entries", "entries copied", lambda v: f"{v:,}"),
     ("payload_bytes", "bytes read from the bookies", human_bytes),
     ("file_bytes", "Parquet bytes written", human_bytes),
+    ("orphans", "files of dead runs deleted", str),
     ("seconds", "took", lambda v: f"{v:.1f} s"),
 )
 OFFLOAD_DELETION_LAG_HELP = (
@@ -423,6 +426,7 @@ def offload(
                "already": result.already, "trimmed": result.trimmed,
                "failed": len(result.failed), "entries": result.entries,
                "payload_bytes": result.payload_bytes, "file_bytes": result.file_bytes,
+               "orphans": len(result.orphans_deleted),
                "seconds": round(result.seconds, 3), "target": result.target,
                "errors": [{"ledger_id": ledger_id, "error": error}
                           for ledger_id, error in result.failed]}
@@ -432,16 +436,20 @@ def offload(
         from quorumlog.stream import normalize_target
 
         started = time.monotonic()
-        outcomes = _run(members, directory, lambda c: c.offload(
-            name, to, keep_bytes=keep_bytes, deletion_lag_ms=deletion_lag_ms,
-            partitions=partition))
+        async def body(client: Any) -> tuple[list[Any], list[str]]:
+            outcomes = await client.offload(name, to, keep_bytes=keep_bytes,
+                                            deletion_lag_ms=deletion_lag_ms,
+                                            partitions=partition)
+            return outcomes, await client.sweep_offload_orphans(name, to)
+
+        outcomes, orphans = _run(members, directory, body)
         done = [o for o in outcomes if o.status == "offloaded"]
         row = {"candidates": len(outcomes), "offloaded": len(done),
                "already": sum(o.status == "already" for o in outcomes),
                "trimmed": sum(o.status == "trimmed" for o in outcomes), "failed": 0,
                "entries": sum(o.entries for o in done),
                "payload_bytes": sum(o.payload_bytes for o in done),
-               "file_bytes": sum(o.file_bytes for o in done),
+               "file_bytes": sum(o.file_bytes for o in done), "orphans": len(orphans),
                "seconds": round(time.monotonic() - started, 3), "target": normalize_target(to),
                "errors": []}
     if fmt in ("json", "yaml"):

@@ -15,7 +15,9 @@ meta (``stream.offload_ledger``). From then on every reader, this data source
 included, reads those ledgers from their files; the nodes' stream trimmer
 deletes the bookies' copy once ``deletion_lag_ms`` has passed. A ledger that
 fails is reported (``failed``) and left on the bookies; running the job
-again offloads what is left. See docs/stream.md, "Tiered storage".
+again offloads what is left, and deletes the files of runs that died
+before their commit (``stream.sweep_orphans``, once an hour old). See
+docs/stream.md, "Tiered storage".
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from quorumlog.stream import (
     normalize_target,
     offload_candidates,
     offload_ledger,
+    sweep_orphans,
 )
 
 OFFLOAD_TASKS_MAX = 64
@@ -56,6 +59,7 @@ class OffloadResult:
     payload_bytes: int = 0
     file_bytes: int = 0
     failed: list[tuple[int, str]] = field(default_factory=list)  # (ledger id, error)
+    orphans_deleted: list[str] = field(default_factory=list)  # files of runs that died
     outcomes: list[OffloadOutcome] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -124,5 +128,11 @@ def offload(spark: Any, meta: str | Sequence[str], stream: str, target: str, *,
                 out.already += 1
             else:
                 out.trimmed += 1
+
+    async def sweep() -> list[str]:
+        client = await _io._client(tuple(addresses))
+        return await sweep_orphans(client.meta, stream, target, client.clock.wall_ms())
+
+    out.orphans_deleted = _io.run(sweep())
     out.seconds = time.monotonic() - started
     return out

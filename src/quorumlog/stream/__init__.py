@@ -79,6 +79,7 @@ from quorumlog.stream._offload import (
     offload_candidates,
     offload_ledger,
     offloaded_records,
+    sweep_orphans,
 )
 from quorumlog.stream._position import EARLIEST, LATEST, Position, SeqPosition, parse_positions
 from quorumlog.stream._producer import MessageId, Producer, ProducerConfig
@@ -183,5 +184,6 @@ __all__ = [
     "parse_positions",
     "partition_for_key",
     "resolve_start",
+    "sweep_orphans",
     "trimmer_holder",
 ]

@@ -128,16 +128,27 @@ async def cursor_states(client: LedgerClient, stream: str
     return out
 
 
+def _tier(offloaded: OffloadRecord | None) -> str:
+    """Where a ledger's entries are read from: ``bookies``, ``offloaded`` (the
+    Parquet file; the bookies still hold a copy) or ``offloaded-only``."""
+    if offloaded is None:
+        return "bookies"
+    return "offloaded-only" if offloaded.bookies_deleted_ms else "offloaded"
+
+
 async def stream_info(client: LedgerClient, name: str) -> dict[str, Any]:
     """Everything about a stream, as plain data (``stream info --json``)."""
     record = await load_record(client.meta, name)
     cursors = await cursor_states(client, name)
+    offloaded = {r.ledger_id: r for r in await offloaded_records(client.meta, name)}
     partitions = []
     for p in range(record.config.partitions):
         ledgers = LedgerList(client.meta, name, p)
         head = await ledgers.refresh()
-        shown = [msgspec.to_builtins(info) async for info in
+        shown = [{**msgspec.to_builtins(info), "tier": _tier(offloaded.get(info.ledger_id))}
+                 async for info in
                  ledgers.iterate(max(head.first_seq, head.next_seq - INFO_LEDGERS_MAX))]
+        mine = [r for r in offloaded.values() if r.partition == p]
         writer = await client.meta.get(writer_key(name, p))
         partitions.append({
             "partition": p,
@@ -150,6 +161,8 @@ async def stream_info(client: LedgerClient, name: str) -> dict[str, Any]:
             "trimmed_entries": head.trimmed_entries,
             "writer_epoch": head.writer_epoch,
             "writer": writer is not None,
+            "offloaded_ledgers": len(mine),
+            "offloaded_bytes": sum(r.payload_bytes for r in mine),
         })
     return {
         "name": name,

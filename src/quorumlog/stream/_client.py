@@ -100,6 +100,17 @@ class StreamClient:
 
         return list(await asyncio.gather(*(one(p, info) for p, info in todo)))
 
+    async def sweep_offload_orphans(self, name: str, target: str, *,
+                                    older_than_ms: int = _offload.ORPHAN_AGE_MS_DEFAULT
+                                    ) -> list[str]:
+        """Delete the stream's Parquet files under ``target`` that no offload
+        record names, once older than ``older_than_ms`` (left by an offload run
+        that died before its commit); their urls."""
+        await load_record(self.ledger_client.meta, name)
+        return await _offload.sweep_orphans(self.ledger_client.meta, name, target,
+                                            self.ledger_client.clock.wall_ms(),
+                                            older_than_ms=older_than_ms)
+
     async def offloaded(self, name: str) -> list[OffloadRecord]:
         """The stream's offloaded ledgers (their records), in ledger id order."""
         await load_record(self.ledger_client.meta, name)
@@ -215,6 +226,11 @@ class BlockingStreamClient:
 
     def offloaded(self, name: str) -> list[OffloadRecord]:
         return self.run(self._client.offloaded(name))
+
+    def sweep_offload_orphans(self, name: str, target: str, *,
+                              older_than_ms: int = _offload.ORPHAN_AGE_MS_DEFAULT) -> list[str]:
+        return self.run(self._client.sweep_offload_orphans(name, target,
+                                                           older_than_ms=older_than_ms))
 
     def subscriptions(self, name: str) -> list[SubscriptionInfo]:
         return self.run(self._client.subscriptions(name))

@@ -61,6 +61,10 @@ DELETION_LAG_MS_DEFAULT = 4 * 3600 * 1000
 """Pulsar's ``managedLedgerOffloadDeletionLagMs`` default: the bookies keep an
 offloaded ledger this long after its record is written."""
 RECORDS_PER_READ = 1_000
+ORPHAN_AGE_MS_DEFAULT = 3600 * 1000
+"""A Parquet file under the target that no record names is deleted by the next
+offload run once it is this old (a run that died between its file and its
+record left it; a live run commits within seconds of its last write)."""
 LOOKUPS_IN_FLIGHT_MAX = 32
 _META_KEYS = ("quorumlog.format", "quorumlog.stream", "quorumlog.partition",
               "quorumlog.ledger_id", "quorumlog.entries")
@@ -517,3 +521,49 @@ async def _still_listed(meta: MetaClient, stream: str, partition: int, info: Led
             raise
         return False  # the stream is gone
     return current is not None and current.ledger_id == info.ledger_id
+
+
+# ----- orphans --------------------------------------------------------------------------
+
+
+def _list_files(base: str) -> list[tuple[str, int]]:
+    """(url, mtime in ms) of every Parquet file under ``base`` (blocking)."""
+    _, _, pafs = _pyarrow()
+    fs, path = open_filesystem(base)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    except OSError as exc:
+        raise OffloadError(f"cannot list the offload target {base}: {exc}",
+                           retriable=True) from None
+    out = []
+    for info in infos:
+        if info.type == pafs.FileType.File and info.path.endswith(".parquet"):
+            mtime_ms = int(info.mtime.timestamp() * 1000) if info.mtime is not None else 0
+            out.append((base + info.path[len(path):], mtime_ms))
+    return out
+
+
+async def sweep_orphans(meta: MetaClient, stream: str, target: str, now_ms: int, *,
+                        older_than_ms: int = ORPHAN_AGE_MS_DEFAULT) -> list[str]:
+    """Delete the stream's Parquet files under ``target`` that no offload record
+    names and that are older than ``older_than_ms``; their urls. A file's
+    ledger record is read again just before it goes, so a file committed
+    since the listing stays."""
+    base = f"{normalize_target(target)}/{stream}"
+    files = await asyncio.to_thread(_list_files, base)
+    if not files:
+        return []
+    named = {record.url for record in await offloaded_records(meta, stream)}
+    gone = []
+    for url, mtime_ms in files:
+        if url in named or now_ms - mtime_ms < older_than_ms:
+            continue
+        ledger = url.rsplit("/", 1)[-1].split("-", 1)[0]
+        if ledger.isdigit():
+            current = await load_offload(meta, stream, int(ledger))
+            if current is not None and current.url == url:
+                continue
+        await asyncio.to_thread(delete_file, url)
+        log.info("stream_offload_orphan_deleted", stream=stream, url=url)
+        gone.append(url)
+    return gone
