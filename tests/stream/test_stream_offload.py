@@ -22,7 +22,7 @@ import pytest
 from quorumlog import node as cluster
 from quorumlog import rpc
 from quorumlog.errors import UsageError
-from quorumlog.proto import NoSuchLedgerError, ledger_key
+from quorumlog.proto import GcRequest, NoSuchLedgerError, ledger_key
 from quorumlog.stream import (
     ConsumerConfig,
     OffloadError,
@@ -316,5 +316,48 @@ def test_a_dead_runs_file_is_swept_once_old_and_named_files_never(meta: list[str
             assert swept == [str(old)]
             assert files_under(tier) == sorted([*named, young])
             assert len(await read_all(client, "swept")) == 24
+
+    rpc.run(main())
+
+
+def test_a_reader_mid_ledger_goes_on_from_the_file_when_the_bookies_drop_it(
+        meta: list[str], tmp_path: Path) -> None:
+    """A reader that opened a ledger on the bookies, then saw it offloaded and
+    its bookie copy deleted and garbage-collected (a deletion lag shorter than
+    the read), reads the rest of the ledger from the Parquet file."""
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("midway", small(partitions=1, entries=600))
+            producer = await client.producer("midway", config=ProducerConfig(batching=False))
+            await asyncio.gather(*[await producer.send_async(b"v%d" % i) for i in range(700)])
+            await producer.close()
+            reader = await client.reader("midway", "earliest")
+            part = reader.partition_readers[0]
+            first = await part.next_batch(1000)  # 256 entries, the bookie handle cached
+            assert 0 < len(first) < 600
+            ledger_id = first[0].position.ledger_id
+            password = (await client.get_stream("midway")).password
+            handle = await client.ledger_client.open_ledger(ledger_id, password=password,
+                                                            recovery=False)
+            bookies = sorted({b for ensemble in handle.metadata.ensembles
+                              for b in ensemble.bookies})
+            [done] = await client.offload("midway", str(tmp_path / "m"), deletion_lag_ms=0)
+            assert done.ledger_id == ledger_id
+            assert (await client.trim("midway")).offloaded_copies_deleted == [ledger_id]
+            pool = rpc.Pool()
+            try:
+                for bookie in bookies:  # the entries leave the bookies' disks now
+                    await pool.call(bookie, GcRequest(), timeout_s=60)
+                with pytest.raises(Exception):  # noqa: B017 - any error: the copy is gone
+                    await handle.read_batch(first[-1].position.entry_id + 1,
+                                            first[-1].position.entry_id + 1)
+            finally:
+                await pool.close()
+            rest = []
+            while batch := await part.next_batch(1000):
+                rest += batch
+            values = [m.value for m in first + rest]
+            assert values == [b"v%d" % i for i in range(700)]
+            await reader.close()
 
     rpc.run(main())

@@ -275,7 +275,19 @@ class PartitionReader:
 
     async def _read(self, info: LedgerInfo, last: int) -> list[Message]:
         handle = await self._handles.get(info)
-        entries = await handle.read_batch(self._entry, last)
+        try:
+            entries = await handle.read_batch(self._entry, last)
+        except QuorumlogError:
+            # A handle opened on the bookies before the ledger was offloaded, whose
+            # bookie copy was deleted since (the deletion lag passed mid-read):
+            # go on from the Parquet copy, if there is one.
+            if info.is_open or isinstance(handle, OffloadedLedger):
+                raise
+            self._handles.forget(info.ledger_id)
+            handle = await self._handles.get(info)
+            if not isinstance(handle, OffloadedLedger):
+                raise
+            entries = await handle.read_batch(self._entry, last)
         if not entries:
             raise QuorumlogError(f"ledger {info.ledger_id}: empty read of entries "
                                  f"{self._entry}..{last}", retriable=True)
