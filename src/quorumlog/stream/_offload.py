@@ -168,9 +168,19 @@ class _FileWriter:
                                retriable=True) from None
 
     def close(self) -> None:
+        """Finish the file; a local one is fsynced with the directories up to the
+        target (object stores make an upload durable when it completes), so the
+        record committed next never names a file a crash could take back."""
+        _, _, pafs = _pyarrow()
         try:
             self._writer.close()
             self._sink.close()
+            if isinstance(self._fs, pafs.LocalFileSystem):
+                _fsync(self._path)
+                parent = os.path.dirname(self._path)
+                for directory in (parent, os.path.dirname(parent),
+                                  os.path.dirname(os.path.dirname(parent))):
+                    _fsync(directory)
         except OSError as exc:
             raise OffloadError(f"cannot write the offload file {self.url}: {exc}",
                                retriable=True) from None
@@ -185,6 +195,14 @@ class _FileWriter:
             delete_file(self.url)
         except OffloadError as exc:
             log.warning("stream_offload_file_left", url=self.url, error=exc.message)
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 # ----- reading --------------------------------------------------------------------------
