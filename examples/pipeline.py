@@ -5,7 +5,11 @@
 3. a Spark job reads the stream (Arrow batches straight from the bookies),
    aggregates per action, and writes the result both to the stream
    ``event-stats`` (one atomic batch write) and to Parquet,
-4. reads both results back and prints them, then stops the cluster.
+4. reads both results back and prints them,
+5. tiered storage: a Spark job offloads the closed ledgers of ``events`` to
+   Parquet files, the bookies' copies are deleted (a deletion lag of 0 for
+   the demo), and Spark reads ``events`` again, now from the files; then it
+   stops the cluster.
 
     ./scripts/uv run --frozen python examples/pipeline.py [--events 5000] [--keep]
 """
@@ -52,6 +56,12 @@ async def produce(meta: list[str], events: int, seed: int) -> float:
         return time.perf_counter() - started
 
 
+async def drop_bookie_copies(meta: list[str]) -> list[int]:
+    """What the nodes' trimmer does once the deletion lag has passed."""
+    async with await StreamClient.connect(meta) as client:
+        return (await client.trim("events")).offloaded_copies_deleted
+
+
 async def read_stats(meta: list[str]) -> list[dict[str, object]]:
     async with await StreamClient.connect(meta) as client:
         rows = []
@@ -61,10 +71,10 @@ async def read_stats(meta: list[str]) -> list[dict[str, object]]:
         return rows
 
 
-def spark_job(meta: list[str], parquet: Path) -> tuple[int, float]:
+def spark_job(meta: list[str], parquet: Path) -> tuple[int, float, int, str]:
     from pyspark.sql import functions as F  # noqa: N812
 
-    from quorumlog.spark import local_session
+    from quorumlog.spark import local_session, offload
 
     spark = local_session("local[2]", "quorumlog-example")
     try:
@@ -91,7 +101,15 @@ def spark_job(meta: list[str], parquet: Path) -> tuple[int, float]:
         stats.show(truncate=False)
         back = spark.read.parquet(str(parquet)).count()
         print(f"Parquet at {parquet}: {back} rows")
-        return count, elapsed
+        result = offload(spark, meta, "events", str(parquet.parent / "tier"), deletion_lag_ms=0)
+        dropped = rpc.run(drop_bookie_copies(meta))
+        again = (spark.read.format("quorumlog").option("meta", ",".join(meta))
+                 .option("stream", "events").load().count())
+        summary = (f"   {result.offloaded} ledgers ({result.entries} entries, "
+                   f"{result.file_bytes:,} bytes of Parquet) under {result.target};\n"
+                   f"   {len(dropped)} bookie copies deleted; Spark read {again} events "
+                   "from the files")
+        return count, elapsed, again, summary
     finally:
         spark.stop()
 
@@ -123,7 +141,7 @@ def main() -> int:
               f"({args.events / seconds:,.0f} events/s)")
         print("3. Spark: read 'events', aggregate per action, write 'event-stats' + Parquet ...")
         parquet = (args.out / "event-stats.parquet").resolve()
-        count, elapsed = spark_job(meta, parquet)
+        count, elapsed, offloaded_count, offload_summary = spark_job(meta, parquet)
         print(f"   Spark read {count} events and wrote the aggregate in {elapsed:.1f} s")
         stats = rpc.run(read_stats(meta))
         print("4. stream 'event-stats' read back with a stream reader:")
@@ -131,6 +149,13 @@ def main() -> int:
             print(f"   {row}")
         if sum(int(row["events"]) for row in stats) != args.events:  # type: ignore[call-overload]
             print("ERROR: the aggregate does not add up to the events produced", file=sys.stderr)
+            return 1
+        print("5. tiered storage (in the same Spark session): the closed ledgers of 'events' "
+              "offloaded to Parquet,\n   the bookies' copies deleted, 'events' read again:")
+        print(offload_summary)
+        if offloaded_count != args.events:
+            print(f"ERROR: {offloaded_count} events read after the offload, not {args.events}",
+                  file=sys.stderr)
             return 1
         print(f"done: {args.events} events -> {len(stats)} aggregate rows in 'event-stats' "
               f"and {parquet}")
