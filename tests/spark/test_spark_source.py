@@ -406,6 +406,11 @@ def test_offload_job_then_reads_from_parquet_after_the_bookies_lose_the_ledgers(
     before = reader(spark, meta, "cold", maxRowsPerPartition="3").collect()
     assert row_tuples(before) == as_tuples(produced)
 
+    a_file = tmp_path / "a-file"
+    a_file.write_bytes(b"")
+    refused = offload(spark, meta, "cold", str(a_file), deletion_lag_ms=0)
+    assert refused.offloaded == 0 and len(refused.failed) == refused.candidates >= 6
+    assert all("cannot write the offload file" in error for _, error in refused.failed)
     result = offload(spark, meta, "cold", str(tmp_path / "tier"), deletion_lag_ms=0, tasks=3)
     assert result.failed == [] and result.offloaded == result.candidates >= 6
     assert result.entries == sum(o.entries for o in result.outcomes)

@@ -32,6 +32,8 @@ from quorumlog.stream import (
     StreamClient,
     StreamConfig,
     StreamNotFoundError,
+    offload_candidates,
+    offload_ledger,
 )
 
 
@@ -359,5 +361,23 @@ def test_a_reader_mid_ledger_goes_on_from_the_file_when_the_bookies_drop_it(
             values = [m.value for m in first + rest]
             assert values == [b"v%d" % i for i in range(700)]
             await reader.close()
+
+    rpc.run(main())
+
+
+def test_two_runs_racing_on_a_ledger_commit_one_file(meta: list[str], tmp_path: Path) -> None:
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("raced", small(partitions=1))
+            await fill(client, "raced", count=8)
+            record = await client.get_stream("raced")
+            [(partition, info), *_] = await offload_candidates(client.ledger_client, record)
+            outcomes = await asyncio.gather(*(
+                offload_ledger(client.ledger_client, record, partition, info, str(tmp_path / t))
+                for t in ("a", "b", "c")))
+            assert sorted(o.status for o in outcomes) == ["already", "already", "offloaded"]
+            [committed] = await client.offloaded("raced")
+            assert files_under(tmp_path) == [Path(committed.url)]
+            assert len(await read_all(client, "raced")) == 16
 
     rpc.run(main())
