@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -161,3 +162,25 @@ class Harness:
         if self.args.markdown:
             self.args.markdown.write_text(self.markdown())
         return 0
+
+
+DISK_BLOCK_BYTES = 4 * 1024 * 1024
+
+
+def disk_write_rate(directory: Path, size_bytes: int) -> float:
+    """The raw disk's baseline: a sequential write of ``size_bytes`` in
+    ``directory`` in 4 MiB blocks, then fsync; bytes per second."""
+    path = directory / "disk-probe.bin"
+    block = os.urandom(DISK_BLOCK_BYTES)
+    written = 0
+    started = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        while written < size_bytes:
+            written += os.write(fd, block)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    elapsed = time.perf_counter() - started
+    path.unlink()
+    return written / elapsed

@@ -42,29 +42,14 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.harness import disk_write_rate
+
 BENCH = "offload_bench"
 MESSAGE_BYTES = 1024
 LEDGER_BYTES = 8 * 1024 * 1024
-DISK_BLOCK_BYTES = 4 * 1024 * 1024
 READ_WAIT_MS = 2000
-
-
-def disk_write_rate(directory: Path, size_bytes: int) -> float:
-    """Sequential write + fsync of ``size_bytes`` in ``directory``: bytes per second."""
-    path = directory / "disk-probe.bin"
-    block = os.urandom(DISK_BLOCK_BYTES)
-    written = 0
-    started = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        while written < size_bytes:
-            written += os.write(fd, block)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    elapsed = time.perf_counter() - started
-    path.unlink()
-    return written / elapsed
 
 
 async def read_everything(client: object, stream: str, messages: int) -> tuple[int, float]:

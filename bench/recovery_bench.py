@@ -53,6 +53,10 @@ import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.harness import disk_write_rate
+
 BENCH = "recovery_bench"
 NODES = 4
 VICTIM = 4
@@ -60,7 +64,6 @@ ENTRY_BYTES = 64 * 1024
 LEDGER_BYTES = 8 * 1024 * 1024
 APPENDS_IN_FLIGHT_MAX = 32
 LEDGERS_IN_PARALLEL = 4
-DISK_BLOCK_BYTES = 4 * 1024 * 1024
 DISK_PROBE_BYTES_MIN = 64 * 1024 * 1024
 SETTLE_DEADLINE_S = 1800.0
 POLL_S = 0.1
@@ -127,24 +130,6 @@ def bytes_copied(metrics: list[str]) -> float:
         total += sum(float(line.split()[-1]) for line in text.splitlines()
                      if line.startswith(METRIC + " "))
     return total
-
-
-def disk_write_rate(directory: Path, size_bytes: int) -> float:
-    """Sequential write + fsync of ``size_bytes`` in ``directory``: bytes per second."""
-    path = directory / "disk-probe.bin"
-    block = os.urandom(DISK_BLOCK_BYTES)
-    written = 0
-    started = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        while written < size_bytes:
-            written += os.write(fd, block)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    elapsed = time.perf_counter() - started
-    path.unlink()
-    return written / elapsed
 
 
 async def recover(meta: list[str], victim: str) -> tuple[float, float]:

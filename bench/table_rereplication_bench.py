@@ -50,6 +50,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.harness import disk_write_rate
+
 BENCH = "table_rereplication_bench"
 TABLE = "rerep"
 REPLICAS = 3
@@ -57,7 +61,6 @@ DEAD_NODE = 4
 VALUE_BYTES = 64 * 1024
 VALUES_PER_BATCH = 16  # one multi-set = 1 MiB
 LOAD_THREADS = 4
-DISK_BLOCK_BYTES = 4 * 1024 * 1024
 DISK_PROBE_BYTES_MIN = 64 * 1024 * 1024
 SETTLE_DEADLINE_S = 600.0
 START_DEADLINE_S = 120.0
@@ -172,24 +175,6 @@ def load(client: Any, partitions: int, mib_per_partition: int) -> int:
 
     with ThreadPoolExecutor(LOAD_THREADS) as pool:
         return sum(pool.map(one, work))
-
-
-def disk_write_rate(directory: Path, size_bytes: int) -> float:
-    """Sequential write + fsync of ``size_bytes`` in ``directory``: bytes per second."""
-    path = directory / "disk-probe.bin"
-    block = os.urandom(DISK_BLOCK_BYTES)
-    written = 0
-    started = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        while written < size_bytes:
-            written += os.write(fd, block)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    elapsed = time.perf_counter() - started
-    path.unlink()
-    return written / elapsed
 
 
 def settled(client: Any) -> bool:
