@@ -903,3 +903,22 @@ def test_old_layout_stream_fails_clearly_and_can_be_deleted(meta: list[str]) -> 
             assert await client.ledger_client.meta.get(ledger_key(handle.id)) is None
 
     rpc.run(main())
+
+
+def test_a_burst_of_pipelined_sends_rolls_over_at_max_entries(meta: list[str]) -> None:
+    """A queue of sends issued at once still goes to ledgers of at most
+    ``max_entries`` (the writer's pump used to issue the whole queue into the
+    current ledger: 300 entries in a ledger of 10), in order."""
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("burst", small(partitions=1, entries=10))
+            producer = await client.producer("burst", config=ProducerConfig(batching=False))
+            await asyncio.gather(*[await producer.send_async(b"%d" % i) for i in range(300)])
+            await producer.close()
+            info = await client.stream_info("burst")
+            sizes = [ledger["entries"] for ledger in info["partitions"][0]["ledgers"]]
+            assert sum(sizes) == 300 and max(sizes) == 10, sizes
+            assert [m.value for m in await read_all(client, "burst")] == [
+                b"%d" % i for i in range(300)]
+
+    rpc.run(main())

@@ -401,7 +401,9 @@ class PartitionWriter:
                 continue
             current = self._current
             assert current is not None
-            while self._queue and self._switching.is_set():
+            # Stop at a full ledger: the rest of the queue goes to the next one
+            # (the loop's next turn rolls over), so a burst never overfills it.
+            while self._queue and self._switching.is_set() and not self.due_for_rollover():
                 if not self._issue(current, self._queue[0]):
                     current.handle.send_queued()
                     await self._wait_for_room()
