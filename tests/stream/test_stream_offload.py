@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -226,6 +227,14 @@ def test_a_damaged_swapped_or_missing_file_is_a_clear_error(meta: list[str],
 
             shutil.copyfile(second, first)  # another ledger's (intact) file in its place
             with pytest.raises(OffloadError, match="is not this ledger's file"):
+                await read_all(client, "damaged")
+
+            import pyarrow.parquet as pq  # a well-formed file, rows out of order
+
+            table = pq.read_table(io.BytesIO(good))
+            swapped = [0, 2, 1, *range(3, table.num_rows)]  # first and last rows in place
+            pq.write_table(table.take(swapped), first)
+            with pytest.raises(OffloadError, match="out of order"):
                 await read_all(client, "damaged")
 
             first.unlink()
