@@ -299,9 +299,13 @@ def test_cli_offloads_and_lists(meta: list[str], tmp_path: Path) -> None:
     rows = json.loads(listed.stdout)["offloaded"]
     assert len(rows) == summary["offloaded"]
     assert all(Path(row["url"]).is_file() for row in rows)
-    typo = cli("offload", "cli-tiered", "--to", "s4://x", "--no-spark")
-    assert typo.returncode == 1
-    assert typo.stderr.startswith("error:") and "Traceback" not in typo.stderr
+    for args in (("cli-tiered", "--to", "s4://x", "--no-spark"),
+                 ("cli-tiered", "--to", "s4://x"),       # checked before Spark starts
+                 ("no-such-stream", "--to", str(tmp_path / "t"))):
+        typo = cli("offload", *args)
+        assert typo.returncode == 1, typo
+        assert typo.stderr.startswith("error:") and "Traceback" not in typo.stderr
+        assert "log4j" not in typo.stderr  # no JVM was started
 
 
 def test_a_dead_runs_file_is_swept_once_old_and_named_files_never(meta: list[str],

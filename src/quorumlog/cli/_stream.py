@@ -411,8 +411,19 @@ def offload(
     if keep_bytes < 0 or deletion_lag_ms < 0:
         raise typer.BadParameter("--keep-bytes and --deletion-lag-ms are 0 or more")
     if spark:
+        import shutil
+
+        from quorumlog.errors import UsageError
         from quorumlog.spark import local_session
         from quorumlog.spark import offload as spark_offload
+
+        if shutil.which("java") is None:
+            raise UsageError("the offload job runs on Spark, which needs Java 17+ on PATH: "
+                             "install it, or offload in this process with --no-spark")
+        from quorumlog.stream import normalize_target
+
+        normalize_target(to)  # a bad target or stream fails before Spark starts
+        _run(members, directory, lambda c: c.get_stream(name))
 
         addresses = _members(members, directory)
         session = local_session(master, "quorumlog-offload")
