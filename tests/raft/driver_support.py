@@ -10,11 +10,14 @@ from typing import Any
 import msgspec
 
 from quorumlog import rpc
-from quorumlog.errors import QuorumlogError
+from quorumlog.errors import ConfigError, QuorumlogError
 from quorumlog.node._cluster import free_ports
 from quorumlog.raft import Role
 from quorumlog.raft._driver import HostConfig, RaftHost
 from rpc.support import wait_until  # tests/rpc/support.py: the shared async poll helper
+
+BIND_ATTEMPTS = 40  # x BIND_RETRY_S: up to 8 s for a taken port to come free
+BIND_RETRY_S = 0.2
 
 GROUP = 7
 DEADLINE_S = 30.0
@@ -72,8 +75,18 @@ class Member:
         self.host = host
 
     async def start_server(self, host: RaftHost) -> None:
-        self.server = rpc.Server(host.handlers())
-        await self.server.start("127.0.0.1", self.port)
+        # The port was free when the cluster chose it (free_ports), or when this
+        # member stopped; another process of a parallel test run may hold it for
+        # a moment since (an outgoing connection's ephemeral port): retry briefly.
+        for attempt in range(BIND_ATTEMPTS):
+            self.server = rpc.Server(host.handlers())
+            try:
+                await self.server.start("127.0.0.1", self.port)
+                return
+            except ConfigError:
+                if attempt == BIND_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(BIND_RETRY_S)
 
     async def stop(self) -> None:
         if self.server is not None:
