@@ -102,7 +102,7 @@ def open_filesystem(url: str) -> tuple[Any, str]:
     try:
         fs, path = pafs.FileSystem.from_uri(url)
         return fs, str(path)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
+    except pa.ArrowException as exc:  # an unknown scheme, or one this pyarrow lacks
         try:
             import fsspec  # type: ignore[import-not-found]  # optional: any fsspec URL
         except ImportError:
