@@ -2,6 +2,7 @@
 
     python stream_child.py produce META STREAM      # sends v0, v1, ... forever
     python stream_child.py consume META STREAM SUB  # receives and acks forever
+    python stream_child.py consume META STREAM SUB NAME  # the same as failover consumer NAME
 
 Each acknowledged send / persisted ack is printed as one JSON line (flushed),
 so the parent knows exactly what the child was told was durable.
@@ -28,14 +29,18 @@ async def produce(meta: list[str], stream: str) -> None:
             i += 1
 
 
-async def consume(meta: list[str], stream: str, subscription: str) -> None:
+async def consume(meta: list[str], stream: str, subscription: str, name: str) -> None:
     async with await StreamClient.connect(meta) as client:
         consumer = await client.subscribe(stream, subscription, config=ConsumerConfig(
-            initial_position="earliest", ack_flush_ms=0, lease_ttl_ms=1000))
+            initial_position="earliest", ack_flush_ms=0, lease_ttl_ms=1000,
+            subscription_type="failover" if name else "exclusive", consumer_name=name))
         print(json.dumps({"ready": True}), flush=True)
         while True:
             message = await consumer.receive()
             assert message is not None
+            if name:
+                print(json.dumps({"received": message.value.decode(),
+                                  "partition": message.partition}), flush=True)
             # Ack every message except those whose value ends in 3 (left unacked).
             if not message.value.endswith(b"3"):
                 # Killed between the two lines, the parent cannot know whether
@@ -54,4 +59,4 @@ if __name__ == "__main__":
     if mode == "produce":
         rpc.run(produce(addresses, stream_arg))
     else:
-        rpc.run(consume(addresses, stream_arg, sys.argv[4]))
+        rpc.run(consume(addresses, stream_arg, sys.argv[4], "".join(sys.argv[5:6])))

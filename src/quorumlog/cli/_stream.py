@@ -276,15 +276,23 @@ def consume(
     initial: str = typer.Option("latest", help="Where a new subscription starts: "
                                 "earliest|latest."),
     wait_ms: int = typer.Option(0, help="Stop when nothing arrives for this long (0: wait)."),
+    sub_type: str = typer.Option("exclusive", "--type", help="Subscription type: exclusive "
+                                 "(one consumer reads every partition) | failover (the "
+                                 "partitions are shared out among the consumers)."),
+    consumer_name: str = typer.Option("", "--consumer-name", help="Failover: this consumer's "
+                                      "name; partitions go to consumers sorted by name "
+                                      "(default host-pid-random)."),
     members: str | None = MembersOption,
     directory: Path | None = DirOption,
 ) -> None:
     """Receive and acknowledge messages of a subscription; prints JSON lines."""
     from quorumlog.stream import ConsumerConfig
 
+    config = ConsumerConfig(initial_position=initial, subscription_type=sub_type,
+                            consumer_name=consumer_name)
+
     async def body(client: Any) -> None:
-        consumer = await client.subscribe(name, subscription,
-                                          config=ConsumerConfig(initial_position=initial))
+        consumer = await client.subscribe(name, subscription, config=config)
         try:
             # --count 0 (until Ctrl-C) has no end to show: no bar.
             with progress(f"consuming {name}", count, streams_stdout=True) as bar:
@@ -559,9 +567,13 @@ def _position_text(position: Any) -> str:
 
 
 def _subscription_row(sub: Any) -> dict[str, Any]:
-    return {"name": sub.name, "connected": sub.connected, "backlog_entries": sub.backlog_entries,
+    return {"name": sub.name, "connected": sub.connected, "type": sub.type or None,
+            "consumers": len(sub.consumers) if sub.type == "failover" else int(sub.connected),
+            "consumer_names": sub.consumers,
+            "backlog_entries": sub.backlog_entries,
             "updated_ms": max((p.updated_ms for p in sub.partitions), default=0),
             "partitions": [{"partition": p.partition, "backlog_entries": p.backlog_entries,
+                            "consumer": p.consumer or None,
                             "mark_delete": None if p.mark_delete is None
                             else p.mark_delete.position.to_json(),
                             "start": None if p.start is None else p.start.position.to_json(),
@@ -578,6 +590,8 @@ def _per_partition(show: Callable[[dict[str, Any]], str]) -> Callable[[Any], str
 SUBSCRIPTION_COLUMNS = (
     field("name", header="subscription", no_wrap=True),
     field("connected", lambda v: "yes" if v else "no"),
+    field("type", lambda v: v or "-"),
+    field("consumers"),
     field("backlog_entries", lambda v: f"{v:,}", header="backlog"),
     field("partitions", _per_partition(lambda p: position_text(p["mark_delete"])),
           header="mark-delete"),
@@ -586,6 +600,8 @@ SUBSCRIPTION_COLUMNS = (
           header="backlog per partition", wide_only=True),
     field("partitions", _per_partition(lambda p: position_text(p["start"])),
           header="start", wide_only=True),
+    field("partitions", _per_partition(lambda p: p["consumer"] or "-"),
+          header="failover consumer per partition", wide_only=True),
 )
 
 

@@ -51,6 +51,7 @@ from quorumlog.stream._layout import (
     TrashRecord,
     check_name,
     config_key,
+    cursor_key_kind,
     cursors_prefix,
     name_key,
     offload_key,
@@ -386,9 +387,10 @@ async def stream_users(client: LedgerClient, name: str) -> tuple[list[int], list
     cursors_dir = cursors_prefix(name)
     partitions = [int(kv.key[len(writers_dir):])
                   for kv in await client.meta.list_keys(writers_dir)]
-    subscriptions = [kv.key[len(cursors_dir):-len("/owner")]
-                     for kv in await client.meta.list_keys(cursors_dir)
-                     if kv.key.endswith("/owner")]
+    subscriptions = {subscription for subscription, kind, _ in
+                     (cursor_key_kind(name, kv.key)
+                      for kv in await client.meta.list_keys(cursors_dir))
+                     if kind in ("owner", "member")}
     return sorted(partitions), sorted(subscriptions)
 
 

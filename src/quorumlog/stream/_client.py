@@ -306,6 +306,14 @@ class BlockingConsumer:
     def receive(self, wait_ms: int | None = None) -> Message | None:
         return self._owner.run(self.consumer.receive(wait_ms))
 
+    @property
+    def partitions(self) -> list[int]:
+        """The partitions this consumer reads now (a failover consumer: its share)."""
+        async def read() -> list[int]:  # on the loop thread, which changes them
+            return self.consumer.partitions
+
+        return self._owner.run(read())
+
     def ack(self, message: Message) -> None:
         self._owner.run(self.consumer.ack(message))
 

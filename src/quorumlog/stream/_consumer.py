@@ -1,25 +1,45 @@
 """Consumer: a named subscription (cursor) on every partition of a stream.
 
-A subscription is exclusive: the consumer holds the ephemeral key
-``cursors/<sub>/owner`` on its meta session (a second consumer waits for it or
-gets SubscriptionBusyError). Per partition it reads from just after the
-persisted mark-delete, skips messages the persisted ranges acknowledge, and
-tracks acknowledgements (``AckTracker``). Acknowledgements are persisted every
-``ack_flush_ms`` (Pulsar's ackGroupTime, 100 ms) and on close, or at once with
-``ack_flush_ms=0``; after a crash the messages acknowledged since the last
-flush are delivered again (at-least-once).
+Two subscription types, after Pulsar's:
+
+- **exclusive** (the default): one consumer holds the ephemeral key
+  ``cursors/<sub>/owner`` on its meta session and reads every partition; a
+  second consumer waits for it or gets SubscriptionBusyError.
+- **failover**: several consumers share the subscription, each partition read
+  by one of them at a time. Each consumer holds ``failover/members/<name>``;
+  partition ``p`` goes to the ``p % n``-th of the ``n`` members sorted by
+  name (Pulsar's rule for partitioned topics). A consumer reads a partition
+  only while it holds that partition's key ``failover/owners/<p>``, taken
+  (compare absent) only after the previous owner flushed its acknowledgements
+  and deleted it, so two consumers never read or acknowledge one partition at
+  once. When a consumer joins, leaves or its lease expires, every member's
+  balancer (a watch on ``failover/``) releases what is no longer its and
+  claims what became its. Messages delivered but not acknowledged before a
+  hand-over are delivered again to the next owner (at-least-once).
+
+The two types exclude each other on one subscription (Pulsar refuses a
+consumer of another type too). Per partition a consumer reads from just after
+the persisted mark-delete, skips messages the persisted ranges acknowledge,
+and tracks acknowledgements (``AckTracker``). Acknowledgements are persisted
+every ``ack_flush_ms`` (Pulsar's ackGroupTime, 100 ms), on close and on a
+hand-over, or at once with ``ack_flush_ms=0``, each guarded by the
+ownership key; after a crash the messages acknowledged since the last flush
+are delivered again (at-least-once).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import re
+import socket
 
 from quorumlog.config import Config, require
 from quorumlog.errors import QuorumlogError, UsageError
 from quorumlog.ledger import LedgerClient
 from quorumlog.log import get_logger
-from quorumlog.meta import PutOp
+from quorumlog.meta import CompactedError, DeleteOp, PutOp
 from quorumlog.stream._cursor import AckTracker, CursorState
 from quorumlog.stream._errors import SubscriptionBusyError
 from quorumlog.stream._layout import (
@@ -28,6 +48,10 @@ from quorumlog.stream._layout import (
     check_name,
     cursor_key,
     cursor_owner_key,
+    failover_member_key,
+    failover_members_prefix,
+    failover_owner_key,
+    failover_prefix,
 )
 from quorumlog.stream._ledgers import LedgerList
 from quorumlog.stream._meta import (
@@ -51,6 +75,16 @@ from quorumlog.stream._writer import owner_name
 log = get_logger(__name__)
 
 CURSOR_CAS_ATTEMPTS_MAX = 32
+EXCLUSIVE = "exclusive"
+FAILOVER = "failover"
+SUBSCRIPTION_TYPES = (EXCLUSIVE, FAILOVER)
+BALANCE_WATCH_MS = 5_000  # a failover consumer re-checks its partitions at least this often
+
+
+def default_consumer_name() -> str:
+    """host-pid-random, in the characters a name may use."""
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname()).strip("-._") or "consumer"
+    return f"{host[:120]}-{os.getpid()}-{os.urandom(4).hex()}"
 
 
 class ConsumerConfig(Config, frozen=True):
@@ -59,10 +93,19 @@ class ConsumerConfig(Config, frozen=True):
     unacked_messages_max: int = 50_000  # Pulsar maxUnackedMessagesPerConsumer
     lease_ttl_ms: int = 10_000
     lease_wait_ms: int = 30_000
+    # "exclusive": one consumer reads every partition; "failover": the partitions
+    # are shared out among the subscription's consumers (Pulsar's SubscriptionType)
+    subscription_type: str = EXCLUSIVE
+    consumer_name: str = ""  # failover: orders the consumers (default host-pid-random)
 
     def validate(self) -> None:
         require(self.initial_position in (EARLIEST, LATEST),
                 "initial_position must be 'earliest' or 'latest'")
+        require(self.subscription_type in SUBSCRIPTION_TYPES,
+                f"subscription_type must be one of {', '.join(SUBSCRIPTION_TYPES)}, "
+                f"got {self.subscription_type!r}")
+        if self.consumer_name:
+            check_name("consumer", self.consumer_name)
         require(self.ack_flush_ms >= 0, "ack_flush_ms must be >= 0")
         require(self.unacked_messages_max >= 1, "unacked_messages_max must be >= 1")
         require(self.lease_ttl_ms >= 500, "lease_ttl_ms must be >= 500")
@@ -93,18 +136,24 @@ class Consumer:
     ``await StreamClient.subscribe(stream, subscription)``."""
 
     def __init__(self, client: LedgerClient, record: StreamRecord, subscription: str, *,
-                 config: ConsumerConfig, session_id: int, owner_revision: int) -> None:
+                 config: ConsumerConfig, session_id: int, consumer_name: str = "") -> None:
         self._client = client
         self._record = record
         self.stream = record.name
         self.subscription = subscription
+        self.consumer_name = consumer_name
         self._config = config
+        self._failover = config.subscription_type == FAILOVER
         self._session_id = session_id
-        self._owner_revision = owner_revision
         self._trackers: dict[int, AckTracker] = {}
+        # partition -> (key, create revision) this consumer holds it by: the exclusive
+        # owner key for every partition, or the partition's failover owner key
+        self._owners: dict[int, tuple[str, int]] = {}
+        self._lock = asyncio.Lock()  # cursor writes against partition hand-overs
         self._reader: Reader | None = None
         self._flusher: asyncio.Task[None] | None = None
         self._keepalive: asyncio.Task[None] | None = None
+        self._balancer: asyncio.Task[None] | None = None
         self._closed = False
         self._lost: QuorumlogError | None = None
         self._metrics = stream_metrics(record.name)
@@ -119,43 +168,158 @@ class Consumer:
         record = await load_record(client.meta, stream)
         session_id = await client.meta.create_session(config.lease_ttl_ms)
         try:
-            revision = await _acquire_owner(client, record.name, subscription, session_id,
-                                            config.lease_wait_ms)
-            consumer = cls(client, record, subscription, config=config, session_id=session_id,
-                           owner_revision=revision)
-            await consumer._start()
+            if config.subscription_type == FAILOVER:
+                name = config.consumer_name or default_consumer_name()
+                await _join_failover(client, record.name, subscription, name, session_id)
+                consumer = cls(client, record, subscription, config=config,
+                               session_id=session_id, consumer_name=name)
+                await consumer._start_failover()
+            else:
+                revision = await _acquire_owner(client, record.name, subscription, session_id,
+                                                config.lease_wait_ms)
+                consumer = cls(client, record, subscription, config=config,
+                               session_id=session_id)
+                owner = cursor_owner_key(record.name, subscription)
+                consumer._owners = {p: (owner, revision)
+                                    for p in range(record.config.partitions)}
+                await consumer._start()
         except BaseException:
             with contextlib.suppress(QuorumlogError):
                 await client.meta.revoke_session(session_id)
             raise
         return consumer
 
+    @property
+    def partitions(self) -> list[int]:
+        """The partitions this consumer reads now (all of them unless failover)."""
+        return sorted(self._owners)
+
+    async def _open_partition(self, partition: int) -> PartitionReader:
+        """Load (or create) the partition's cursor and a reader from just after it."""
+        state, _ = await load_or_create_cursor(self._client, self._record, self.subscription,
+                                               partition, self._config.initial_position)
+        tracker = AckTracker(state, ranges_max=self._record.config.cursor_ranges_max,
+                             pending_max=self._config.unacked_messages_max)
+        ledgers = LedgerList(self._client.meta, self.stream, partition)
+        head = await ledgers.refresh()
+        if state.mark_delete is not None:
+            md = state.mark_delete
+            start = SeqPosition(md.seq, md.entry_id, md.batch_index + 1, md.ledger_id)
+        else:
+            start = state.start or SeqPosition(head.first_seq, 0, 0, 0)
+        if start.seq < head.first_seq:
+            start = SeqPosition(head.first_seq, 0, 0, 0)
+        self._trackers[partition] = tracker
+        return PartitionReader(self._client, self._record, partition, start,
+                               skip_data_loss=True, ledgers=ledgers)
+
     async def _start(self) -> None:
-        parts = []
-        for partition in range(self._record.config.partitions):
-            state, _ = await load_or_create_cursor(self._client, self._record, self.subscription,
-                                                   partition, self._config.initial_position)
-            tracker = AckTracker(state, ranges_max=self._record.config.cursor_ranges_max,
-                                 pending_max=self._config.unacked_messages_max)
-            self._trackers[partition] = tracker
-            ledgers = LedgerList(self._client.meta, self.stream, partition)
-            head = await ledgers.refresh()
-            if state.mark_delete is not None:
-                md = state.mark_delete
-                start = SeqPosition(md.seq, md.entry_id, md.batch_index + 1, md.ledger_id)
-            else:
-                start = state.start or SeqPosition(head.first_seq, 0, 0, 0)
-            if start.seq < head.first_seq:
-                start = SeqPosition(head.first_seq, 0, 0, 0)
-            parts.append(PartitionReader(self._client, self._record, partition, start,
-                                         skip_data_loss=True, ledgers=ledgers))
+        parts = [await self._open_partition(p) for p in range(self._record.config.partitions)]
         self._reader = Reader(parts)
+        self._start_tasks()
+
+    async def _start_failover(self) -> None:
+        partitions = self._record.config.partitions
+        self._reader = Reader([], queue_batches_max=2 * partitions + 2)
+        revision = await self._balance_once()
+        self._start_tasks()
+        self._balancer = asyncio.get_running_loop().create_task(self._balance_loop(revision))
+
+    def _start_tasks(self) -> None:
         loop = asyncio.get_running_loop()
         self._keepalive = loop.create_task(self._keep_alive())
         if self._config.ack_flush_ms > 0:
             self._flusher = loop.create_task(self._flush_loop())
         self._metrics.consumers += 1
         self._counted = True
+
+    # ----- failover: which partitions are this consumer's ------------------------------
+
+    async def _balance_once(self) -> int:
+        """Release the partitions now assigned to another member, claim the free
+        ones assigned to this one; returns the meta revision the members were read at."""
+        members_prefix = failover_members_prefix(self.stream, self.subscription)
+        result, revision = await self._client.meta.range(members_prefix, prefix=True)
+        names = sorted(kv.key[len(members_prefix):] for kv in result.kvs)
+        if self.consumer_name not in names:
+            self._lost = SubscriptionBusyError(
+                f"subscription {self.subscription!r} of {self.stream!r}: consumer "
+                f"{self.consumer_name!r} is no longer a member (its lease expired, or the "
+                "subscription was reset or deleted with force)")
+            return int(revision)
+        mine = {p for p in range(self._record.config.partitions)
+                if names[p % len(names)] == self.consumer_name}
+        for partition in sorted(set(self._owners) - mine):
+            await self._release(partition)
+        for partition in sorted(mine - set(self._owners)):
+            await self._claim(partition)
+        return int(revision)
+
+    async def _balance_loop(self, revision: int) -> None:
+        meta = self._client.meta
+        while not self._closed and self._lost is None:
+            with contextlib.suppress(CompactedError):  # re-read below either way
+                await meta.watch_once(failover_prefix(self.stream, self.subscription),
+                                      prefix=True, start_revision=revision + 1,
+                                      wait_ms=BALANCE_WATCH_MS)
+            try:
+                revision = await self._balance_once()
+            except QuorumlogError as exc:
+                log.warning("consumer_balance_failed", stream=self.stream,
+                            subscription=self.subscription, error=exc.message)
+                await asyncio.sleep(0.5)
+
+    async def _claim(self, partition: int) -> None:
+        """Take the partition if its previous owner let it go (else the watch on
+        ``failover/`` wakes the balancer when it does)."""
+        meta = self._client.meta
+        key = failover_owner_key(self.stream, self.subscription, partition)
+        lease = WriterLease(owner=self.consumer_name,
+                            acquired_ms=self._client.clock.wall_ms()).encode()
+        result = await meta.txn(compares=[version_is(key, 0)],
+                                success=[PutOp(key=key, value=lease, session_id=self._session_id)])
+        if not result.succeeded:
+            return
+        kv = await meta.get(key)
+        if kv is None or kv.session_id != self._session_id:
+            return
+        async with self._lock:
+            try:
+                part = await self._open_partition(partition)
+            except BaseException:
+                self._trackers.pop(partition, None)
+                with contextlib.suppress(QuorumlogError):
+                    await meta.txn(compares=[created_at(key, kv.create_revision)],
+                                   success=[DeleteOp(key=key)])
+                raise
+            self._owners[partition] = (key, kv.create_revision)
+            assert self._reader is not None
+            self._reader.add(part)
+        log.info("consumer_partition_claimed", stream=self.stream,
+                 subscription=self.subscription, consumer=self.consumer_name,
+                 partition=partition)
+
+    async def _release(self, partition: int) -> None:
+        """Stop reading the partition, persist its acknowledgements, then let it go."""
+        async with self._lock:
+            assert self._reader is not None
+            await self._reader.remove(partition)
+            tracker = self._trackers[partition]
+            if tracker.dirty:
+                try:
+                    await self._persist(partition, tracker)
+                except QuorumlogError as exc:  # delivered again to the next owner
+                    log.warning("consumer_release_flush_failed", stream=self.stream,
+                                partition=partition, error=exc.message)
+            del self._trackers[partition]
+            key, revision = self._owners.pop(partition)
+            await self._client.meta.txn(compares=[created_at(key, revision)],
+                                        success=[DeleteOp(key=key)])
+        log.info("consumer_partition_released", stream=self.stream,
+                 subscription=self.subscription, consumer=self.consumer_name,
+                 partition=partition)
+
+    # ----- background ----------------------------------------------------------------------
 
     async def _keep_alive(self) -> None:
         while not self._closed:
@@ -179,17 +343,17 @@ class Consumer:
     # ----- receiving ----------------------------------------------------------------------
 
     async def receive(self, wait_ms: int | None = None) -> Message | None:
-        """The next message (any partition); None if none arrived in ``wait_ms``
-        (None: wait as long as it takes)."""
+        """The next message (any partition this consumer reads); None if none
+        arrived in ``wait_ms`` (None: wait as long as it takes)."""
         if self._closed:
             raise UsageError("the consumer is closed")
-        if self._lost is not None:
-            raise self._lost
         reader = self._reader
         assert reader is not None
         loop = asyncio.get_running_loop()
         deadline = None if wait_ms is None else loop.time() + wait_ms / 1000
         while True:
+            if self._lost is not None:
+                raise self._lost
             reader.pause(any(t.full for t in self._trackers.values()))
             remaining = 500 if deadline is None else int((deadline - loop.time()) * 1000)
             if remaining <= 0:
@@ -197,7 +361,9 @@ class Consumer:
             message = await reader.read_next(min(remaining, 500))
             if message is None:
                 continue
-            tracker = self._trackers[message.partition]
+            tracker = self._trackers.get(message.partition)
+            if tracker is None:  # fetched just before the partition was handed over
+                continue
             position = message.seq_position
             if tracker.should_skip(position.key):
                 if tracker.mark_delete is None or position.key > tracker.mark_delete.key:
@@ -214,9 +380,22 @@ class Consumer:
         assert message is not None
         return message
 
+    def _tracker_for(self, message: Message) -> AckTracker | None:
+        tracker = self._trackers.get(message.partition)
+        if tracker is None and not (self._failover
+                                    and 0 <= message.partition < self._record.config.partitions):
+            raise UsageError(f"message {message.position} is not of a partition of "
+                             f"stream {self.stream!r}")
+        return tracker
+
     async def ack(self, message: Message) -> None:
-        """Acknowledge one message (persisted within ``ack_flush_ms``)."""
-        tracker = self._trackers[message.partition]
+        """Acknowledge one message (persisted within ``ack_flush_ms``).
+
+        A failover consumer's acknowledgement of a partition it has handed over
+        since is dropped: the next owner delivers that message again."""
+        tracker = self._tracker_for(message)
+        if tracker is None:
+            return
         if not tracker.ack(message.seq_position):
             raise UsageError(f"message {message.position} was not delivered to this consumer "
                              "or is already acknowledged")
@@ -225,24 +404,28 @@ class Consumer:
 
     async def ack_cumulative(self, message: Message) -> None:
         """Acknowledge every message of the partition up to this one."""
-        self._trackers[message.partition].ack_cumulative(message.seq_position)
+        tracker = self._tracker_for(message)
+        if tracker is None:
+            return
+        tracker.ack_cumulative(message.seq_position)
         if self._config.ack_flush_ms == 0:
             await self.flush_acks()
 
     async def flush_acks(self) -> None:
         """Persist every cursor that changed since the last flush."""
-        for partition, tracker in self._trackers.items():
-            if tracker.dirty:
-                tracker.dirty = False
-                try:
-                    await self._persist(partition, tracker)
-                except BaseException:
-                    tracker.dirty = True
-                    raise
+        async with self._lock:
+            for partition, tracker in list(self._trackers.items()):
+                if tracker.dirty:
+                    tracker.dirty = False
+                    try:
+                        await self._persist(partition, tracker)
+                    except BaseException:
+                        tracker.dirty = True
+                        raise
 
     async def _persist(self, partition: int, tracker: AckTracker) -> None:
         key = cursor_key(self.stream, self.subscription, partition)
-        owner = cursor_owner_key(self.stream, self.subscription)
+        owner, owner_revision = self._owners[partition]
         for _ in range(CURSOR_CAS_ATTEMPTS_MAX):
             kv = await self._client.meta.get(key)
             state = tracker.state(self._client.clock.wall_ms())
@@ -256,17 +439,19 @@ class Consumer:
                                         ranges=tuple(r for r in state.ranges if r[0] > md),
                                         start=state.start, updated_ms=state.updated_ms)
             result = await self._client.meta.txn(
-                compares=[created_at(owner, self._owner_revision),
+                compares=[created_at(owner, owner_revision),
                           version_is(key, kv.version if kv else 0)],
                 success=[PutOp(key=key, value=state.encode())],
             )
             if result.succeeded:
                 return
             owner_kv = await self._client.meta.get(owner)
-            if owner_kv is None or owner_kv.create_revision != self._owner_revision:
+            if owner_kv is None or owner_kv.create_revision != owner_revision:
+                held = (f"partition {partition} of {self.stream!r}" if self._failover
+                        else f"subscription {self.subscription!r} of {self.stream!r}")
                 self._lost = SubscriptionBusyError(
-                    f"subscription {self.subscription!r} of {self.stream!r} is now held by "
-                    "another consumer; acknowledgements since the last flush are not saved")
+                    f"{held} is now held by another consumer; acknowledgements since the "
+                    "last flush are not saved")
                 raise self._lost
         raise SubscriptionBusyError(f"cursor {key} kept changing; acknowledgement not saved")
 
@@ -276,7 +461,7 @@ class Consumer:
         self._closed = True
         if self._counted:
             self._metrics.consumers -= 1
-        for task in (self._flusher, self._keepalive):
+        for task in (self._balancer, self._flusher, self._keepalive):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -313,6 +498,12 @@ async def _acquire_owner(client: LedgerClient, stream: str, subscription: str, s
         if result.succeeded:
             kv = await client.meta.get(key)
             if kv is not None and kv.session_id == session_id:
+                members = await client.meta.list_keys(failover_members_prefix(stream,
+                                                                              subscription))
+                if members:  # failover consumers joined first: theirs
+                    await client.meta.txn(compares=[created_at(key, kv.create_revision)],
+                                          success=[DeleteOp(key=key)])
+                    raise _type_conflict(stream, subscription, FAILOVER, len(members))
                 revision: int = kv.create_revision
                 return revision
             continue
@@ -328,3 +519,36 @@ async def _acquire_owner(client: LedgerClient, stream: str, subscription: str, s
             )
         await watch_key_once(client.meta, key, start_revision=kv.mod_revision + 1,
                              wait_ms=min(remaining, 1000))
+
+
+def _type_conflict(stream: str, subscription: str, held_by: str,
+                   count: int = 1) -> SubscriptionBusyError:
+    wanted = EXCLUSIVE if held_by == FAILOVER else FAILOVER
+    consumers = f"{count} {held_by} consumer" + ("s" if count != 1 else "")
+    article = "an" if wanted == EXCLUSIVE else "a"
+    return SubscriptionBusyError(
+        f"subscription {subscription!r} of stream {stream!r} has {consumers}; {article} {wanted} "
+        f"consumer cannot join it (subscribe with subscription_type={held_by!r}, or use "
+        "another subscription)")
+
+
+async def _join_failover(client: LedgerClient, stream: str, subscription: str, name: str,
+                         session_id: int) -> None:
+    """Become a member of a failover subscription (its balancer then claims partitions)."""
+    owner = cursor_owner_key(stream, subscription)
+    key = failover_member_key(stream, subscription, name)
+    lease = WriterLease(owner=name, acquired_ms=client.clock.wall_ms()).encode()
+    for _ in range(CURSOR_CAS_ATTEMPTS_MAX):
+        result = await client.meta.txn(
+            compares=[version_is(owner, 0), version_is(key, 0)],
+            success=[PutOp(key=key, value=lease, session_id=session_id)])
+        if result.succeeded:
+            return
+        if await client.meta.get(owner) is not None:
+            raise _type_conflict(stream, subscription, EXCLUSIVE)
+        if await client.meta.get(key) is not None:
+            raise SubscriptionBusyError(
+                f"subscription {subscription!r} of stream {stream!r} already has a consumer "
+                f"named {name!r}; give each failover consumer its own consumer_name")
+    raise SubscriptionBusyError(f"could not join subscription {subscription!r} of {stream!r}: "
+                                "its keys kept changing")

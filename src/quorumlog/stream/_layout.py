@@ -8,7 +8,12 @@ Keys (``<p>`` is the partition number, 4 digits; ``<seq>`` 20 digits)::
     /streams/<name>/ledgers/<p>/<last seq>        LedgerRun: older closed ledgers, in order
     /streams/<name>/writers/<p>                   WriterLease, ephemeral (writer's session)
     /streams/<name>/cursors/<sub>/<p>             CursorState
-    /streams/<name>/cursors/<sub>/owner           ConsumerLease, ephemeral
+    /streams/<name>/cursors/<sub>/owner           WriterLease, ephemeral: the exclusive consumer
+    /streams/<name>/cursors/<sub>/failover/members/<consumer>
+                                                  WriterLease, ephemeral: a failover consumer
+    /streams/<name>/cursors/<sub>/failover/owners/<p>
+                                                  WriterLease, ephemeral: the failover consumer
+                                                  reading partition <p> now
     /streams/<name>/pending/<job>/<ledger>        a ledger a Spark task wrote, not linked yet
     /streams/<name>/trash/<p>-<first seq>         TrashRecord: ledgers trimmed, to delete
     /streams/<name>/offloaded/<ledger id>         OffloadRecord: the ledger's copy in Parquet
@@ -148,6 +153,44 @@ def cursor_key(stream: str, subscription: str, partition: int) -> str:
 
 def cursor_owner_key(stream: str, subscription: str) -> str:
     return f"{STREAMS_PREFIX}{stream}/cursors/{subscription}/owner"
+
+
+def failover_prefix(stream: str, subscription: str) -> str:
+    """Keys of a failover subscription's consumers (``members/``) and of who reads
+    each partition (``owners/``)."""
+    return f"{STREAMS_PREFIX}{stream}/cursors/{subscription}/failover/"
+
+
+def failover_members_prefix(stream: str, subscription: str) -> str:
+    return f"{failover_prefix(stream, subscription)}members/"
+
+
+def failover_member_key(stream: str, subscription: str, consumer: str) -> str:
+    return f"{failover_members_prefix(stream, subscription)}{consumer}"
+
+
+def failover_owner_key(stream: str, subscription: str, partition: int) -> str:
+    return f"{failover_prefix(stream, subscription)}owners/{partition:04d}"
+
+
+def cursor_key_kind(stream: str, key: str) -> tuple[str, str, str]:
+    """What a key under ``cursors/`` is: (subscription, kind, detail).
+
+    kind ``cursor`` (detail: the partition's digits), ``owner`` (the exclusive
+    consumer's key), ``member`` (detail: a failover consumer's name),
+    ``partition-owner`` (detail: the partition's digits) or ``other``.
+    """
+    subscription, _, tail = key[len(cursors_prefix(stream)):].partition("/")
+    if tail.isdigit():
+        return subscription, "cursor", tail
+    if tail == "owner":
+        return subscription, "owner", ""
+    if tail.startswith("failover/members/"):
+        return subscription, "member", tail[len("failover/members/"):]
+    owners = tail.removeprefix("failover/owners/")
+    if owners != tail and owners.isdigit():
+        return subscription, "partition-owner", owners
+    return subscription, "other", tail
 
 
 def pending_prefix(stream: str, job: str = "") -> str:
@@ -575,13 +618,18 @@ def trim_step(head: PartitionHead, runs: Sequence[LedgerRun], count: int) -> Tri
 
 
 class WriterLease(msgspec.Struct, frozen=True, kw_only=True):
-    """Value of a partition's writer key (ephemeral, bound to the writer's session)."""
+    """Value of a partition's writer key and of a consumer's keys (ephemeral, bound
+    to the writer's or consumer's session)."""
 
-    owner: str  # host:pid:random, for operators
+    owner: str  # host:pid:random (a failover consumer: its name), for operators
     acquired_ms: int
 
     def encode(self) -> bytes:
         return msgspec.msgpack.encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> WriterLease:
+        return _decode(msgspec.msgpack.Decoder(WriterLease), data, "lease")
 
 
 class PendingLedger(msgspec.Struct, frozen=True, kw_only=True):

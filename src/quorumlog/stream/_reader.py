@@ -347,7 +347,8 @@ class Reader:
         self._buffer: list[Message] = []
         self._queue: asyncio.Queue[list[Message] | BaseException] = asyncio.Queue(
             queue_batches_max or 2 * len(parts) + 2)
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[PartitionReader, asyncio.Task[None]] = {}
+        self._started = False
         self._paused: asyncio.Event = asyncio.Event()
         self._paused.set()
 
@@ -371,9 +372,36 @@ class Reader:
         return cls(parts)
 
     def _start(self) -> None:
-        if not self._tasks:
-            loop = asyncio.get_running_loop()
-            self._tasks = [loop.create_task(self._run(part)) for part in self._parts]
+        if not self._started:
+            self._started = True
+            for part in self._parts:
+                self._tasks[part] = asyncio.get_running_loop().create_task(self._run(part))
+
+    def add(self, part: PartitionReader) -> None:
+        """Read one more partition (a failover consumer given a partition)."""
+        self._parts.append(part)
+        if self._started:
+            self._tasks[part] = asyncio.get_running_loop().create_task(self._run(part))
+
+    async def remove(self, partition: int) -> None:
+        """Stop reading ``partition`` and drop what was fetched of it and not yet
+        returned (a failover consumer handing the partition over): a reader of it
+        added later starts clean, with nothing of this one queued before it."""
+        gone = [part for part in self._parts if part.partition == partition]
+        self._parts = [part for part in self._parts if part.partition != partition]
+        tasks = [task for part in gone if (task := self._tasks.pop(part, None)) is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._buffer = [m for m in self._buffer if m.partition != partition]
+        kept = []
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if isinstance(item, BaseException) or not item or item[0].partition != partition:
+                kept.append(item)
+        for item in kept:  # no await in between: room for each, as before the drain
+            self._queue.put_nowait(item)
 
     async def _run(self, part: PartitionReader) -> None:
         try:
@@ -423,11 +451,12 @@ class Reader:
                 return message
 
     async def close(self) -> None:
-        for task in self._tasks:
+        tasks = list(self._tasks.values())
+        for task in tasks:
             task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks = {}
 
     async def __aenter__(self) -> Reader:
         return self

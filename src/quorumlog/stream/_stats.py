@@ -18,7 +18,8 @@ Rates come from two samples of what meta and the bookies expose, taken
   not known without reading it, so while it holds entries the figure is a
   lower bound (``storage_exact`` false), never a guess.
 - **producers / consumers** — a partition has one writer at most (its lease
-  key); a subscription has one consumer at most (its owner key).
+  key); an exclusive subscription has one consumer at most (its owner key), a
+  failover one a consumer per member key.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from quorumlog.stream._entry import decode_entry
 from quorumlog.stream._layout import (
     PartitionHead,
     StreamRecord,
+    cursor_key_kind,
     cursors_prefix,
     writer_key,
 )
@@ -63,7 +65,7 @@ class _PartitionSample:
 class _Sample:
     at_s: float
     partitions: list[_PartitionSample]
-    owners: set[str]  # subscriptions a consumer holds
+    owners: dict[str, int]  # subscription -> its consumers (exclusive: 1)
 
 
 async def _first_unconsumed(ledgers: LedgerList, head: PartitionHead, state: CursorState,
@@ -84,13 +86,13 @@ async def _sample(client: LedgerClient, record: StreamRecord, handles: LedgerHan
                   lists: list[LedgerList]) -> _Sample:
     prefix = cursors_prefix(record.name)
     cursors: dict[str, dict[int, CursorState]] = {}
-    owners: set[str] = set()
+    owners: dict[str, int] = {}
     for kv in await client.meta.list_keys(prefix):
-        subscription, _, tail = kv.key[len(prefix):].partition("/")
-        if tail == "owner":
-            owners.add(subscription)
-        elif tail.isdigit():
-            cursors.setdefault(subscription, {})[int(tail)] = CursorState.decode(kv.value)
+        subscription, kind, detail = cursor_key_kind(record.name, kv.key)
+        if kind in ("owner", "member"):
+            owners[subscription] = owners.get(subscription, 0) + 1
+        elif kind == "cursor":
+            cursors.setdefault(subscription, {})[int(detail)] = CursorState.decode(kv.value)
     partitions = []
     for partition, ledgers in enumerate(lists):
         head = await ledgers.refresh()
@@ -162,7 +164,7 @@ async def stream_stats(client: LedgerClient, name: str, *, interval_s: float = 1
             sub: {"backlog_entries": b.end_offset - consumed,
                   "out_entries_per_s": _rate(max(0, consumed - a.consumed.get(sub, consumed)),
                                              elapsed_s),
-                  "consumers": int(sub in second.owners)}
+                  "consumers": second.owners.get(sub, 0)}
             for sub, consumed in sorted(b.consumed.items())}
         partitions.append({
             "partition": p,

@@ -12,7 +12,8 @@ and the backlog of ``topics stats``:
   so that consumption starts at a position, a publish time, ``earliest`` or
   ``latest``. Both refuse while a consumer holds the subscription
   (:class:`StreamInUseError`) unless forced; forced, they also delete the
-  consumer's ownership key in the same transaction, so its next
+  consumers' ownership keys (the exclusive owner, or every failover member
+  and partition owner) in the same transaction, so their next
   acknowledgement fails (``SubscriptionBusyError``) instead of overwriting
   the change.
 """
@@ -28,10 +29,14 @@ from quorumlog.stream._cursor import CursorState
 from quorumlog.stream._errors import StreamInUseError, SubscriptionNotFoundError
 from quorumlog.stream._layout import (
     StreamRecord,
+    WriterLease,
     check_name,
     cursor_key,
+    cursor_key_kind,
     cursor_owner_key,
     cursors_prefix,
+    failover_members_prefix,
+    failover_prefix,
 )
 from quorumlog.stream._ledgers import LedgerList
 from quorumlog.stream._meta import load_record, version_is
@@ -46,6 +51,7 @@ class PartitionCursor:
     start: SeqPosition | None
     backlog_entries: int
     updated_ms: int
+    consumer: str = ""  # failover: the consumer reading this partition now
 
 
 @dataclass
@@ -53,6 +59,8 @@ class SubscriptionInfo:
     name: str
     connected: bool  # a consumer holds it now
     partitions: list[PartitionCursor] = field(default_factory=list)
+    type: str = ""  # "exclusive" or "failover" while connected
+    consumers: list[str] = field(default_factory=list)  # failover members, by name
 
     @property
     def backlog_entries(self) -> int:
@@ -90,23 +98,30 @@ async def _backlog(client: LedgerClient, record: StreamRecord, partition: int,
 async def list_subscriptions(client: LedgerClient, name: str) -> list[SubscriptionInfo]:
     """Every subscription of the stream with its cursors and backlog."""
     record = await load_record(client.meta, name)
-    prefix = cursors_prefix(name)
     handles = LedgerHandles(client, record)
     found: dict[str, SubscriptionInfo] = {}
-    for kv in await client.meta.list_keys(prefix):
-        subscription, _, tail = kv.key[len(prefix):].partition("/")
+    readers: dict[tuple[str, int], str] = {}
+    for kv in await client.meta.list_keys(cursors_prefix(name)):
+        subscription, kind, detail = cursor_key_kind(name, kv.key)
         info = found.setdefault(subscription, SubscriptionInfo(subscription, connected=False))
-        if tail == "owner":
-            info.connected = True
-        elif tail.isdigit():
+        if kind == "owner":
+            info.connected, info.type = True, "exclusive"
+        elif kind == "member":
+            info.connected, info.type = True, "failover"
+            info.consumers.append(detail)
+        elif kind == "partition-owner":
+            readers[subscription, int(detail)] = WriterLease.decode(kv.value).owner
+        elif kind == "cursor":
             state = CursorState.decode(kv.value)
-            partition = int(tail)
+            partition = int(detail)
             info.partitions.append(PartitionCursor(
                 partition=partition, mark_delete=state.mark_delete, start=state.start,
                 backlog_entries=await _backlog(client, record, partition, state, handles),
                 updated_ms=state.updated_ms))
     for info in found.values():
         info.partitions.sort(key=lambda p: p.partition)
+        for part in info.partitions:
+            part.consumer = readers.get((info.name, part.partition), "")
     return [found[s] for s in sorted(found)]
 
 
@@ -118,15 +133,17 @@ async def _checked(client: LedgerClient, name: str, subscription: str, *, force:
     keys = [cursor_key(name, subscription, p) for p in range(record.config.partitions)]
     present = [k for k in keys if await client.meta.get(k) is not None]
     owner = await client.meta.get(cursor_owner_key(name, subscription))
-    if not present and owner is None:
+    members = await client.meta.list_keys(failover_members_prefix(name, subscription))
+    if not present and owner is None and not members:
         raise SubscriptionNotFoundError(
             f"stream {name!r} has no subscription {subscription!r} "
             "(quorumlog stream subscriptions lists them)")
-    if owner is not None and not force:
+    if (owner is not None or members) and not force:
+        live = "a live consumer" if owner is not None else f"{len(members)} live consumer(s)"
         raise StreamInUseError(
-            f"subscription {subscription!r} of stream {name!r} has a live consumer; nothing "
-            f"was changed. Close it first (or wait for its lease to expire), or {action} with "
-            "--force / force=True: its next acknowledgement then fails")
+            f"subscription {subscription!r} of stream {name!r} has {live}; nothing "
+            f"was changed. Close them first (or wait for their leases to expire), or {action} "
+            "with --force / force=True: their next acknowledgement then fails")
     return record, present, 0 if owner is None else owner.version
 
 
@@ -138,7 +155,8 @@ async def unsubscribe(client: LedgerClient, name: str, subscription: str, *,
     owner = cursor_owner_key(name, subscription)
     result = await client.meta.txn(
         compares=[version_is(owner, owner_version)],
-        success=[*(DeleteOp(key=k) for k in present), DeleteOp(key=owner)])
+        success=[*(DeleteOp(key=k) for k in present), DeleteOp(key=owner),
+                 DeleteOp(key=failover_prefix(name, subscription), prefix=True)])
     if not result.succeeded:
         raise StreamInUseError(f"subscription {subscription!r} of stream {name!r} changed "
                                "owner meanwhile; nothing was changed, try again")
@@ -168,7 +186,9 @@ async def reset_cursor(client: LedgerClient, name: str, subscription: str, to: S
                           value=CursorState(start=start, updated_ms=now).encode()))
     owner = cursor_owner_key(name, subscription)
     result = await client.meta.txn(compares=[version_is(owner, owner_version)],
-                                   success=[*puts, DeleteOp(key=owner)])
+                                   success=[*puts, DeleteOp(key=owner),
+                                            DeleteOp(key=failover_prefix(name, subscription),
+                                                     prefix=True)])
     if not result.succeeded:
         raise StreamInUseError(f"subscription {subscription!r} of stream {name!r} changed "
                                "owner meanwhile; nothing was changed, try again")
