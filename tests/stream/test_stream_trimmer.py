@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -14,21 +15,24 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import pytest
 
 from quorumlog import node as cluster
 from quorumlog import rpc
-from quorumlog.errors import ConfigError
+from quorumlog.errors import ConfigError, UsageError
 from quorumlog.proto import ledger_key
 from quorumlog.stream import (
     TRIMMER_KEY,
     ConsumerConfig,
+    OffloadPolicy,
     RetentionPolicy,
     RolloverPolicy,
     StreamClient,
     StreamConfig,
+    StreamNotFoundError,
     TrimmerConfig,
 )
 
@@ -173,3 +177,130 @@ def test_trimmer_config_refuses_bad_values() -> None:
         TrimmerConfig(lease_ttl_ms=10).validate()
     with pytest.raises(ConfigError, match="streams_in_flight_max"):
         TrimmerConfig(streams_in_flight_max=0).validate()
+    with pytest.raises(ConfigError, match="offload_ledgers_per_round_max"):
+        TrimmerConfig(offload_ledgers_per_round_max=-1).validate()
+
+
+def quorumlog(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "quorumlog", *args], capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+def test_an_offload_policy_offloads_in_the_background(directory: Path, tmp_path: Path) -> None:
+    nodes = cluster.load(directory)
+    meta = cluster.meta_addresses(directory)
+    tier = tmp_path / "tier"
+
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("auto", StreamConfig(
+                partitions=2, writer_lease_ttl_ms=1000,
+                rollover=RolloverPolicy(max_entries=4, min_time_ms=0),
+                retention=RetentionPolicy(time_ms=-1)))
+            producer = await client.producer("auto")
+            for i in range(40):
+                await producer.send(b"m%d" % i, key=f"k{i}")
+
+            async def closed_ledgers() -> set[int]:
+                info = await client.stream_info("auto")
+                return {ledger["ledger_id"] for part in info["partitions"]
+                        for ledger in part["ledgers"]
+                        if ledger.get("status") == "closed" and ledger["entries"] > 0}
+
+            before = sorted([(m.partition, m.position.to_json(), m.value) for m in
+                             await read_all(client, "auto")], key=repr)
+            assert len(before) == 40
+            # No policy: a few rounds offload nothing.
+            holder = await client.ledger_client.meta.get(TRIMMER_KEY)
+            assert holder is not None
+            trimmer = next(n for n in nodes if n.address == holder.value.decode())
+            rounds = scrape(trimmer.metrics, "quorumlog_stream_trimmer_rounds_total")
+            await wait_for("two trimmer rounds", lambda: asyncio.to_thread(
+                lambda: scrape(trimmer.metrics, "quorumlog_stream_trimmer_rounds_total")
+                >= rounds + 2))
+            assert await client.offloaded("auto") == []
+
+            # Bad updates change nothing.
+            with pytest.raises(UsageError, match="needs an offload target"):
+                await client.update_stream("auto", offload=OffloadPolicy(threshold_bytes=0))
+            with pytest.raises(UsageError, match="offload target"):
+                await client.update_stream("auto", offload=OffloadPolicy(
+                    target="nosuchscheme://x", threshold_bytes=0))
+            with pytest.raises(StreamNotFoundError):
+                await client.update_stream("nosuch", retention=RetentionPolicy())
+            assert (await client.get_stream("auto")).config.offload == OffloadPolicy()
+
+            # Every closed ledger is offloaded, and with no deletion lag the
+            # bookies' copy goes at a next round; the stream reads the same.
+            record = await client.update_stream("auto", offload=OffloadPolicy(
+                target=str(tier), threshold_bytes=0, deletion_lag_ms=0))
+            assert record.config.offload.enabled
+            closed = await closed_ledgers()
+            assert len(closed) >= 6
+
+            async def offloaded_and_gone() -> bool:
+                records = {r.ledger_id: r for r in await client.offloaded("auto")}
+                return closed <= set(records) and all(
+                    records[i].bookies_deleted_ms for i in closed)
+
+            await wait_for("the closed ledgers offloaded, their bookie copies deleted",
+                           offloaded_and_gone)
+            for ledger_id in closed:
+                assert await client.ledger_client.meta.get(ledger_key(ledger_id)) is None
+            after = sorted([(m.partition, m.position.to_json(), m.value) for m in
+                            await read_all(client, "auto")], key=repr)
+            assert after == before
+            assert scrape(trimmer.metrics,
+                          "quorumlog_stream_trimmer_offloaded_ledgers_total") >= len(closed)
+
+            # Turned off from the CLI: new closed ledgers stay on the bookies only.
+            shown = await asyncio.to_thread(quorumlog, "stream", "update", "auto",
+                                            "--offload-threshold-bytes", "-1",
+                                            "--dir", str(directory))
+            assert shown.returncode == 0, shown
+            assert "no automatic offload" in " ".join(shown.stdout.split())  # wrapped at 80
+            done = {r.ledger_id for r in await client.offloaded("auto")}
+            for i in range(40, 64):
+                await producer.send(b"m%d" % i, key=f"k{i}")
+            await producer.close()
+            rounds = scrape(trimmer.metrics, "quorumlog_stream_trimmer_rounds_total")
+            await wait_for("two more trimmer rounds", lambda: asyncio.to_thread(
+                lambda: scrape(trimmer.metrics, "quorumlog_stream_trimmer_rounds_total")
+                >= rounds + 2))
+            assert {r.ledger_id for r in await client.offloaded("auto")} == done
+            assert len(await closed_ledgers()) > len(closed)
+
+    rpc.run(main())
+
+
+async def read_all(client: StreamClient, stream: str) -> list[Any]:
+    out = []
+    async with await client.reader(stream, "earliest") as reader:
+        while (message := await reader.read_next(1500)) is not None:
+            out.append(message)
+    return out
+
+
+def test_cli_update_refuses_bad_input(directory: Path) -> None:
+    async def create() -> None:
+        async with await StreamClient.connect(cluster.meta_addresses(directory)) as client:
+            await client.create_stream("upd", StreamConfig())
+
+    rpc.run(create())
+    where = ("--dir", str(directory))
+    nothing = quorumlog("stream", "update", "upd", *where)
+    assert nothing.returncode == 2 and "nothing to change" in nothing.stderr, nothing.stderr
+    for args, needle in ((("--offload-to", "nosuchscheme://bucket",
+                           "--offload-threshold-bytes", "0"), "offload target"),
+                         (("--offload-threshold-bytes", "0"), "needs an offload target"),
+                         (("--retention-time-ms", "-5"), "retention time_ms"),
+                         (("--ttl-ms", "1"), None)):
+        result = quorumlog("stream", "update", "upd" if needle else "nosuch", *args, *where)
+        assert result.returncode == 1, result
+        assert result.stderr.count("error:") == 1 and "Traceback" not in result.stderr
+        assert (needle or "does not exist") in result.stderr, result.stderr
+    shown = quorumlog("stream", "update", "upd", "--ttl-ms", "600000", *where)
+    assert shown.returncode == 0 and "ttl 10 min" in " ".join(shown.stdout.split()), shown
+    listed = quorumlog("stream", "list", "-o", "json", *where)
+    [row] = [r for r in json.loads(listed.stdout)["streams"] if r["name"] == "upd"]
+    assert (row["message_ttl_ms"], row["offload_threshold_bytes"]) == (600000, -1)

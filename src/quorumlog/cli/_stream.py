@@ -38,6 +38,20 @@ T = TypeVar("T")
 
 
 
+
+OFFLOAD_DELETION_LAG_HELP = (
+    "Keep each offloaded ledger on the bookies this long (ms) after its Parquet copy is "
+    "committed; the nodes' stream trimmer deletes the bookies' copy after it (Pulsar's "
+    "managedLedgerOffloadDeletionLagMs, 4 h by default).")
+OFFLOAD_TO_HELP = (
+    "Automatic offload: directory or URL the nodes' trimmer offloads closed ledgers to "
+    "(a local path, file://, s3://, gs://, hdfs://, abfs://; \"\" with a threshold of -1).")
+OFFLOAD_THRESHOLD_HELP = (
+    "Automatic offload: per partition, offload the oldest closed ledgers once the closed "
+    "ledgers hold more than this many bytes on the bookies (0: every closed ledger; -1: "
+    "off). Pulsar's managedLedgerOffloadAutoTriggerSizeThresholdBytes.")
+
+
 def _run(members: str | None, directory: Path | None,
          body: Callable[[Any], Awaitable[T]]) -> T:
     from quorumlog import rpc
@@ -68,12 +82,23 @@ def create(
     retention_size_bytes: int = typer.Option(-1, help="Keep at most this many bytes of "
                                              "consumed ledgers (-1: no limit)."),
     ttl_ms: int = typer.Option(0, help="Acknowledge messages older than this (0: off)."),
+    offload_to: str = typer.Option("", "--offload-to", help=OFFLOAD_TO_HELP),
+    offload_threshold_bytes: int = typer.Option(-1, "--offload-threshold-bytes",
+                                                help=OFFLOAD_THRESHOLD_HELP),
+    offload_deletion_lag_ms: int = typer.Option(4 * 3600 * 1000, "--offload-deletion-lag-ms",
+                                                help=OFFLOAD_DELETION_LAG_HELP),
     members: str | None = MembersOption,
     directory: Path | None = DirOption,
 ) -> None:
     """Create a stream."""
     from quorumlog.ledger import DigestType
-    from quorumlog.stream import RetentionPolicy, RolloverPolicy, StreamConfig
+    from quorumlog.stream import (
+        OffloadPolicy,
+        RetentionPolicy,
+        RolloverPolicy,
+        StreamConfig,
+        normalize_target,
+    )
 
     config = StreamConfig(
         partitions=partitions, ensemble_size=ensemble, write_quorum=write_quorum,
@@ -82,10 +107,61 @@ def create(
                                 min_time_ms=rollover_min_ms, max_time_ms=rollover_max_ms),
         retention=RetentionPolicy(time_ms=retention_time_ms, size_bytes=retention_size_bytes,
                                   message_ttl_ms=ttl_ms),
+        offload=OffloadPolicy(target=normalize_target(offload_to) if offload_to else "",
+                              threshold_bytes=offload_threshold_bytes,
+                              deletion_lag_ms=offload_deletion_lag_ms),
     )
     config.validate()
     _run(members, directory, lambda c: c.create_stream(name, config))
     console.print(f"created stream {name!r} with {partitions} partition(s)")
+
+
+@app.command()
+def update(
+    name: str,
+    retention_time_ms: int | None = typer.Option(None, help="Keep consumed ledgers this "
+                                                 "long (-1: no limit)."),
+    retention_size_bytes: int | None = typer.Option(None, help="Keep at most this many "
+                                                    "bytes of consumed ledgers (-1: no limit)."),
+    ttl_ms: int | None = typer.Option(None, help="Acknowledge messages older than this "
+                                      "(0: off)."),
+    offload_to: str | None = typer.Option(None, "--offload-to", help=OFFLOAD_TO_HELP),
+    offload_threshold_bytes: int | None = typer.Option(None, "--offload-threshold-bytes",
+                                                       help=OFFLOAD_THRESHOLD_HELP),
+    offload_deletion_lag_ms: int | None = typer.Option(None, "--offload-deletion-lag-ms",
+                                                       help=OFFLOAD_DELETION_LAG_HELP),
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+) -> None:
+    """Change a live stream's retention, TTL or automatic offload policy (options
+    not given stay as they are); the nodes' trimmer applies them at its next round.
+    Partitions, ledger parameters and rollover are fixed at creation."""
+    import msgspec
+
+    changes: dict[str, dict[str, Any]] = {
+        "retention": {"time_ms": retention_time_ms, "size_bytes": retention_size_bytes,
+                      "message_ttl_ms": ttl_ms},
+        "offload": {"target": offload_to, "threshold_bytes": offload_threshold_bytes,
+                    "deletion_lag_ms": offload_deletion_lag_ms}}
+    if all(v is None for part in changes.values() for v in part.values()):
+        raise typer.BadParameter("nothing to change: give at least one option (see --help)")
+
+    async def body(client: Any) -> Any:
+        config = (await client.get_stream(name)).config
+        policies = {kind: msgspec.structs.replace(
+            getattr(config, kind), **{k: v for k, v in fields.items() if v is not None})
+            for kind, fields in changes.items()}
+        return await client.update_stream(name, **policies)
+
+    record = _run(members, directory, body)
+    retention, offload_policy = record.config.retention, record.config.offload
+    offload_text = (f"offload to {offload_policy.target} past "
+                    f"{human_bytes(offload_policy.threshold_bytes)} per partition, bookies' copy "
+                    f"kept {human_duration_ms(offload_policy.deletion_lag_ms)}"
+                    if offload_policy.enabled else "no automatic offload")
+    console.print(f"updated stream {name!r}: retention "
+                  f"{human_duration_ms(retention.time_ms)} / {_size_limit(retention.size_bytes)}"
+                  f", ttl {human_duration_ms(retention.message_ttl_ms)}; {offload_text}")
 
 
 def _stream_row(record: Any) -> dict[str, Any]:
@@ -98,7 +174,10 @@ def _stream_row(record: Any) -> dict[str, Any]:
             "retention_size_bytes": config.retention.size_bytes,
             "message_ttl_ms": config.retention.message_ttl_ms,
             "rollover_entries": config.rollover.max_entries,
-            "rollover_bytes": config.rollover.max_bytes}
+            "rollover_bytes": config.rollover.max_bytes,
+            "offload_target": config.offload.target,
+            "offload_threshold_bytes": config.offload.threshold_bytes,
+            "offload_deletion_lag_ms": config.offload.deletion_lag_ms}
 
 
 def _size_limit(value: Any) -> str:
@@ -116,6 +195,9 @@ LIST_COLUMNS = (
     field("message_ttl_ms", human_duration_ms, header="ttl", wide_only=True),
     field("rollover_entries", lambda v: f"{v:,}", header="rollover entries", wide_only=True),
     field("rollover_bytes", human_bytes, header="rollover size", wide_only=True),
+    Column("offload", lambda r: f"past {human_bytes(r['offload_threshold_bytes'])}"
+           if r["offload_threshold_bytes"] >= 0 and r["offload_target"] else "-",
+           wide_only=True),
 )
 
 
@@ -205,6 +287,12 @@ def info(
         f"{human_duration_ms(retention['time_ms'])} / "
         f"{_size_limit(retention['size_bytes'])}, ttl "
         f"{human_duration_ms(retention['message_ttl_ms'])}")
+    offload_policy = config.get("offload") or {}
+    if offload_policy.get("threshold_bytes", -1) >= 0 and offload_policy.get("target"):
+        console.print(f"automatic offload to {escape(offload_policy['target'])} past "
+                      f"{human_bytes(offload_policy['threshold_bytes'])} per partition; the "
+                      f"bookies' copy kept "
+                      f"{human_duration_ms(offload_policy['deletion_lag_ms'])}")
     for part in data["partitions"]:
         console.print(f"partition {part['partition']}: {part['ledger_count']} ledger(s), "
                       f"{part['entries']:,} closed entries ({human_bytes(part['size_bytes'])})"
@@ -385,10 +473,6 @@ OFFLOAD_SUMMARY = (
     ("orphans", "files of dead runs deleted", str),
     ("seconds", "took", lambda v: f"{v:.1f} s"),
 )
-OFFLOAD_DELETION_LAG_HELP = (
-    "Keep each offloaded ledger on the bookies this long (ms) after its Parquet copy is "
-    "committed; the nodes' stream trimmer deletes the bookies' copy after it (Pulsar's "
-    "managedLedgerOffloadDeletionLagMs, 4 h by default).")
 
 
 @app.command()

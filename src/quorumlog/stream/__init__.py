@@ -26,7 +26,7 @@ from quorumlog.stream._client import (
     BlockingStreamClient,
     StreamClient,
 )
-from quorumlog.stream._config import RetentionPolicy, RolloverPolicy, StreamConfig
+from quorumlog.stream._config import OffloadPolicy, RetentionPolicy, RolloverPolicy, StreamConfig
 from quorumlog.stream._consumer import Consumer, ConsumerConfig
 from quorumlog.stream._entry import (
     BATCH_MESSAGES_MAX,
@@ -134,6 +134,7 @@ __all__ = [
     "MessageTooLargeError",
     "OffloadError",
     "OffloadOutcome",
+    "OffloadPolicy",
     "OffloadRecord",
     "OffloadedLedger",
     "OutgoingMessage",

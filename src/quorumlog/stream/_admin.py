@@ -27,11 +27,11 @@ from typing import Any
 
 import msgspec
 
-from quorumlog.errors import DeadlineExceededError, QuorumlogError
+from quorumlog.errors import DeadlineExceededError, QuorumlogError, TransientError
 from quorumlog.ledger import LedgerClient
 from quorumlog.log import get_logger
 from quorumlog.meta import DeleteOp, PutOp
-from quorumlog.stream._config import RetentionPolicy, StreamConfig
+from quorumlog.stream._config import OffloadPolicy, RetentionPolicy, StreamConfig
 from quorumlog.stream._cursor import CursorState
 from quorumlog.stream._entry import first_publish_time_ms
 from quorumlog.stream._errors import (
@@ -73,6 +73,7 @@ from quorumlog.stream._offload import (
     OffloadedLedger,
     drop_offloaded,
     load_offload,
+    normalize_target,
     offloaded_records,
 )
 from quorumlog.stream._position import SeqPosition
@@ -109,6 +110,39 @@ async def create_stream(client: LedgerClient, name: str, config: StreamConfig) -
         raise StreamExistsError(f"stream {name!r} already exists")
     log.info("stream_created", stream=name, partitions=config.partitions)
     return record
+
+
+async def update_stream(client: LedgerClient, name: str, *,
+                        retention: RetentionPolicy | None = None,
+                        offload: OffloadPolicy | None = None) -> StreamRecord:
+    """Change a live stream's retention and TTL, or its offload policy (Pulsar's
+    ``topics set-retention``, ``set-message-ttl``, ``set-offload-policies``).
+
+    The nodes' trimmer applies them at its next round. Partitions, the
+    ledgers' parameters and rollover are fixed when the stream is created.
+    """
+    check_name("stream", name)
+    if offload is not None and offload.target.strip():
+        target = await asyncio.to_thread(normalize_target, offload.target)
+        offload = msgspec.structs.replace(offload, target=target)
+    for _ in range(CAS_ATTEMPTS_MAX):
+        kv = await client.meta.get(config_key(name))
+        if kv is None:
+            raise StreamNotFoundError(f"stream {name!r} does not exist")
+        record = StreamRecord.decode(kv.value)
+        if record.state is StreamState.DELETING:
+            raise StreamNotFoundError(f"stream {name!r} is being deleted")
+        config = msgspec.structs.replace(
+            record.config, retention=retention or record.config.retention,
+            offload=offload or record.config.offload)
+        config.validate()
+        updated = msgspec.structs.replace(record, config=config)
+        if await client.meta.cas(config_key(name), kv.version, updated.encode()):
+            log.info("stream_updated", stream=name, retention=msgspec.to_builtins(
+                config.retention), offload=msgspec.to_builtins(config.offload))
+            return updated
+    raise TransientError(f"stream {name!r}: its record kept changing; nothing was updated, "
+                         "try again")
 
 
 async def list_streams(client: LedgerClient) -> list[str]:

@@ -10,7 +10,7 @@ from quorumlog import rpc
 from quorumlog.clock import Clock
 from quorumlog.ledger import LedgerClient
 from quorumlog.stream import _admin, _offload, _stats, _subscriptions
-from quorumlog.stream._config import RetentionPolicy, StreamConfig
+from quorumlog.stream._config import OffloadPolicy, RetentionPolicy, StreamConfig
 from quorumlog.stream._consumer import Consumer, ConsumerConfig
 from quorumlog.stream._layout import OffloadRecord, StreamRecord
 from quorumlog.stream._meta import load_record
@@ -65,6 +65,13 @@ class StreamClient:
 
     async def get_stream(self, name: str) -> StreamRecord:
         return await load_record(self.ledger_client.meta, name)
+
+    async def update_stream(self, name: str, *, retention: RetentionPolicy | None = None,
+                            offload: OffloadPolicy | None = None) -> StreamRecord:
+        """Change a live stream's retention and TTL, or its automatic offload policy
+        (the nodes' trimmer applies them at its next round); the updated record."""
+        return await _admin.update_stream(self.ledger_client, name, retention=retention,
+                                          offload=offload)
 
     async def list_streams(self) -> list[str]:
         return await _admin.list_streams(self.ledger_client)
@@ -206,6 +213,10 @@ class BlockingStreamClient:
 
     def get_stream(self, name: str) -> StreamRecord:
         return self.run(self._client.get_stream(name))
+
+    def update_stream(self, name: str, *, retention: RetentionPolicy | None = None,
+                      offload: OffloadPolicy | None = None) -> StreamRecord:
+        return self.run(self._client.update_stream(name, retention=retention, offload=offload))
 
     def list_streams(self) -> list[str]:
         return self.run(self._client.list_streams())

@@ -1,4 +1,4 @@
-"""Stream configuration: partitions, ledger parameters, rollover, retention.
+"""Stream configuration: partitions, ledger parameters, rollover, retention, offload.
 
 Defaults follow Pulsar's managed ledger (broker.conf) where one exists, and
 say so; where we differ, the comment says why.
@@ -86,6 +86,39 @@ class RetentionPolicy(Config, frozen=True):
         require(self.message_ttl_ms >= 0, "message_ttl_ms must be >= 0 (0: off)")
 
 
+OFFLOAD_DELETION_LAG_MS_DEFAULT = 4 * 3600 * 1000
+"""Pulsar's ``managedLedgerOffloadDeletionLagMs`` default: the bookies keep an
+offloaded ledger this long after its record is written."""
+
+
+class OffloadPolicy(Config, frozen=True):
+    """Automatic offload to tiered storage, run by the nodes' stream trimmer.
+
+    After Pulsar's namespace offload policies: when a partition's closed
+    ledgers hold more than ``threshold_bytes`` on the bookies, the trimmer
+    offloads the oldest ones to ``target`` until the newest closed ledgers
+    within ``threshold_bytes`` are left (Pulsar's
+    ``managedLedgerOffloadAutoTriggerSizeThresholdBytes``; 0 offloads every
+    closed ledger, -1 is off, Pulsar's default). The bookies' copy goes
+    ``deletion_lag_ms`` after each offload.
+    """
+
+    target: str = ""  # a directory or a URL pyarrow.fs opens; "" with threshold -1
+    threshold_bytes: int = -1
+    deletion_lag_ms: int = OFFLOAD_DELETION_LAG_MS_DEFAULT
+
+    @property
+    def enabled(self) -> bool:
+        return self.threshold_bytes >= 0 and bool(self.target)
+
+    def validate(self) -> None:
+        require(self.threshold_bytes >= -1,
+                "offload threshold_bytes must be >= 0, or -1 for no automatic offload")
+        require(self.threshold_bytes == -1 or bool(self.target.strip()),
+                "an offload threshold needs an offload target (a directory or a URL)")
+        require(self.deletion_lag_ms >= 0, "offload deletion_lag_ms must be >= 0")
+
+
 class StreamConfig(Config, frozen=True):
     """Everything a stream is created with (kept in meta, shown by ``stream info``)."""
 
@@ -98,6 +131,7 @@ class StreamConfig(Config, frozen=True):
     digest: DigestType = DigestType.CRC32C
     rollover: RolloverPolicy = msgspec.field(default_factory=RolloverPolicy)
     retention: RetentionPolicy = msgspec.field(default_factory=RetentionPolicy)
+    offload: OffloadPolicy = msgspec.field(default_factory=OffloadPolicy)
     # Bound of the individually acknowledged ranges a cursor persists
     # (managedLedgerMaxUnackedRangesToPersist = 10000); ranges past it are
     # redelivered after a restart.
@@ -115,6 +149,7 @@ class StreamConfig(Config, frozen=True):
         require(self.writer_lease_ttl_ms >= 500, "writer_lease_ttl_ms must be >= 500")
         self.rollover.validate()
         self.retention.validate()
+        self.offload.validate()
 
 
 _CONFIG_ENCODER = msgspec.msgpack.Encoder()

@@ -21,8 +21,9 @@ Families (see docs/metrics.md):
 - ``quorumlog_stream_ledger_rollovers_total{stream}``;
 - ``quorumlog_stream_backlog_entries{stream,subscription}`` (gauge);
 - ``quorumlog_stream_trimmer_rounds_total``, ``..._trimmer_deleted_ledgers_total``,
-  ``..._trimmer_failures_total``: the background trimmer of this process, when it
-  holds the trimmer lease (``stream/_trimmer.py``).
+  ``..._trimmer_failures_total``, ``..._trimmer_offloaded_ledgers_total``,
+  ``..._trimmer_offload_failures_total``: the background trimmer of this
+  process, when it holds the trimmer lease (``stream/_trimmer.py``).
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ class TrimmerMetrics:
     rounds: int = 0  # rounds run while holding the lease
     deleted_ledgers: int = 0  # ledgers retention, TTL or orphan collection deleted
     failures: int = 0  # streams a round failed to trim
+    offloaded_ledgers: int = 0  # ledgers offloaded by streams' offload policies
+    offload_failures: int = 0  # streams whose automatic offload failed in a round
 
 
 _trimmer = TrimmerMetrics()
@@ -140,6 +143,12 @@ class _StreamCollector(Collector):
         yield rpc.counter_family("quorumlog_stream_trimmer_failures", "Streams a background "
                                  "trimmer round failed to trim (logged as stream_trim_failed).",
                                  [], [([], _trimmer.failures)])
+        yield rpc.counter_family("quorumlog_stream_trimmer_offloaded_ledgers", "Ledgers the "
+                                 "background trimmer offloaded to tiered storage (streams' "
+                                 "offload policies).", [], [([], _trimmer.offloaded_ledgers)])
+        yield rpc.counter_family("quorumlog_stream_trimmer_offload_failures", "Streams whose "
+                                 "automatic offload failed in a round (logged as "
+                                 "stream_offload_failed).", [], [([], _trimmer.offload_failures)])
 
 
 rpc.metrics_registry.register(_StreamCollector())

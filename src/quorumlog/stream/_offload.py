@@ -40,6 +40,7 @@ from quorumlog.errors import QuorumlogError, UsageError
 from quorumlog.ledger import EntryBatch, LedgerClient, LedgerEntry
 from quorumlog.log import get_logger
 from quorumlog.meta import DeleteOp, MetaClient, PutOp
+from quorumlog.stream._config import OFFLOAD_DELETION_LAG_MS_DEFAULT
 from quorumlog.stream._errors import OffloadError
 from quorumlog.stream._layout import (
     LedgerInfo,
@@ -57,9 +58,7 @@ log = get_logger(__name__)
 FILE_FORMAT_VERSION = "1"
 ROW_GROUP_ENTRIES_MAX = 8_192
 ROW_GROUP_BYTES_MAX = 8 * 1024 * 1024
-DELETION_LAG_MS_DEFAULT = 4 * 3600 * 1000
-"""Pulsar's ``managedLedgerOffloadDeletionLagMs`` default: the bookies keep an
-offloaded ledger this long after its record is written."""
+DELETION_LAG_MS_DEFAULT = OFFLOAD_DELETION_LAG_MS_DEFAULT
 RECORDS_PER_READ = 1_000
 ORPHAN_AGE_MS_DEFAULT = 3600 * 1000
 """A Parquet file under the target that no record names is deleted by the next
@@ -584,3 +583,27 @@ async def sweep_orphans(meta: MetaClient, stream: str, target: str, now_ms: int,
         log.info("stream_offload_orphan_deleted", stream=stream, url=url)
         gone.append(url)
     return gone
+
+
+async def offload_by_policy(client: LedgerClient, record: StreamRecord, *,
+                            ledgers_max: int) -> list[OffloadOutcome]:
+    """One round of the stream's automatic offload (its :class:`OffloadPolicy`;
+    nothing when the policy is off): at most ``ledgers_max`` of the ledgers past
+    the threshold, oldest first, taking the partitions in turn; then the files
+    of runs that died before their commit are swept (once an hour old)."""
+    policy = record.config.offload
+    if not policy.enabled:
+        return []
+    target = await asyncio.to_thread(normalize_target, policy.target)
+    todo = await offload_candidates(client, record, keep_bytes=policy.threshold_bytes)
+    turn: dict[int, int] = {}
+    ranked = []
+    for partition, info in todo:  # oldest first within each partition
+        turn[partition] = turn.get(partition, -1) + 1
+        ranked.append((turn[partition], partition, info))
+    ranked.sort(key=lambda item: (item[0], item[1]))
+    out = [await offload_ledger(client, record, partition, info, target,
+                                deletion_lag_ms=policy.deletion_lag_ms)
+           for _, partition, info in ranked[:ledgers_max]]
+    await sweep_orphans(client.meta, record.name, target, client.clock.wall_ms())
+    return out

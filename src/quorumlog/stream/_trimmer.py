@@ -8,7 +8,10 @@ After Pulsar's broker retention check (``retentionCheckIntervalInSeconds``,
 takes over at its next round). Every ``check_interval_ms`` the holder runs
 ``trim`` on every stream: TTL moves cursors, retention removes the ledgers
 every cursor has passed, the trash of a crashed trim is emptied and orphaned
-Spark write ledgers are deleted (docs/stream.md, "Retention and TTL").
+Spark write ledgers are deleted (docs/stream.md, "Retention and TTL"). Then a
+stream with an offload policy (``StreamConfig.offload``) has up to
+``offload_ledgers_per_round_max`` of its closed ledgers past the policy's
+threshold offloaded to its target (docs/stream.md, "Tiered storage").
 
 Trim is safe to run concurrently with a manual ``quorumlog stream trim``:
 each step is a compare-and-swap on the partition's head, and deleting a
@@ -30,7 +33,9 @@ from quorumlog.log import get_logger
 from quorumlog.meta import OwnedSession
 from quorumlog.stream._admin import list_streams, trim_stream
 from quorumlog.stream._errors import StreamNotFoundError
+from quorumlog.stream._meta import load_record
 from quorumlog.stream._metrics import trimmer_metrics
+from quorumlog.stream._offload import offload_by_policy
 
 _log = get_logger(__name__)
 
@@ -60,12 +65,19 @@ class TrimmerConfig(Config, frozen=True):
     # partition, so it overlaps them; bounded so that a round over many
     # streams does not flood meta.
     streams_in_flight_max: int = 8
+    # Ledgers a round offloads per stream with an offload policy (one at a
+    # time): bounds how long one stream's offload holds a round; the rest
+    # follow at the next rounds.
+    offload_ledgers_per_round_max: int = 16
 
     def validate(self) -> None:
         require(self.check_interval_ms > 0, "[trimmer] check_interval_ms must be positive")
         require(self.lease_ttl_ms >= 500, "[trimmer] lease_ttl_ms must be >= 500")
         require(self.streams_in_flight_max >= 1,
                 "[trimmer] streams_in_flight_max must be positive")
+        require(self.offload_ledgers_per_round_max >= 0,
+                "[trimmer] offload_ledgers_per_round_max must be >= 0 (0: no automatic "
+                "offload on this node)")
 
 
 @dataclass(slots=True)
@@ -75,6 +87,7 @@ class TrimRound:
     streams: int = 0
     deleted_ledgers: list[int] = field(default_factory=list)
     expired_cursors: int = 0
+    offloaded_ledgers: list[int] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)  # stream -> error
 
 
@@ -130,14 +143,34 @@ class StreamTrimmer:
                 out.deleted_ledgers += (report.deleted_ledgers + report.orphans_deleted
                                         + report.offloaded_copies_deleted)
                 out.expired_cursors += report.expired_cursors
+                await offload_each(name)
+
+        async def offload_each(name: str) -> None:
+            if self._config.offload_ledgers_per_round_max == 0:
+                return
+            try:
+                record = await load_record(client.meta, name)
+                outcomes = await offload_by_policy(
+                    client, record, ledgers_max=self._config.offload_ledgers_per_round_max)
+            except StreamNotFoundError:
+                return
+            except QuorumlogError as exc:
+                out.failed[name] = exc.message
+                metrics.offload_failures += 1
+                _log.warning("stream_offload_failed", stream=name, error=exc.message)
+                return
+            done = [o.ledger_id for o in outcomes if o.status == "offloaded"]
+            out.offloaded_ledgers += done
+            metrics.offloaded_ledgers += len(done)
 
         await asyncio.gather(*(trim_each() for _ in range(self._config.streams_in_flight_max)))
         metrics.rounds += 1
         metrics.deleted_ledgers += len(out.deleted_ledgers)
-        if out.deleted_ledgers or out.expired_cursors:
+        if out.deleted_ledgers or out.expired_cursors or out.offloaded_ledgers:
             _log.info("stream_trimmer_round", streams=out.streams,
                       deleted_ledgers=len(out.deleted_ledgers),
-                      expired_cursors=out.expired_cursors, failed=len(out.failed))
+                      expired_cursors=out.expired_cursors,
+                      offloaded_ledgers=len(out.offloaded_ledgers), failed=len(out.failed))
         return out
 
     async def _run(self) -> None:
