@@ -201,8 +201,8 @@ def test_keep_bytes_leaves_the_newest_ledgers_on_the_bookies(meta: list[str],
     rpc.run(main())
 
 
-def test_a_damaged_swapped_or_missing_file_is_a_clear_error(meta: list[str],
-                                                            tmp_path: Path) -> None:
+def test_a_damaged_file_is_read_around_then_a_clear_error(meta: list[str],
+                                                          tmp_path: Path) -> None:
     tier = tmp_path / "tier"
 
     async def main() -> None:
@@ -216,14 +216,23 @@ def test_a_damaged_swapped_or_missing_file_is_a_clear_error(meta: list[str],
             assert len(done) >= 2
             first, second = Path(done[0].url), Path(done[1].url)
             good = first.read_bytes()
+            before = await read_all(client, "damaged")
+            assert len(before) == 120
 
             data = bytearray(good)
             data[len(data) // 3] ^= 0xFF  # inside the first column chunk's pages
             first.write_bytes(bytes(data))
+            # Within the deletion lag the bookies still hold the ledger: read from them.
+            assert await read_all(client, "damaged") == before
+            report = await client.trim("damaged", at_ms=client.ledger_client.clock.wall_ms()
+                                       + 5 * 3600 * 1000)  # past the 4 h lag: copies go
+            assert {o.ledger_id for o in done} <= set(report.offloaded_copies_deleted)
+            # Now the file is the only copy: a clear error naming ledger and file.
             with pytest.raises(OffloadError) as bad:
                 await read_all(client, "damaged")
             assert str(done[0].ledger_id) in bad.value.message
             assert str(first) in bad.value.message
+            assert "the bookies no longer hold it either" in bad.value.message
 
             shutil.copyfile(second, first)  # another ledger's (intact) file in its place
             with pytest.raises(OffloadError, match="is not this ledger's file"):
@@ -242,7 +251,7 @@ def test_a_damaged_swapped_or_missing_file_is_a_clear_error(meta: list[str],
                 await read_all(client, "damaged")
 
             first.write_bytes(good)  # put back: the stream reads whole again
-            assert len(await read_all(client, "damaged")) == 120
+            assert await read_all(client, "damaged") == before
 
     rpc.run(main())
 

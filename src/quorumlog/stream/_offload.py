@@ -30,7 +30,7 @@ import array
 import asyncio
 import os
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -225,12 +225,17 @@ class OffloadedLedger:
     blocking methods (``*_sync``) are for threads; the async ones run them in
     a worker thread so a reader's event loop never waits on the file."""
 
-    def __init__(self, record: OffloadRecord, stream: str) -> None:
+    def __init__(self, record: OffloadRecord, stream: str, *,
+                 bookies: Callable[[], Awaitable[Any]] | None = None) -> None:
         self.record = record
         self.stream = stream
         self._file: Any = None
         self._groups: list[tuple[int, int]] = []  # (first entry id, entries) per row group
         self._cached: tuple[int, EntryBatch] | None = None
+        # Opens the ledger on the bookies: read from there when the file cannot
+        # be read and the bookies' copy is still kept (its deletion lag).
+        self._open_bookies = bookies
+        self._bookies: Any = None
 
     @property
     def id(self) -> int:
@@ -315,7 +320,24 @@ class OffloadedLedger:
         return out
 
     async def read_batch_raw(self, first: int, last: int) -> list[EntryBatch]:
-        return await asyncio.to_thread(self.read_raw_sync, first, last)
+        if self._bookies is not None:
+            batches: list[EntryBatch] = await self._bookies.read_batch_raw(first, last)
+            return batches
+        try:
+            return await asyncio.to_thread(self.read_raw_sync, first, last)
+        except OffloadError as exc:
+            if self._open_bookies is None:
+                raise
+            try:
+                self._bookies = await self._open_bookies()
+            except QuorumlogError as gone:  # the bookies' copy is deleted: only the file
+                raise OffloadError(f"{exc.message}; the bookies no longer hold it either "
+                                   f"({gone.message})") from None
+            log.warning("stream_offloaded_copy_unreadable", stream=self.stream,
+                        partition=self.record.partition, ledger_id=self.record.ledger_id,
+                        url=self.record.url, error=exc.message, reading="bookies")
+            batches = await self._bookies.read_batch_raw(first, last)
+            return batches
 
     async def read_batch(self, first: int, last: int) -> list[LedgerEntry]:
         batches = await self.read_batch_raw(first, last)
@@ -335,6 +357,9 @@ class OffloadedLedger:
 
     async def close(self) -> None:
         self._file, self._cached = None, None
+        if self._bookies is not None:
+            await self._bookies.close()
+            self._bookies = None
 
 
 def verify_file(record: OffloadRecord, stream: str) -> None:

@@ -76,8 +76,9 @@ class Message(msgspec.Struct, frozen=True, gc=False):
 class LedgerHandles:
     """Read handles of a stream's ledgers, bounded LRU: a closed ledger that
     was offloaded (tiered storage) is read from its Parquet file
-    (:class:`OffloadedLedger`), any other one from the bookies (opened
-    without recovery)."""
+    (:class:`OffloadedLedger`; from the bookies instead when the file cannot be
+    read and the bookies still hold the ledger), any other one from the
+    bookies (opened without recovery)."""
 
     def __init__(self, client: LedgerClient, record: StreamRecord) -> None:
         self._client = client
@@ -92,7 +93,9 @@ class LedgerHandles:
         if handle is None and not info.is_open:
             offloaded = await load_offload(self._client.meta, self._stream, info.ledger_id)
             if offloaded is not None:
-                handle = OffloadedLedger(offloaded, self._stream)
+                ledger_id = info.ledger_id
+                handle = OffloadedLedger(offloaded, self._stream,
+                                         bookies=lambda: self._open_bookies(ledger_id))
         if handle is None:
             handle = await self._client.open_ledger(info.ledger_id, password=self._password,
                                                     recovery=False)
@@ -100,6 +103,10 @@ class LedgerHandles:
         while len(self._handles) > HANDLES_MAX:
             self._handles.pop(next(iter(self._handles)))
         return handle
+
+    async def _open_bookies(self, ledger_id: int) -> Any:
+        return await self._client.open_ledger(ledger_id, password=self._password,
+                                              recovery=False)
 
     def forget(self, ledger_id: int) -> None:
         self._handles.pop(ledger_id, None)
