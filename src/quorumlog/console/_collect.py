@@ -180,6 +180,9 @@ class Collector:
                 "published_entries": sum(p["published_entries"] for p in partitions),
                 "backlog_entries": sum(s.backlog_entries for s in subs),
                 "subscriptions": [{"name": s.name, "connected": s.connected,
+                                   "type": s.type or None,
+                                   "consumers": (len(s.consumers) if s.type == "failover"
+                                                 else int(s.connected)),
                                    "backlog_entries": s.backlog_entries} for s in subs]})
         return rows
 

@@ -162,7 +162,9 @@ def streams_body(snap: Snapshot, history: History) -> str:
             _cell("rate", rate, text=f"{rate:,.1f}" if rate is not None else "-",
                   numeric=True),
             _cell("subscriptions", None, text=", ".join(
-                f"{x['name']} ({x['backlog_entries']})" for x in s["subscriptions"]))]))
+                f"{x['name']} ({x['backlog_entries']}"
+                + (f", {x['consumers']} failover consumers" if x.get("type") == "failover"
+                   else "") + ")" for x in s["subscriptions"]))]))
     parts = []
     for s in snap.streams:
         parts.append(f"<h3>{escape(s['name'])}: partitions</h3>" + _table(
