@@ -6,16 +6,19 @@ test runs last (it restarts the killed node at the end).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from quorumlog import node as cluster
+from quorumlog.errors import QuorumlogError
 from quorumlog.table import (
     BlockingTableClient,
     CheckType,
@@ -161,6 +164,88 @@ def test_cli_commands(cluster_dir: Path) -> None:
     assert refused.returncode == 1 and "cli" in _cli(cluster_dir, "list").stdout
     assert _cli(cluster_dir, "drop", "cli", "--yes").returncode == 0
     assert "cli" not in _cli(cluster_dir, "list").stdout.split()
+
+
+def test_cli_multi_record_ttl_count_and_check_commands(cluster_dir: Path) -> None:
+    """Pegasus shell's multi_set/multi_get/multi_del, ttl, count, check_and_set and
+    check_and_mutate, each checked against what the store then holds (in this
+    process: test_cli_commands runs the CLI as a process)."""
+    from typer.testing import CliRunner
+
+    from quorumlog.cli import app
+
+    runner = CliRunner()
+
+    @dataclass
+    class Outcome:
+        returncode: int
+        stdout: str
+        stderr: str
+
+    def run(*args: str) -> Outcome:
+        result = runner.invoke(app, ["table", *args, "--dir", str(cluster_dir)])
+        error = result.exception
+        if error is not None and not isinstance(error, SystemExit):
+            if isinstance(error, QuorumlogError):  # main() prints it as one error line
+                return Outcome(1, result.stdout, f"error: {error.message}")
+            raise error
+        return Outcome(result.exit_code, result.stdout, result.output)
+
+    def ok(*args: str) -> str:
+        result = run(*args)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    ok("create", "shell", "--partitions", "2")
+    ok("multi-set", "shell", "h", "a", "1", "b", "2", "c", "3", "--ttl-s", "3600")
+    assert ok("multi-get", "shell", "h", "c", "a", "zz") == "a\t1\nc\t3\n"
+    assert ok("multi-get", "shell", "h") == "a\t1\nb\t2\nc\t3\n"
+    assert run("multi-get", "shell", "h", "zz").returncode == 1
+    assert ok("count", "shell", "h") == "3\n"
+    assert 3500 <= int(ok("ttl", "shell", "h", "a")) <= 3600
+    ok("set", "shell", "h", "forever", "x")
+    assert ok("ttl", "shell", "h", "forever") == "none\n"
+    assert run("ttl", "shell", "h", "gone").returncode == 1
+    assert ok("scan", "shell", "h", "--reverse", "--limit", "2") == "forever\tx\nc\t3\n"
+    ok("multi-del", "shell", "h", "a", "b", "never-there")
+    assert ok("multi-get", "shell", "h") == "c\t3\nforever\tx\n"
+
+    # check-and-set: applied only when the check passes; a failed check exits 1.
+    done = json.loads(ok("check-and-set", "shell", "h", "lock", "--check-type",
+                         "value-not-exist", "--value", "me"))
+    assert done == {"succeeded": True, "check_value_exist": False}
+    refused = run("check-and-set", "shell", "h", "lock", "--check-type",
+                   "value-not-exist", "--value", "you", "--return-check-value")
+    assert refused.returncode == 1
+    assert json.loads(refused.stdout) == {"succeeded": False, "check_value_exist": True,
+                                          "check_value": "me"}
+    assert ok("get", "shell", "h", "lock") == "me\n"
+    ok("check-and-set", "shell", "h", "c", "--check-type", "int-less", "--operand", "5",
+       "--set-sort-key", "c-small", "--value", "yes")
+    assert ok("get", "shell", "h", "c-small") == "yes\n"
+    # check-and-mutate: sets and deletes in order, atomically.
+    ok("check-and-mutate", "shell", "h", "lock", "--check-type", "bytes-equal",
+       "--operand", "me", "--mutations",
+       '[["del", "lock"], ["set", "owner", "me", 60], ["set", "c", "4"], ["del", "forever"]]')
+    assert ok("multi-get", "shell", "h") == "c\t4\nc-small\tyes\nowner\tme\n"
+    assert 0 < int(ok("ttl", "shell", "h", "owner")) <= 60
+
+    # Bad input: one clear error, nothing written.
+    for args, needle, code in (
+            (("multi-set", "shell", "h", "a"), "in pairs", 2),
+            (("multi-set", "shell", "h", "a", "1", "a", "2"), "given twice", 2),
+            (("check-and-set", "shell", "h", "c", "--check-type", "bogus", "--value", "v"),
+             "--check-type 'bogus'", 2),
+            (("check-and-mutate", "shell", "h", "c", "--check-type", "no-check",
+              "--mutations", '[["put", "x"]]'), "--mutations is a JSON list", 2),
+            (("check-and-mutate", "shell", "h", "c", "--check-type", "no-check",
+              "--mutations", "not json"), "not JSON", 2),
+            (("multi-set", "nope", "h", "a", "1"), "no table 'nope'", 1)):
+        result = run(*args)
+        assert result.returncode == code, (args, result.stderr)
+        assert needle in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert ok("count", "shell", "h") == "3\n"
+    ok("drop", "shell", "--yes")
 
 
 def test_leader_killed_while_writing_loses_no_acknowledged_write(

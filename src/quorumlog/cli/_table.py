@@ -1,5 +1,7 @@
 """``quorumlog table``: create, list, inspect and drop tables; set, get, delete,
-scan and increment records; the scheduler's view (``schedule``)."""
+scan and increment records, and their multi-record, TTL, count and
+check-and-set / check-and-mutate forms (Pegasus's shell); the scheduler's view
+(``schedule``)."""
 
 from __future__ import annotations
 
@@ -219,14 +221,28 @@ def delete(table: str, hash_key: str, sort_key: str, members: str | None = Membe
 def scan(table: str, hash_key: str,
          start: str = typer.Option("", help="First sort key (inclusive)."),
          stop: str | None = typer.Option(None, help="Sort key to stop before."),
+         limit: int = typer.Option(0, "--limit", min=0,
+                                   help="Print at most this many records (0: all)."),
+         reverse: bool = typer.Option(False, "--reverse", help="Largest sort key first."),
          members: str | None = MembersOption, directory: Path | None = DirOption,
          stale: bool = StaleOption) -> None:
     """Print the records of one hash_key (sort_key<TAB>value), in sort-key order."""
-    with _client(members, directory) as client:
-        rows = client.scan(table, _b(hash_key), start=_b(start),
-                           stop=None if stop is None else _b(stop), stale_ok=stale)
-    for sort_key, value in rows:
-        typer.echo(f"{_show(sort_key)}\t{_show(value)}")
+    import asyncio
+
+    from quorumlog.table import TableClient
+
+    async def print_rows() -> None:  # streamed: --limit stops the read, not just the print
+        async with TableClient(_members(members, directory)) as client:
+            printed = 0
+            async for sort_key, value in client.scan(
+                    table, _b(hash_key), start=_b(start),
+                    stop=None if stop is None else _b(stop), reverse=reverse, stale_ok=stale):
+                if limit and printed == limit:
+                    break
+                typer.echo(f"{_show(sort_key)}\t{_show(value)}")
+                printed += 1
+
+    asyncio.run(print_rows())
 
 
 @app.command("full-scan")
@@ -264,3 +280,180 @@ def incr(table: str, hash_key: str, sort_key: str,
     """Add to a decimal counter (absent counts as 0); print the new value."""
     with _client(members, directory) as client:
         typer.echo(str(client.incr(table, _b(hash_key), _b(sort_key), by)))
+
+
+def _pairs(pairs: list[str]) -> dict[bytes, bytes]:
+    if len(pairs) % 2:
+        raise typer.BadParameter("give sort keys and values in pairs: SORT_KEY VALUE "
+                                 "[SORT_KEY VALUE ...]")
+    items: dict[bytes, bytes] = {}
+    for sort_key, value in zip(pairs[::2], pairs[1::2], strict=True):
+        if _b(sort_key) in items:
+            raise typer.BadParameter(f"sort key {sort_key!r} is given twice")
+        items[_b(sort_key)] = _b(value)
+    return items
+
+
+@app.command("multi-set")
+def multi_set(table: str, hash_key: str,
+              pairs: list[str] = typer.Argument(..., metavar="SORT_KEY VALUE ...",
+                                                help="Sort keys and their values, in pairs."),
+              ttl_s: int = typer.Option(0, "--ttl-s", help="Time to live in seconds "
+                                        "(0: none), for every record."),
+              members: str | None = MembersOption, directory: Path | None = DirOption) -> None:
+    """Set several records of one hash_key atomically (one Raft entry)."""
+    items = _pairs(pairs)
+    with _client(members, directory) as client:
+        client.multi_set(table, _b(hash_key), items, ttl_s=ttl_s)
+
+
+@app.command("multi-get")
+def multi_get(table: str, hash_key: str,
+              sort_keys: list[str] | None = typer.Argument(
+                  None, metavar="[SORT_KEY ...]",
+                  help="Sort keys to read (none: every record of the hash_key)."),
+              members: str | None = MembersOption, directory: Path | None = DirOption,
+              stale: bool = StaleOption) -> None:
+    """Print the records of the given sort keys that exist (sort_key<TAB>value, in
+    sort-key order); exit code 1 when none does."""
+    with _client(members, directory) as client:
+        if sort_keys:
+            found = client.multi_get(table, _b(hash_key), [_b(k) for k in sort_keys],
+                                     stale_ok=stale)
+            rows = sorted(found.items())
+        else:
+            rows = client.scan(table, _b(hash_key), stale_ok=stale)
+    if not rows:
+        console.print("(absent)")
+        raise typer.Exit(1)
+    for sort_key, value in rows:
+        typer.echo(f"{_show(sort_key)}\t{_show(value)}")
+
+
+@app.command("multi-del")
+def multi_del(table: str, hash_key: str,
+              sort_keys: list[str] = typer.Argument(..., metavar="SORT_KEY ...",
+                                                    help="Sort keys to delete."),
+              members: str | None = MembersOption, directory: Path | None = DirOption) -> None:
+    """Delete several records of one hash_key atomically (absent ones are no error)."""
+    with _client(members, directory) as client:
+        client.multi_delete(table, _b(hash_key), [_b(k) for k in sort_keys])
+
+
+@app.command()
+def ttl(table: str, hash_key: str, sort_key: str, members: str | None = MembersOption,
+        directory: Path | None = DirOption, stale: bool = StaleOption) -> None:
+    """Print a record's time to live in seconds, or "none" (exit code 1 when absent)."""
+    with _client(members, directory) as client:
+        left = client.ttl(table, _b(hash_key), _b(sort_key), stale_ok=stale)
+    if left is None:
+        console.print("(absent)")
+        raise typer.Exit(1)
+    typer.echo("none" if left < 0 else str(left))
+
+
+@app.command()
+def count(table: str, hash_key: str, members: str | None = MembersOption,
+          directory: Path | None = DirOption, stale: bool = StaleOption) -> None:
+    """Print how many records the hash_key has (Pegasus's sort_key_count)."""
+    with _client(members, directory) as client:
+        typer.echo(str(client.sort_key_count(table, _b(hash_key), stale_ok=stale)))
+
+
+def _check_type(name: str) -> Any:
+    from quorumlog.table import CheckType
+
+    key = name.strip().upper().replace("-", "_")
+    if key not in CheckType.__members__:
+        choices = ", ".join(t.name.lower().replace("_", "-") for t in CheckType)
+        raise typer.BadParameter(f"--check-type {name!r}: expected one of {choices}")
+    return CheckType[key]
+
+
+CheckTypeOption = typer.Option(
+    ..., "--check-type", help="What to test on the check record: no-check, value-not-exist, "
+    "value-not-exist-or-empty, value-exist, value-not-empty, match-anywhere, match-prefix, "
+    "match-postfix, bytes-less, bytes-less-or-equal, bytes-equal, bytes-greater-or-equal, "
+    "bytes-greater, int-less, int-less-or-equal, int-equal, int-greater-or-equal, "
+    "int-greater (Pegasus's cas_check_type).")
+OperandOption = typer.Option("", "--operand", help="The check's operand (a pattern, bytes, "
+                             "or a decimal integer for int-* checks).")
+ReturnCheckOption = typer.Option(False, "--return-check-value",
+                                 help="Also print the check record's value.")
+
+
+def _print_check(result: Any, return_check_value: bool) -> None:
+    shown: dict[str, Any] = {"succeeded": result.succeeded,
+                             "check_value_exist": result.check_value_exist}
+    if return_check_value:
+        shown["check_value"] = None if result.check_value is None else _show(result.check_value)
+    typer.echo(json.dumps(shown))
+    if not result.succeeded:  # a failed check is a failed compare: exit code 1
+        raise typer.Exit(1)
+
+
+@app.command("check-and-set")
+def check_and_set(table: str, hash_key: str, check_sort_key: str,
+                  check_type: str = CheckTypeOption, operand: str = OperandOption,
+                  set_sort_key: str | None = typer.Option(
+                      None, "--set-sort-key", help="Record to set (default: the check record)."),
+                  value: str = typer.Option(..., "--value", help="Value to set."),
+                  ttl_s: int = typer.Option(0, "--ttl-s", help="Time to live in seconds "
+                                            "(0: none)."),
+                  return_check_value: bool = ReturnCheckOption,
+                  members: str | None = MembersOption,
+                  directory: Path | None = DirOption) -> None:
+    """Set a record if a check on a record of the same hash_key passes, atomically;
+    prints the outcome as JSON (exit code 1 when the check failed)."""
+    kind = _check_type(check_type)
+    with _client(members, directory) as client:
+        result = client.check_and_set(
+            table, _b(hash_key), check_sort_key=_b(check_sort_key), check_type=kind,
+            operand=_b(operand), set_sort_key=_b(check_sort_key if set_sort_key is None
+                                                 else set_sort_key),
+            value=_b(value), ttl_s=ttl_s, return_check_value=return_check_value)
+    _print_check(result, return_check_value)
+
+
+def _mutations(text: str) -> list[Any]:
+    from quorumlog.table import Mutation
+
+    usage = ('--mutations is a JSON list of ["set", SORT_KEY, VALUE] (optionally with a '
+             'TTL in seconds as a 4th item) and ["del", SORT_KEY], applied in order')
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(f"{usage}; not JSON: {exc}") from None
+    if not isinstance(items, list) or not items:
+        raise typer.BadParameter(f"{usage}; got {text!r}")
+    out = []
+    for item in items:
+        strings = isinstance(item, list) and all(isinstance(x, str) for x in item[:3])
+        if strings and item[0] == "set" and len(item) in (3, 4) and (
+                len(item) == 3 or (isinstance(item[3], int) and item[3] >= 0)):
+            out.append(Mutation(_b(item[1]), _b(item[2]), item[3] if len(item) == 4 else 0))
+        elif strings and item[0] == "del" and len(item) == 2:
+            out.append(Mutation(_b(item[1]), None))
+        else:
+            raise typer.BadParameter(f"{usage}; got {json.dumps(item)}")
+    return out
+
+
+@app.command("check-and-mutate")
+def check_and_mutate(table: str, hash_key: str, check_sort_key: str,
+                     check_type: str = CheckTypeOption, operand: str = OperandOption,
+                     mutations: str = typer.Option(
+                         ..., "--mutations", help='JSON list, applied in order: ["set", '
+                         'SORT_KEY, VALUE, TTL_S?] and ["del", SORT_KEY].'),
+                     return_check_value: bool = ReturnCheckOption,
+                     members: str | None = MembersOption,
+                     directory: Path | None = DirOption) -> None:
+    """Apply sets and deletes to records of one hash_key if a check passes,
+    atomically; prints the outcome as JSON (exit code 1 when the check failed)."""
+    kind = _check_type(check_type)
+    changes = _mutations(mutations)
+    with _client(members, directory) as client:
+        result = client.check_and_mutate(
+            table, _b(hash_key), check_sort_key=_b(check_sort_key), check_type=kind,
+            operand=_b(operand), mutations=changes, return_check_value=return_check_value)
+    _print_check(result, return_check_value)
