@@ -331,6 +331,12 @@ class BlockingConsumer:
     def ack_cumulative(self, message: Message) -> None:
         self._owner.run(self.consumer.ack_cumulative(message))
 
+    def negative_ack(self, message: Message) -> None:
+        async def nack() -> None:  # on the loop thread, which owns the consumer's state
+            self.consumer.negative_ack(message)
+
+        self._owner.run(nack())
+
     def flush_acks(self) -> None:
         self._owner.run(self.consumer.flush_acks())
 

@@ -31,16 +31,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import os
 import re
 import socket
+
+import msgspec
 
 from quorumlog.config import Config, require
 from quorumlog.errors import QuorumlogError, UsageError
 from quorumlog.ledger import LedgerClient
 from quorumlog.log import get_logger
 from quorumlog.meta import CompactedError, DeleteOp, PutOp
-from quorumlog.stream._cursor import AckTracker, CursorState
+from quorumlog.stream._cursor import AckTracker, CursorState, Key
 from quorumlog.stream._errors import SubscriptionBusyError
 from quorumlog.stream._layout import (
     StreamRecord,
@@ -97,6 +101,13 @@ class ConsumerConfig(Config, frozen=True):
     # are shared out among the subscription's consumers (Pulsar's SubscriptionType)
     subscription_type: str = EXCLUSIVE
     consumer_name: str = ""  # failover: orders the consumers (default host-pid-random)
+    # A negatively acknowledged message comes again this long after
+    # (Pulsar's negativeAckRedeliveryDelay, 1 min).
+    negative_ack_redelivery_delay_ms: int = 60_000
+    # Messages not acknowledged this long after their delivery come again
+    # (Pulsar's ackTimeout: 0 is off, else at least 1 s). The consumer then
+    # keeps each message it delivered until it is acknowledged.
+    ack_timeout_ms: int = 0
 
     def validate(self) -> None:
         require(self.initial_position in (EARLIEST, LATEST),
@@ -106,6 +117,10 @@ class ConsumerConfig(Config, frozen=True):
                 f"got {self.subscription_type!r}")
         if self.consumer_name:
             check_name("consumer", self.consumer_name)
+        require(self.negative_ack_redelivery_delay_ms >= 0,
+                "negative_ack_redelivery_delay_ms must be >= 0")
+        require(self.ack_timeout_ms == 0 or self.ack_timeout_ms >= 1000,
+                "ack_timeout_ms must be 0 (off) or at least 1000")
         require(self.ack_flush_ms >= 0, "ack_flush_ms must be >= 0")
         require(self.unacked_messages_max >= 1, "unacked_messages_max must be >= 1")
         require(self.lease_ttl_ms >= 500, "lease_ttl_ms must be >= 500")
@@ -158,6 +173,12 @@ class Consumer:
         self._lost: QuorumlogError | None = None
         self._metrics = stream_metrics(record.name)
         self._counted = False  # in quorumlog_stream_consumers (from _start to close)
+        # Messages to deliver again: (when, tie-break, message), a heap.
+        self._redeliver: list[tuple[float, int, Message]] = []
+        self._tie = itertools.count()
+        self._redelivered: dict[tuple[int, Key], int] = {}  # redelivery counts
+        # With ack_timeout_ms: unacknowledged deliveries in delivery order.
+        self._delivered_at: dict[tuple[int, Key], tuple[float, Message]] = {}
 
     @classmethod
     async def open(cls, client: LedgerClient, stream: str, subscription: str, *,
@@ -312,6 +333,7 @@ class Consumer:
                     log.warning("consumer_release_flush_failed", stream=self.stream,
                                 partition=partition, error=exc.message)
             del self._trackers[partition]
+            self._forget(partition)
             key, revision = self._owners.pop(partition)
             await self._client.meta.txn(compares=[created_at(key, revision)],
                                         success=[DeleteOp(key=key)])
@@ -343,8 +365,9 @@ class Consumer:
     # ----- receiving ----------------------------------------------------------------------
 
     async def receive(self, wait_ms: int | None = None) -> Message | None:
-        """The next message (any partition this consumer reads); None if none
-        arrived in ``wait_ms`` (None: wait as long as it takes)."""
+        """The next message (any partition this consumer reads), or one due to come
+        again (``redelivery_count`` > 0); None if none arrived in ``wait_ms``
+        (None: wait as long as it takes)."""
         if self._closed:
             raise UsageError("the consumer is closed")
         reader = self._reader
@@ -354,10 +377,20 @@ class Consumer:
         while True:
             if self._lost is not None:
                 raise self._lost
+            again = self._due_again(loop.time())
+            if again is not None:
+                return again
             reader.pause(any(t.full for t in self._trackers.values()))
             remaining = 500 if deadline is None else int((deadline - loop.time()) * 1000)
             if remaining <= 0:
                 return None
+            if self._redeliver:  # wake up for the next message due again
+                remaining = min(remaining, max(1, int((self._redeliver[0][0] - loop.time())
+                                                      * 1000)))
+            if self._delivered_at:
+                first_at, _ = next(iter(self._delivered_at.values()))
+                remaining = min(remaining, max(1, int(
+                    (first_at + self._config.ack_timeout_ms / 1000 - loop.time()) * 1000)))
             message = await reader.read_next(min(remaining, 500))
             if message is None:
                 continue
@@ -370,15 +403,62 @@ class Consumer:
                     tracker.delivered(position, acked=True)
                 continue
             tracker.delivered(position)
+            if self._config.ack_timeout_ms:
+                self._delivered_at[message.partition, position.key] = (loop.time(), message)
             return message
 
-    def __aiter__(self) -> Consumer:
-        return self
+    def _due_again(self, now: float) -> Message | None:
+        """A message whose negative acknowledgement delay or acknowledgement
+        timeout has passed and that is still unacknowledged, counted."""
+        timeout_s = self._config.ack_timeout_ms / 1000
+        while self._delivered_at:
+            slot, (at, message) = next(iter(self._delivered_at.items()))
+            if at + timeout_s > now:
+                break
+            del self._delivered_at[slot]
+            heapq.heappush(self._redeliver, (now, next(self._tie), message))
+        while self._redeliver and self._redeliver[0][0] <= now:
+            _, _, message = heapq.heappop(self._redeliver)
+            tracker = self._trackers.get(message.partition)
+            key = message.seq_position.key
+            if tracker is None or not tracker.is_unacked(key):
+                continue  # acknowledged meanwhile, or the partition was handed over
+            slot = (message.partition, key)
+            count = self._redelivered.get(slot, message.redelivery_count) + 1
+            self._redelivered[slot] = count
+            again = msgspec.structs.replace(message, redelivery_count=count)
+            if self._config.ack_timeout_ms:
+                self._delivered_at[slot] = (now, again)
+            self._metrics.redelivered_messages += 1
+            return again
+        return None
 
-    async def __anext__(self) -> Message:
-        message = await self.receive()
-        assert message is not None
-        return message
+    def negative_ack(self, message: Message) -> None:
+        """Have a delivered, unacknowledged message come again after
+        ``negative_ack_redelivery_delay_ms`` (Pulsar's negativeAcknowledge), with
+        its ``redelivery_count`` one higher. Later messages are not held back."""
+        tracker = self._tracker_for(message)
+        if tracker is None:
+            return  # handed over since: the next owner delivers it again anyway
+        key = message.seq_position.key
+        if not tracker.is_unacked(key):
+            raise UsageError(f"message {message.position} was not delivered to this consumer "
+                             "or is already acknowledged")
+        self._delivered_at.pop((message.partition, key), None)
+        due = (asyncio.get_running_loop().time()
+               + self._config.negative_ack_redelivery_delay_ms / 1000)
+        heapq.heappush(self._redeliver, (due, next(self._tie), message))
+
+    def _forget(self, partition: int, up_to: Key | None = None) -> None:
+        """Stop timing and counting the partition's messages (those up to ``up_to``
+        when given: acknowledged cumulatively)."""
+        def gone(slot: tuple[int, Key]) -> bool:
+            return slot[0] == partition and (up_to is None or slot[1] <= up_to)
+
+        for slot in [s for s in self._delivered_at if gone(s)]:
+            del self._delivered_at[slot]
+        for slot in [s for s in self._redelivered if gone(s)]:
+            del self._redelivered[slot]
 
     def _tracker_for(self, message: Message) -> AckTracker | None:
         tracker = self._trackers.get(message.partition)
@@ -399,6 +479,10 @@ class Consumer:
         if not tracker.ack(message.seq_position):
             raise UsageError(f"message {message.position} was not delivered to this consumer "
                              "or is already acknowledged")
+        if self._delivered_at or self._redelivered:
+            slot = (message.partition, message.seq_position.key)
+            self._delivered_at.pop(slot, None)
+            self._redelivered.pop(slot, None)
         if self._config.ack_flush_ms == 0:
             await self.flush_acks()
 
@@ -408,6 +492,8 @@ class Consumer:
         if tracker is None:
             return
         tracker.ack_cumulative(message.seq_position)
+        if self._delivered_at or self._redelivered:
+            self._forget(message.partition, message.seq_position.key)
         if self._config.ack_flush_ms == 0:
             await self.flush_acks()
 

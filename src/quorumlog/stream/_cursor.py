@@ -130,6 +130,10 @@ class AckTracker:
             md = self.mark_delete.key
             self._restored = [r for r in self._restored if r[1].key > md]
 
+    def is_unacked(self, key: Key) -> bool:
+        """True for a message delivered and not acknowledged yet."""
+        return self._acked.get(key) is False
+
     @property
     def pending(self) -> int:
         return len(self._order)

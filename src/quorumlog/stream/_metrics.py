@@ -54,6 +54,7 @@ class StreamMetrics:
     producers: int = 0
     consumers: int = 0
     rollovers: int = 0
+    redelivered_messages: int = 0  # consumers' negative acks and ack timeouts
     backlog_entries: dict[str, int] = field(default_factory=dict)  # by subscription
 
 
@@ -123,6 +124,9 @@ class _StreamCollector(Collector):
                       "out_bytes")
         yield counter("quorumlog_stream_ledger_rollovers", "Ledgers closed by rollover "
                       "(entries, bytes or time) and replaced by a new one.", "rollovers")
+        yield counter("quorumlog_stream_redelivered_messages", "Messages consumers delivered "
+                      "again (negative acknowledgements, acknowledgement timeouts).",
+                      "redelivered_messages")
         yield gauge("quorumlog_stream_producers", "Producers open in this process.",
                     "producers")
         yield gauge("quorumlog_stream_consumers", "Consumers open in this process.",

@@ -66,6 +66,9 @@ class Message(msgspec.Struct, frozen=True, gc=False):
     properties: Mapping[str, str]
     value: bytes
     batch_size: int = 1
+    # How many times a consumer delivered this message again (a negative
+    # acknowledgement or an acknowledgement timeout; Pulsar's redeliveryCount).
+    redelivery_count: int = 0
 
     @property
     def seq_position(self) -> SeqPosition:
