@@ -16,8 +16,9 @@
 # a real `prometheus` against a local cluster and queries every expression of
 # the Grafana dashboard: as root with apt-get, this installs Debian's
 # prometheus when it is missing (the test runs its own instance on a free port
-# with a temporary storage directory, beside any packaged service);
-# otherwise that test skips with a reason.
+# with a temporary storage directory, beside any packaged service), and its
+# promtool checks the alert rules (tests/observability/test_alert_rules.py);
+# otherwise those tests skip with a reason.
 #
 # The web console's browser test (tests/console, marked slow) drives Debian's
 # chromium through chromedriver with selenium (the dev extra): as root with

@@ -134,3 +134,18 @@ def test_meta_and_table_metrics_on_the_nodes(cluster_dir: Path) -> None:
         == load.TABLE_KEYS
     assert every(samples, "quorumlog_table_groups_hosted") >= 2 * 3
     assert every(samples, "quorumlog_table_groups_led") >= 2
+
+
+def test_the_alert_rules_read_only_metrics_the_nodes_export(cluster_dir: Path) -> None:
+    """Every metric family deploy/prometheus/quorumlog-alerts.yml reads is on a
+    node's /metrics (labelled families too, with no series yet: duplication)."""
+    from .test_alert_rules import metric_families
+
+    exported = set()
+    for node in cluster.load(cluster_dir):
+        url = f"http://{node.metrics}/metrics"
+        with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as reply:
+            exported |= {line.split()[2] for line in reply.read().decode().splitlines()
+                         if line.startswith("# TYPE ")}
+    wanted = metric_families()
+    assert wanted and wanted <= exported, sorted(wanted - exported)

@@ -7,7 +7,9 @@ address from ``quorumlog status -o json``, runs Debian's ``prometheus`` on
 127.0.0.1 with a temporary storage directory, produces load, and then asks
 Prometheus's HTTP API for every ``expr`` of deploy/grafana/quorumlog.json
 (with the dashboard variables substituted): each must return data. That
-proves the dashboard and the metrics agree.
+proves the dashboard and the metrics agree. It also loads the alert rules
+(deploy/prometheus/quorumlog-alerts.yml): every rule must evaluate without
+error, and none may fire on the healthy cluster.
 
 Needs the ``prometheus`` binary (Debian package ``prometheus``;
 scripts/setup.sh installs it when run as root); skips with that reason
@@ -36,6 +38,7 @@ from quorumlog import rpc
 from quorumlog.node._cluster import free_port
 
 from . import load
+from .test_alert_rules import ALERT_RULES, alert_names
 from .test_dashboard import DASHBOARD, dashboard_exprs, substitute
 
 SCRAPE_INTERVAL_S = 1
@@ -107,8 +110,9 @@ def test_prometheus_answers_every_dashboard_query(
     config.write_text(json.dumps({  # JSON is YAML
         "global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s",
                    "evaluation_interval": f"{SCRAPE_INTERVAL_S}s"},
-        "scrape_configs": [
-            {"job_name": "quorumlog-nodes", "static_configs": [{"targets": nodes}]},
+        "rule_files": [str(ALERT_RULES)],
+        "scrape_configs": [  # the nodes' job as docs/deploy.md names it (the alert rules')
+            {"job_name": "quorumlog", "static_configs": [{"targets": nodes}]},
             {"job_name": "quorumlog-clients",
              "static_configs": [{"targets": [f"127.0.0.1:{client_port}"]}]},
         ],
@@ -139,6 +143,19 @@ def test_prometheus_answers_every_dashboard_query(
             except pytest.fail.Exception:
                 missing.append(f"{title}: {expr}")
         assert not missing, "dashboard queries with no data:\n" + "\n".join(missing)
+        # The alert rules evaluate without error against the live series, and
+        # none fires on a healthy cluster under load.
+        def evaluated() -> list[Any]:  # every rule of every group (never: year 0001)
+            rules = [r for g in get_json(f"http://{listen}/api/v1/rules")["data"]["groups"]
+                     for r in g["rules"]]
+            done = all(not r.get("lastEvaluation", "0001").startswith("0001") for r in rules)
+            return rules if done else []
+
+        rules = wait_until("alert rules evaluated", evaluated, QUERY_DEADLINE_S)
+        assert len(rules) == len(alert_names()), [r["name"] for r in rules]
+        assert all(r["health"] == "ok" for r in rules), [
+            (r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
+        assert [r["name"] for r in rules if r["state"] != "inactive"] == []
     finally:
         if stream is not None:
             stream.close()
