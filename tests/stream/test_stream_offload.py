@@ -337,9 +337,18 @@ def test_a_dead_runs_file_is_swept_once_old_and_named_files_never(meta: list[str
             os.utime(old, (two_hours_ago, two_hours_ago))
             for path in named:  # named files are kept however old they are
                 os.utime(path, (two_hours_ago, two_hours_ago))
+            # Other data in the target (a shared lake directory) is never touched,
+            # whatever its age: only files named as an offload names them go.
+            foreign = [tier / "swept" / "2024" / "part-0.parquet",
+                       named[0].with_name("notes.parquet"),
+                       named[0].with_name("0" + named[0].name)]  # 21 digits
+            for path in foreign:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(named[0], path)
+                os.utime(path, (two_hours_ago, two_hours_ago))
             swept = await client.sweep_offload_orphans("swept", str(tier))
             assert swept == [str(old)]
-            assert files_under(tier) == sorted([*named, young])
+            assert files_under(tier) == sorted([*named, young, *foreign])
             assert len(await read_all(client, "swept")) == 24
 
     rpc.run(main())

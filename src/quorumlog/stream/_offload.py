@@ -29,6 +29,7 @@ from __future__ import annotations
 import array
 import asyncio
 import os
+import re
 import secrets
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -109,6 +110,10 @@ def open_filesystem(url: str) -> tuple[Any, str]:
                              "install fsspec for other URL schemes") from None
         spec_fs, spec_path = fsspec.core.url_to_fs(url)
         return pafs.PyFileSystem(pafs.FSSpecHandler(spec_fs)), str(spec_path)
+
+
+_OWN_FILE = re.compile(r"/\d{4}/\d{20}-[0-9a-f]{12}\.parquet")
+"""A file's path under ``<target>/<stream>`` as :func:`ledger_file_url` makes it."""
 
 
 def ledger_file_url(target: str, stream: str, partition: int, ledger_id: int) -> str:
@@ -568,7 +573,7 @@ async def _still_listed(meta: MetaClient, stream: str, partition: int, info: Led
 
 
 def _list_files(base: str) -> list[tuple[str, int]]:
-    """(url, mtime in ms) of every Parquet file under ``base`` (blocking)."""
+    """(url, mtime in ms) of every offload file under ``base`` (blocking)."""
     _, _, pafs = _pyarrow()
     fs, path = open_filesystem(base)
     try:
@@ -578,7 +583,9 @@ def _list_files(base: str) -> list[tuple[str, int]]:
                            retriable=True) from None
     out = []
     for info in infos:
-        if info.type == pafs.FileType.File and info.path.endswith(".parquet"):
+        # Only files named as offload_ledger names them: a target may be shared
+        # with other data (a lake's bucket), which a sweep must never touch.
+        if info.type == pafs.FileType.File and _OWN_FILE.fullmatch(info.path[len(path):]):
             mtime_ms = int(info.mtime.timestamp() * 1000) if info.mtime is not None else 0
             out.append((base + info.path[len(path):], mtime_ms))
     return out
