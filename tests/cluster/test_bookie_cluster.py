@@ -92,8 +92,55 @@ def test_bookie_cli_info_ledger_gc_scrub(three_nodes: Path) -> None:
     scrub = _cli("bookie", "scrub", "--bookie", address, "--json")
     assert scrub.returncode == 0, scrub.stderr
     assert json.loads(scrub.stdout)["ok"] is True
-    for command in ("list", "info", "ledger", "gc", "scrub"):
+    for command in ("list", "info", "ledger", "gc", "scrub", "sanity"):
         assert _cli("bookie", command, "--help").returncode == 0
+
+
+def test_bookie_sanity_writes_reads_and_deletes_a_ledger_on_each_bookie(
+        three_nodes: Path) -> None:
+    from quorumlog.errors import UsageError
+    from quorumlog.ledger import LedgerClient
+
+    addresses = sorted(n.address for n in cluster.load(three_nodes))
+    meta = cluster.meta_addresses(three_nodes)
+
+    async def ledger_ids() -> list[int]:
+        client = await LedgerClient.connect(meta)
+        try:
+            return sorted(await client.list_ledgers())
+        finally:
+            await client.close()
+
+    before = rpc.run(ledger_ids())
+    checked = _cli("bookie", "sanity", "--entries", "20", "-o", "json", "--dir", str(three_nodes))
+    assert checked.returncode == 0, checked.stderr
+    rows = json.loads(checked.stdout)["bookies"]
+    assert sorted(r["bookie"] for r in rows) == addresses
+    assert all(r["ok"] and r["error"] is None and r["write_ms"] > 0 for r in rows), rows
+    assert rpc.run(ledger_ids()) == before  # each sanity ledger was deleted again
+    refused = _cli("bookie", "sanity", "127.0.0.1:1", addresses[0], "-o", "json",
+                   "--dir", str(three_nodes))
+    assert refused.returncode == 1  # one bookie failed it: the rows say which and why
+    bad, good = json.loads(refused.stdout)["bookies"]
+    assert (bad["bookie"], bad["ok"], good["ok"]) == ("127.0.0.1:1", False, True)
+    assert "not registered" in bad["error"]
+    table = _cli("bookie", "sanity", "127.0.0.1:1", "--dir", str(three_nodes))
+    assert table.returncode == 1 and "FAILED" in table.stdout, table.stdout
+
+    async def pinned() -> None:  # the API under it: an ensemble given, not placed
+        client = await LedgerClient.connect(meta)
+        try:
+            handle = await client.create_ledger(2, 2, 2, bookies=addresses[1:])
+            assert handle.metadata.ensembles[0].bookies == tuple(addresses[1:])
+            await handle.close()
+            await client.delete_ledger(handle.id)
+            for bad in ([addresses[0]], [addresses[0]] * 2, ["127.0.0.1:1", addresses[0]]):
+                with pytest.raises(UsageError):
+                    await client.create_ledger(2, 2, 2, bookies=bad)
+        finally:
+            await client.close()
+
+    rpc.run(pinned())
 
 
 def _log_bytes(directory: Path) -> int:

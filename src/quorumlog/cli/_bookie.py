@@ -1,4 +1,5 @@
-"""``quorumlog bookie``: list bookies, inspect one, force GC, scrub, format (re-add)."""
+"""``quorumlog bookie``: list bookies, inspect one, force GC, scrub, format (re-add),
+decommission, and the sanity check (write, read and delete a ledger on one bookie)."""
 
 from __future__ import annotations
 
@@ -305,3 +306,103 @@ def decommission(
                       "stopped (and retired with `quorumlog bookie format`)", highlight=False)
 
     rpc.run(main())
+
+
+SANITY_ENTRY_BYTES = 1024
+
+
+@app.command()
+def sanity(
+    bookie_ids: list[str] | None = typer.Argument(
+        None, metavar="[BOOKIE ...]", help="Bookie ids (host:port); none: every writable "
+        "registered bookie."),
+    entries: int = typer.Option(10, "--entries", min=1, max=10_000,
+                                help="Entries of 1 KiB to write and read back."),
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+    output: str = OutputOption,
+) -> None:
+    """Write, read back and delete a ledger on each bookie alone (BookKeeper's
+    bookie sanity check): exit code 1 when any bookie fails it."""
+    import asyncio
+    import os
+    import time
+
+    from quorumlog.errors import QuorumlogError
+    from quorumlog.ledger import LedgerClient
+
+    fmt = output_format(output)
+
+    async def check(client: LedgerClient, bookie: str) -> dict[str, Any]:
+        payloads = [os.urandom(SANITY_ENTRY_BYTES) for _ in range(entries)]
+        row: dict[str, Any] = {"bookie": bookie, "ok": False, "entries": entries,
+                               "write_ms": None, "read_ms": None, "error": None}
+        ledger_id = None
+        try:
+            started = time.monotonic()
+            handle = await client.create_ledger(1, 1, 1, bookies=[bookie],
+                                                metadata={"purpose": b"bookie-sanity"})
+            ledger_id = handle.id
+            for payload in payloads:
+                await handle.append(payload)
+            await handle.close()
+            row["write_ms"] = round((time.monotonic() - started) * 1000, 1)
+            started = time.monotonic()
+            reader = await client.open_ledger(ledger_id, recovery=False)
+            try:
+                read = [bytes(e.payload) for e in await reader.read_batch(0, entries - 1)]
+            finally:
+                await reader.close()
+            row["read_ms"] = round((time.monotonic() - started) * 1000, 1)
+            if read != payloads:
+                raise QuorumlogError(f"ledger {ledger_id} read back different entries")
+            row["ok"] = True
+        except QuorumlogError as exc:
+            row["error"] = exc.message
+        finally:
+            if ledger_id is not None:
+                try:
+                    await client.delete_ledger(ledger_id)
+                except QuorumlogError as exc:
+                    row["error"] = row["error"] or f"delete failed: {exc.message}"
+                    row["ok"] = False
+        return row
+
+    async def writable_bookies(client: LedgerClient) -> list[str]:
+        from quorumlog.proto import (
+            BOOKIE_DRAINING_PREFIX,
+            BOOKIE_REGISTRY_PREFIX,
+            BookieRegistration,
+        )
+
+        draining = {kv.key[len(BOOKIE_DRAINING_PREFIX):]
+                    for kv in await client.meta.list_keys(BOOKIE_DRAINING_PREFIX)}
+        registered = [BookieRegistration.decode(kv.value)
+                      for kv in await client.meta.list_keys(BOOKIE_REGISTRY_PREFIX)]
+        return sorted(r.id for r in registered if not r.read_only and r.id not in draining)
+
+    async def main() -> list[dict[str, Any]]:
+        client = await LedgerClient.connect(_members(members, directory))
+        try:
+            targets = bookie_ids or await writable_bookies(client)
+            if not targets:
+                raise QuorumlogError("no writable bookie is registered")
+            return list(await asyncio.gather(*(check(client, b) for b in targets)))
+        finally:
+            await client.close()
+
+    from quorumlog import rpc
+
+    rows = rpc.run(main())
+    emit(console, fmt, "bookies", rows, SANITY_COLUMNS, title="bookie sanity")
+    if not all(r["ok"] for r in rows):
+        raise typer.Exit(1)
+
+
+SANITY_COLUMNS = (
+    field("bookie", no_wrap=True),
+    field("ok", lambda v: "ok" if v else "FAILED", header="result"),
+    field("write_ms", lambda v: f"{v:,.1f} ms", header="create+write+close"),
+    field("read_ms", lambda v: f"{v:,.1f} ms", header="read"),
+    field("error"),
+)

@@ -68,10 +68,11 @@ class BlockingLedgerClient:
         self, ensemble: int = 3, write_quorum: int = 2, ack_quorum: int = 2, *,
         digest: str | DigestType = "crc32c", password: bytes = b"",
         placement: str = "random", metadata: Mapping[str, bytes] | None = None,
+        bookies: Sequence[str] | None = None,
     ) -> BlockingWriteHandle:
         handle = self._loop.call(self._client.create_ledger(
             ensemble, write_quorum, ack_quorum, digest=digest, password=password,
-            placement=placement, metadata=metadata))
+            placement=placement, metadata=metadata, bookies=bookies))
         return BlockingWriteHandle(self._loop, handle)
 
     def open_ledger(self, ledger_id: int, *, password: bytes = b"",

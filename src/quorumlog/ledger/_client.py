@@ -128,8 +128,12 @@ class LedgerClient:
         self, ensemble: int = 3, write_quorum: int = 2, ack_quorum: int = 2, *,
         digest: str | DigestType = "crc32c", password: bytes = b"",
         placement: str = "random", metadata: Mapping[str, bytes] | None = None,
+        bookies: Sequence[str] | None = None,
     ) -> WriteHandle:
-        """A new ledger, open for writing by this client only."""
+        """A new ledger, open for writing by this client only. ``bookies`` pins
+        the first ensemble (``ensemble`` writable registered bookies, in order)
+        instead of the placement policy choosing it: a health check of given
+        bookies (BookKeeper's bookie sanity check pins its local bookie)."""
         self._check_open()
         schedule = Schedule(ensemble, write_quorum, ack_quorum)  # E >= Qw >= Qa >= 1
         digest_type = _digest_type(digest)
@@ -137,7 +141,10 @@ class LedgerClient:
         if placement not in RACK_LABELS:
             raise UsageError(
                 f"unknown placement {placement!r}: use one of {', '.join(RACK_LABELS)}")
-        bookies = await self._place(schedule, placement)
+        if bookies is None:
+            bookies = await self._place(schedule, placement)
+        else:
+            bookies = await self._pinned(schedule, bookies)
         ledger_id = await self._ctx.meta.next_id(wire.LEDGER_ID_COUNTER)
         created = LedgerMetadata(
             ledger_id=ledger_id, ensemble_size=ensemble, write_quorum=write_quorum,
@@ -152,6 +159,18 @@ class LedgerClient:
         self._ctx.log.debug("ledger_created", ledger=ledger_id, ensemble=list(bookies),
                             e=ensemble, qw=write_quorum, qa=ack_quorum)
         return WriteHandle(self._ctx, created, 1, password, placement=placement)
+
+    async def _pinned(self, schedule: Schedule, bookies: Sequence[str]) -> tuple[str, ...]:
+        chosen = tuple(bookies)
+        if len(chosen) != schedule.ensemble_size or len(set(chosen)) != len(chosen):
+            raise UsageError(f"an ensemble of {schedule.ensemble_size} needs as many distinct "
+                             f"bookies, not {list(chosen)}")
+        writable = {c.address for c in await self._ctx.candidates(None) if c.writable}
+        refused = [b for b in chosen if b not in writable]
+        if refused:
+            raise UsageError(f"bookie(s) {', '.join(refused)} are not registered and writable "
+                             "(quorumlog bookie list shows the bookies)")
+        return chosen
 
     async def _place(self, schedule: Schedule, placement: str) -> tuple[str, ...]:
         label = RACK_LABELS[placement]
