@@ -16,7 +16,14 @@ import pytest
 from quorumlog import node as cluster
 from quorumlog import rpc
 from quorumlog.errors import ConfigError, UsageError
-from quorumlog.stream import Consumer, ConsumerConfig, Message, StreamClient, StreamConfig
+from quorumlog.stream import (
+    Consumer,
+    ConsumerConfig,
+    Message,
+    ProducerConfig,
+    StreamClient,
+    StreamConfig,
+)
 
 DEADLINE_S = 30.0
 
@@ -117,3 +124,48 @@ def test_bad_redelivery_settings_are_refused() -> None:
         ConsumerConfig(ack_timeout_ms=10).validate()
     with pytest.raises(ConfigError, match="negative_ack_redelivery_delay_ms"):
         ConsumerConfig(negative_ack_redelivery_delay_ms=-1).validate()
+
+
+def test_a_consumer_seeks_back_forward_and_by_publish_time(meta: list[str]) -> None:
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("seek", StreamConfig(writer_lease_ttl_ms=1000))
+            producer = await client.producer("seek", config=ProducerConfig(batching=False))
+            sent = [await producer.send(b"m%d" % i) for i in range(10)]
+            consumer = await client.subscribe("seek", "s", config=ConsumerConfig(
+                initial_position="earliest", ack_flush_ms=0))
+            first = [await next_message(consumer) for _ in range(10)]
+            for message in first:
+                await consumer.ack(message)
+            assert await consumer.receive(wait_ms=300) is None
+
+            await consumer.seek("earliest")  # everything again, acknowledged or not
+            assert [(await next_message(consumer)).value for _ in range(10)] == \
+                [m.value for m in first]
+            middle = first[5]
+            await consumer.seek(middle.publish_time_ms)
+            again = await next_message(consumer)  # the first message at or after it
+            expected = next(m for m in first if m.publish_time_ms >= middle.publish_time_ms)
+            assert again.position == expected.position
+            await consumer.seek(sent[7].position)
+            assert (await next_message(consumer)).value == b"m7"
+            await consumer.seek("latest")
+            assert await consumer.receive(wait_ms=300) is None
+            await producer.send(b"after")
+            assert (await next_message(consumer)).value == b"after"
+            with pytest.raises(UsageError, match="seek to"):
+                await consumer.seek("yesterday")
+            await consumer.close()
+            # The seek was persisted: the subscription goes on after "after".
+            reopened = await client.subscribe("seek", "s")
+            assert (await next_message(reopened)).value == b"after"
+            await reopened.close()
+            await producer.close()
+
+            workers = await client.subscribe("seek", "w", config=ConsumerConfig(
+                subscription_type="failover", consumer_name="a"))
+            with pytest.raises(UsageError, match="reset_cursor"):
+                await workers.seek("earliest")
+            await workers.close()
+
+    rpc.run(main())

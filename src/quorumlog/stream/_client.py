@@ -331,6 +331,9 @@ class BlockingConsumer:
     def ack_cumulative(self, message: Message) -> None:
         self._owner.run(self.consumer.ack_cumulative(message))
 
+    def seek(self, to: StartSpec) -> list[SeqPosition]:
+        return self._owner.run(self.consumer.seek(to))
+
     def negative_ack(self, message: Message) -> None:
         async def nack() -> None:  # on the loop thread, which owns the consumer's state
             self.consumer.negative_ack(message)

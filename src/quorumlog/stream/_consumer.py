@@ -65,14 +65,16 @@ from quorumlog.stream._meta import (
     watch_key_once,
 )
 from quorumlog.stream._metrics import stream_metrics
-from quorumlog.stream._position import EARLIEST, LATEST, SeqPosition
+from quorumlog.stream._position import EARLIEST, LATEST, Position, SeqPosition
 from quorumlog.stream._reader import (
     LedgerHandles,
     Message,
     PartitionReader,
     Reader,
+    StartSpec,
     end_position,
     first_position,
+    resolve_start,
 )
 from quorumlog.stream._writer import owner_name
 
@@ -83,6 +85,7 @@ EXCLUSIVE = "exclusive"
 FAILOVER = "failover"
 SUBSCRIPTION_TYPES = (EXCLUSIVE, FAILOVER)
 BALANCE_WATCH_MS = 5_000  # a failover consumer re-checks its partitions at least this often
+SEEK_PROBE_WAIT_MS = 200  # a seek by time reads this long for the first message at/after it
 
 
 def default_consumer_name() -> str:
@@ -540,6 +543,75 @@ class Consumer:
                     "last flush are not saved")
                 raise self._lost
         raise SubscriptionBusyError(f"cursor {key} kept changing; acknowledgement not saved")
+
+    async def seek(self, to: StartSpec) -> list[SeqPosition]:
+        """Start the subscription again at ``to`` ('earliest', 'latest', a publish
+        time in ms: the first message published at or after it, or a Position
+        on a one-partition stream), as Pulsar's
+        ``consumer.seek``: the cursor of every partition is rewritten (persisted
+        at once), unacknowledged deliveries are forgotten, and the next
+        ``receive`` reads from there. Exclusive consumers only: a failover one
+        reads some partitions, so reset its subscription with
+        ``StreamClient.reset_cursor(..., force=True)``. Returns the positions."""
+        if self._closed:
+            raise UsageError("the consumer is closed")
+        if self._lost is not None:
+            raise self._lost
+        if self._failover:
+            raise UsageError("a failover consumer reads only some of the partitions: reset "
+                             "the subscription with StreamClient.reset_cursor(..., force=True) "
+                             "(quorumlog stream reset-cursor --force) instead")
+        if isinstance(to, str) and to not in (EARLIEST, LATEST):
+            raise UsageError(f"seek to 'earliest', 'latest', a publish time in ms or a "
+                             f"position, got {to!r}")
+        if isinstance(to, Position | SeqPosition) and self._record.config.partitions > 1:
+            raise UsageError(f"stream {self.stream!r} has {self._record.config.partitions} "
+                             "partitions: a position names one ledger of one partition; seek "
+                             "to 'earliest', 'latest' or a publish time instead")
+        reader = self._reader
+        assert reader is not None
+        handles = LedgerHandles(self._client, self._record)
+        starts = []
+        async with self._lock:
+            for partition in sorted(self._owners):
+                await reader.remove(partition)
+            self._redeliver.clear()
+            for partition in sorted(self._owners):
+                start, skip_ms = await resolve_start(self._client, handles, self._record,
+                                                     partition, to)
+                if skip_ms:  # a publish time: the first message at or after it exactly
+                    probe = PartitionReader(self._client, self._record, partition, start,
+                                            skip_before_ms=skip_ms, skip_data_loss=True,
+                                            handles=handles)
+                    found = await probe.next_batch(SEEK_PROBE_WAIT_MS)
+                    if found:
+                        start = found[0].seq_position
+                await self._write_cursor(partition, CursorState(
+                    start=start, updated_ms=self._client.clock.wall_ms()))
+                self._forget(partition)
+                reader.add(await self._open_partition(partition))
+                starts.append(start)
+        return starts
+
+    async def _write_cursor(self, partition: int, state: CursorState) -> None:
+        """Replace the partition's cursor, guarded by this consumer's ownership."""
+        key = cursor_key(self.stream, self.subscription, partition)
+        owner, owner_revision = self._owners[partition]
+        for _ in range(CURSOR_CAS_ATTEMPTS_MAX):
+            kv = await self._client.meta.get(key)
+            result = await self._client.meta.txn(
+                compares=[created_at(owner, owner_revision),
+                          version_is(key, kv.version if kv else 0)],
+                success=[PutOp(key=key, value=state.encode())])
+            if result.succeeded:
+                return
+            owner_kv = await self._client.meta.get(owner)
+            if owner_kv is None or owner_kv.create_revision != owner_revision:
+                self._lost = SubscriptionBusyError(
+                    f"subscription {self.subscription!r} of {self.stream!r} is now held by "
+                    "another consumer")
+                raise self._lost
+        raise SubscriptionBusyError(f"cursor {key} kept changing; not moved")
 
     async def close(self) -> None:
         if self._closed:
