@@ -453,8 +453,9 @@ class Consumer:
         heapq.heappush(self._redeliver, (due, next(self._tie), message))
 
     def _forget(self, partition: int, up_to: Key | None = None) -> None:
-        """Stop timing and counting the partition's messages (those up to ``up_to``
-        when given: acknowledged cumulatively)."""
+        """Stop timing, counting and redelivering the partition's messages (only
+        timing and counting those up to ``up_to`` when given: acknowledged
+        cumulatively)."""
         def gone(slot: tuple[int, Key]) -> bool:
             return slot[0] == partition and (up_to is None or slot[1] <= up_to)
 
@@ -462,6 +463,10 @@ class Consumer:
             del self._delivered_at[slot]
         for slot in [s for s in self._redelivered if gone(s)]:
             del self._redelivered[slot]
+        if up_to is None:  # handed over or sought: its pending redeliveries go too
+            self._redeliver = [item for item in self._redeliver
+                               if item[2].partition != partition]
+            heapq.heapify(self._redeliver)
 
     def _tracker_for(self, message: Message) -> AckTracker | None:
         tracker = self._trackers.get(message.partition)

@@ -444,7 +444,11 @@ class Reader:
             return out
         self._start()
         try:
-            item = await asyncio.wait_for(self._queue.get(), wait_ms / 1000)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the
+            # result when the caller is cancelled just as the get completes,
+            # and the cancellation is lost (a consumer task that never stops).
+            async with asyncio.timeout(wait_ms / 1000):
+                item = await self._queue.get()
         except TimeoutError:
             return []
         if isinstance(item, BaseException):
