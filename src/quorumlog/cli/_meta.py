@@ -316,6 +316,123 @@ def member_remove(
     _change("remove", node_id, "", members, directory)
 
 
+snapshot_app = typer.Typer(
+    help="Back up the meta state to a file and restore a new meta group from it "
+    "(etcdctl snapshot save / etcdutl snapshot status, restore).", no_args_is_help=True)
+app.add_typer(snapshot_app, name="snapshot")
+
+
+def _info_row(path: Path, info: Any) -> dict[str, Any]:
+    import datetime
+
+    taken = datetime.datetime.fromtimestamp(info.taken_at_ms / 1000, tz=datetime.UTC)
+    return {"file": str(path), "taken_at": taken.isoformat(timespec="seconds"),
+            "member": info.member, "applied_index": info.applied_index,
+            "revision": info.revision, "keys": info.keys, "state_bytes": info.state_bytes,
+            "size": human_bytes(info.state_bytes)}
+
+
+SNAPSHOT_COLUMNS = (
+    field("file"),
+    field("taken_at", header="taken at (UTC)"),
+    field("member"),
+    field("applied_index", header="applied"),
+    field("revision"),
+    field("keys"),
+    field("size"),
+)
+
+
+@snapshot_app.command("save")
+def snapshot_save(
+    file: Path = typer.Argument(..., help="The backup file to write (replaced atomically)."),
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+    output: str = OutputOption,
+) -> None:
+    """Save the leader's state to FILE, with every write acknowledged before the call.
+
+    Like ``etcdctl snapshot save``. Keep backups off the meta hosts: they are
+    what restores the metadata (every ledger, stream, table and bookie record)
+    after a majority of meta hosts is lost (``meta snapshot restore``).
+    """
+    from quorumlog import rpc
+    from quorumlog.cli._output import progress
+    from quorumlog.meta import MetaClient, save_snapshot
+
+    fmt = output_format(output)
+    addresses = _members(members, directory)
+
+    async def main() -> Any:
+        async with MetaClient(addresses) as meta:
+            with progress("meta snapshot", None) as bar:
+                return await save_snapshot(meta, file, progress=bar.update)
+
+    info = rpc.run(main())
+    emit(console, fmt, "snapshot", [_info_row(file, info)], SNAPSHOT_COLUMNS,
+         title="meta snapshot saved")
+
+
+@snapshot_app.command("status")
+def snapshot_status(
+    file: Path = typer.Argument(..., help="A file written by `meta snapshot save`."),
+    output: str = OutputOption,
+) -> None:
+    """Check a backup file (magic, SHA-256, that its state decodes) and show what it holds.
+
+    Like ``etcdutl snapshot status``. Exit 1 with the reason when the file is
+    damaged or not a meta snapshot.
+    """
+    from quorumlog.meta import read_snapshot_file
+
+    fmt = output_format(output)
+    info, _ = read_snapshot_file(file)
+    emit(console, fmt, "snapshot", [_info_row(file, info)], SNAPSHOT_COLUMNS,
+         title="meta snapshot")
+
+
+@snapshot_app.command("restore")
+def snapshot_restore(
+    file: Path = typer.Argument(..., help="A file written by `meta snapshot save`."),
+    config: Path = typer.Option(..., "--config", help="This node's TOML config: its id, "
+                                "data_dir and [meta] members (the new group's voters)."),
+    bump_ids: int = typer.Option(
+        1_000_000, "--bump-ids", min=0, help="Move every id counter (ledgers, tables, "
+        "sessions) this far ahead: ids handed out after the backup are never reused."),
+    bump_revision: int = typer.Option(
+        1_000_000, "--bump-revision", min=0, help="Move the revision this far ahead and "
+        "compact the watch history up to it (etcdutl's --bump-revision --mark-compacted)."),
+    output: str = OutputOption,
+) -> None:
+    """Create this node's member of a NEW meta group from FILE (the node stopped).
+
+    Like ``etcdutl snapshot restore``: after losing a majority of meta hosts,
+    stop every meta node, move each one's ``<data_dir>/raft`` aside, run this
+    on every meta node with the same FILE and options, then start them. The
+    group's voters are the config's ``[meta] members``. Writes made after the
+    backup are lost from the metadata; ledgers closed after it are recovered
+    from the bookies by the ledger protocol when next opened. Refused when the
+    node already has meta data.
+    """
+    from quorumlog.meta import restore_snapshot
+    from quorumlog.node import load_node_config
+
+    fmt = output_format(output)
+    cfg = load_node_config(config)
+    if cfg.meta is None or "meta" not in cfg.node.roles:
+        raise typer.BadParameter(f"{config}: node {cfg.node.id} has no meta role; restore "
+                                 "only on the meta members")
+    restored = restore_snapshot(file, cfg.data_path / "raft", node_id=cfg.node.id,
+                                members=cfg.meta.member_map(), bump_ids=bump_ids,
+                                bump_revision=bump_revision)
+    row = {"node": restored.node_id, "directory": restored.directory,
+           "voters": ",".join(map(str, restored.voters)), "index": restored.index,
+           "revision": restored.revision, "keys": restored.keys}
+    emit(console, fmt, "restored", [row],
+         (field("node"), field("directory"), field("voters"), field("index"),
+          field("revision"), field("keys")), title="meta member restored")
+
+
 TXN_HELP = """Read a transaction from standard input, etcdctl's way, and run it atomically.
 
 Three sections separated by an empty line: compares, then the requests run

@@ -5,6 +5,15 @@ the service that runs it on a Raft group (driver, server, clients) is built on
 ``quorumlog.raft`` and ``quorumlog.rpc``.
 """
 
+from quorumlog.meta._backup import (
+    BUMP_IDS_DEFAULT,
+    BUMP_REVISION_DEFAULT,
+    MetaSnapshotInfo,
+    RestoredMember,
+    read_snapshot_file,
+    restore_snapshot,
+    save_snapshot,
+)
 from quorumlog.meta._client import CLOSE_REVOKE_DEADLINE_S, BlockingMetaClient, MetaClient
 from quorumlog.meta._commands import (
     Compact,
@@ -40,12 +49,15 @@ from quorumlog.meta._service import (
     READ_MODES,
     MetaRequestFailedError,
     MetaService,
+    MetaSnapshotGoneError,
     MetaStatusRequest,
     ReadMode,
 )
 from quorumlog.meta._state import CompactedError, MetaLimits, MetaStateMachine
 
 __all__ = [
+    "BUMP_IDS_DEFAULT",
+    "BUMP_REVISION_DEFAULT",
     "CLOSE_REVOKE_DEADLINE_S",
     "LEASE_CLOCK_DRIFT_PERCENT",
     "READ_MODES",
@@ -69,6 +81,8 @@ __all__ = [
     "MetaLimits",
     "MetaRequestFailedError",
     "MetaService",
+    "MetaSnapshotGoneError",
+    "MetaSnapshotInfo",
     "MetaStateMachine",
     "MetaStatusRequest",
     "NextId",
@@ -80,10 +94,14 @@ __all__ = [
     "RangeResult",
     "ReadMode",
     "Request",
+    "RestoredMember",
     "Result",
     "RevokeSession",
     "SessionMeta",
     "SessionResult",
     "Txn",
     "TxnResult",
+    "read_snapshot_file",
+    "restore_snapshot",
+    "save_snapshot",
 ]

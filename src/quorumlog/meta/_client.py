@@ -64,6 +64,8 @@ from quorumlog.meta._service import (
     MetaMemberRequest,
     MetaRangeRequest,
     MetaRequestFailedError,
+    MetaSnapshotRequest,
+    MetaSnapshotResponse,
     MetaStatusRequest,
     MetaStatusResponse,
     MetaWatchRequest,
@@ -474,6 +476,20 @@ class MetaClient:
             response = await self._pool.call(
                 addr, request, timeout_s=min(self._request_timeout_s * 2, left_s))
             return response.voters, response.learners
+
+        return await self._retrying(attempt, leader=True)
+
+    async def snapshot_chunk(self, snapshot_id: int = 0, offset: int = 0) -> MetaSnapshotResponse:
+        """One chunk of a backup of the meta state, from the leader
+        (``snapshot_id`` 0 takes a new one): see ``meta.save_snapshot``."""
+        request = MetaSnapshotRequest(snapshot_id=snapshot_id, offset=offset)
+
+        async def attempt(address: str, left_s: float) -> MetaSnapshotResponse:
+            response: MetaSnapshotResponse = await self._pool.call(
+                address, request, timeout_s=min(self._request_timeout_s * 2, left_s))
+            if response.leader:
+                self._leader_named(response.leader)
+            return response
 
         return await self._retrying(attempt, leader=True)
 

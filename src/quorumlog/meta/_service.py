@@ -31,8 +31,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import secrets
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import msgspec
@@ -104,8 +106,14 @@ class MetaRequestFailedError(QuorumlogError):
         self.code = code or "failed"
 
 
+class MetaSnapshotGoneError(QuorumlogError):
+    """The leader no longer holds the backup being fetched (it changed, or the
+    backup's hold ran out): take a new one."""
+
+
 rpc.register_error(1100, CompactedError)
 rpc.register_error(1101, MetaRequestFailedError, ("code",))
+rpc.register_error(1102, MetaSnapshotGoneError)
 
 
 # ----- wire messages (type ids 1100-1199) -------------------------------------
@@ -200,6 +208,44 @@ class MetaMemberRequest(rpc.Request[MetaMemberResponse], frozen=True):
     action: str
     node_id: int
     address: str = ""
+
+
+class MetaSnapshotResponse(rpc.Message, frozen=True):
+    type_id: ClassVar[int] = 1113
+    snapshot_id: int  # names the state taken for the first chunk; later chunks ask by it
+    total_bytes: int
+    offset: int
+    chunk: bytes
+    member: int  # the member (the leader) that took it
+    applied_index: int
+    revision: int
+    keys: int
+    leader: str = ""  # as MetaWriteResponse.leader
+
+
+class MetaSnapshotRequest(rpc.Request[MetaSnapshotResponse], frozen=True):
+    """One chunk of the leader's state (``quorumlog meta snapshot save``):
+    ``snapshot_id`` 0 takes a new one, after a linearizable read barrier, so it
+    holds every write acknowledged before the request."""
+
+    type_id: ClassVar[int] = 1112
+    snapshot_id: int = 0
+    offset: int = 0
+    forwarded: bool = False  # passed on by a member that is not the leader
+
+
+SNAPSHOT_CHUNK_BYTES = 4 * 1024 * 1024
+SNAPSHOT_HELD_S = 120.0  # a taken state is kept this long for its later chunks
+SNAPSHOTS_HELD_MAX = 2
+
+
+@dataclass
+class _HeldSnapshot:
+    data: bytes
+    applied_index: int
+    revision: int
+    keys: int
+    expires_s: float
 
 
 MEMBER_KEY_PREFIX = "/_meta/members/"
@@ -327,6 +373,7 @@ class MetaService:
         self._leader_seen = 0  # the last leader id this member saw (metrics)
         # Requests passed on to the leader (the same security as Raft's own pool).
         self._forward_pool = rpc.Pool()
+        self._held_snapshots: dict[int, _HeldSnapshot] = {}  # by snapshot id (backups)
         register_member(self)
 
     def _now_ms(self) -> int:
@@ -340,6 +387,7 @@ class MetaService:
             MetaWatchRequest: self._on_watch,
             MetaStatusRequest: self._on_status,
             MetaMemberRequest: self._on_member,
+            MetaSnapshotRequest: self._on_snapshot,
         }
 
     def start(self, voters: set[int] | None) -> None:
@@ -687,6 +735,48 @@ class MetaService:
         change = ConfChange(changes=(ConfChangeSingle(type=change_type, node_id=request.node_id),))
         conf = await self.host.change_membership(META_GROUP_ID, change)
         return MetaMemberResponse(voters=sorted(conf.voters), learners=sorted(conf.learners))
+
+    async def _on_snapshot(
+        self, request: MetaSnapshotRequest, ctx: rpc.RequestContext
+    ) -> MetaSnapshotResponse:
+        """A chunk of a backup of the state (etcd's ``snapshot save``), on the leader."""
+        self._require_started()
+        META_METRICS.requests["Snapshot"] += 1
+        leader = self._leader_to_forward_to(request.forwarded)
+        if leader is not None:
+            forwarded: MetaSnapshotResponse = await self._forward(leader, request)
+            return forwarded
+        now_s = time.monotonic()
+        for snapshot_id in [i for i, h in self._held_snapshots.items() if h.expires_s < now_s]:
+            del self._held_snapshots[snapshot_id]
+        if request.snapshot_id == 0:
+            self.host.require_leader(self.host.group(META_GROUP_ID))
+            await self._linearizable()
+            machine = self.machine
+            held = _HeldSnapshot(machine.snapshot(), machine.applied_index, machine.revision,
+                                 len(machine), now_s + SNAPSHOT_HELD_S)
+            while len(self._held_snapshots) >= SNAPSHOTS_HELD_MAX:
+                del self._held_snapshots[next(iter(self._held_snapshots))]
+            snapshot_id = secrets.randbits(62) + 1
+            self._held_snapshots[snapshot_id] = held
+        else:
+            snapshot_id = request.snapshot_id
+            found = self._held_snapshots.get(snapshot_id)
+            if found is None:
+                raise MetaSnapshotGoneError(
+                    f"meta snapshot {snapshot_id} is no longer held by member "
+                    f"{self.host.node_id} (the leader changed, or it was taken over "
+                    f"{SNAPSHOT_HELD_S:.0f} s ago); take a new one")
+            held = found
+            held.expires_s = now_s + SNAPSHOT_HELD_S
+        if not 0 <= request.offset <= len(held.data):
+            raise UsageError(f"offset {request.offset} outside the snapshot's "
+                             f"{len(held.data)} bytes")
+        return MetaSnapshotResponse(
+            snapshot_id=snapshot_id, total_bytes=len(held.data), offset=request.offset,
+            chunk=held.data[request.offset:request.offset + SNAPSHOT_CHUNK_BYTES],
+            member=self.host.node_id, applied_index=held.applied_index,
+            revision=held.revision, keys=held.keys)
 
     async def _on_status(
         self, request: MetaStatusRequest, ctx: rpc.RequestContext

@@ -521,6 +521,36 @@ class MetaStateMachine:
         self._history_events = sum(len(evs) for _, evs in self._history)
         self._history_bytes = sum(self._history_sizes)
 
+    def rebase_for_restore(self, *, bump_ids: int, bump_revision: int,
+                           member_prefix: str) -> None:
+        """Prepare a restored state to start a new group (``meta snapshot restore``).
+
+        Writes made after the backup are gone from this state, but not from
+        the world: ledgers and tables created after it hold ids on bookies and
+        table nodes, clients hold sessions and watch revisions. So, as etcd's
+        ``--bump-revision --mark-compacted``: every id counter and the session
+        counter move ``bump_ids`` ahead (a new ledger, table or session never
+        reuses one handed out after the backup), the revision moves
+        ``bump_revision`` ahead and the watch history is compacted up to it (a
+        watcher resuming from a revision handed out after the backup gets
+        CompactedError and lists again, rather than silently missing events).
+        The member address keys under ``member_prefix`` (members added at run
+        time) are dropped: the new group's members come from its nodes'
+        configs, as a new group's do.
+        """
+        if bump_ids < 0 or bump_revision < 0:
+            raise ValueError("bumps must be >= 0")
+        self._ids = {name: value + bump_ids for name, value in self._ids.items()}
+        self._next_session_id += bump_ids
+        self.revision += bump_revision
+        for key in list(self._prefix_keys(member_prefix)):
+            del self._kvs[key]
+        self._history.clear()
+        self._history_sizes.clear()
+        self._history_events = 0
+        self._history_bytes = 0
+        self.compacted_revision = self.revision
+
     def __len__(self) -> int:
         return len(self._kvs)
 

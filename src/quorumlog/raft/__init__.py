@@ -9,7 +9,13 @@ driver loop.
 
 from quorumlog.raft._confchange import ConfChangeError
 from quorumlog.raft._config import RaftConfig, ReadOnlyMode
-from quorumlog.raft._driver import COMBINED_MSGPACK_MAX, HostConfig, RaftHost, combine_msgpack
+from quorumlog.raft._driver import (
+    COMBINED_MSGPACK_MAX,
+    HostConfig,
+    RaftHost,
+    combine_msgpack,
+    group_directory,
+)
 from quorumlog.raft._errors import (
     CompactedError,
     ConfChangePendingError,
@@ -123,6 +129,7 @@ __all__ = [
     "fold_epoch",
     "format_entries",
     "format_message",
+    "group_directory",
     "retained_from",
     "snapshot_tail",
 ]

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import os
 import random
 import shutil
 import struct
@@ -106,6 +107,13 @@ PEERS_REFRESH_TICKS = 10
 """How often (in ticks) the host recomputes the peer processes of its groups."""
 
 INCOMING_SNAPSHOTS_DIR_NAME = "incoming-snapshots"
+
+
+def group_directory(data_dir: str | os.PathLike[str], group_id: int) -> Path:
+    """Where a RaftHost on ``data_dir`` keeps group ``group_id`` (its WAL and
+    snapshots): what ``WalRaftStorage.create_from_snapshot`` writes to restore
+    a group from a backup."""
+    return Path(data_dir) / f"group-{group_id:016x}"
 """Staging directory of snapshot transfers under the host's data directory."""
 
 
@@ -545,7 +553,7 @@ class RaftHost:
         """
         invariant(group_id not in self._groups, f"group {group_id} is already hosted")
         cs = ConfState(voters=frozenset(voters)) if voters else None
-        storage = WalRaftStorage.open(self.data_dir / f"group-{group_id:016x}", conf_state=cs,
+        storage = WalRaftStorage.open(group_directory(self.data_dir, group_id), conf_state=cs,
                                       config=self.config.wal, journal=self._journal,
                                       group_id=group_id)
         snap = storage.snapshot()
@@ -594,7 +602,7 @@ class RaftHost:
                 await asyncio.get_running_loop().run_in_executor(
                     self._io, self._journal.forget, group_id)
             group.storage.close()
-        directory = self.data_dir / f"group-{group_id:016x}"
+        directory = group_directory(self.data_dir, group_id)
         await asyncio.get_running_loop().run_in_executor(
             self._io, functools.partial(shutil.rmtree, directory, ignore_errors=True))
         _log.info("raft_group_removed", node=self.node_id, group=group_id)

@@ -208,6 +208,47 @@ class WalRaftStorage:
         _fsync_directory(root)
 
     @classmethod
+    def create_from_snapshot(cls, directory: str | os.PathLike[str], snapshot: Snapshot, *,
+                             config: WalConfig | None = None) -> None:
+        """Create a member whose log starts at ``snapshot`` (a restore from a
+        backup): the snapshot file, its WAL marker and a hard state at the
+        snapshot's term with everything up to its index committed.
+
+        Every member of the new group is created from the same snapshot, so
+        they agree on the log up to its index; the configuration is the
+        snapshot's. Atomic as ``open``'s creation is (built in wal.tmp, then
+        renamed). Refused when ``directory`` already holds a member's data.
+        """
+        root = Path(directory)
+        meta = snapshot.meta
+        if meta.index < 1 or meta.term < 1 or not meta.conf_state.voters:
+            raise UsageError(
+                f"a restored member needs a snapshot at index >= 1 and term >= 1 with voters; "
+                f"got index {meta.index}, term {meta.term}, voters "
+                f"{sorted(meta.conf_state.voters)}")
+        for name in (WAL_DIR_NAME, SNAP_DIR_NAME):
+            if (root / name).exists():
+                raise UsageError(
+                    f"{root / name} exists: this member already has data; move {root} aside "
+                    "(or delete it) before restoring into it")
+        root.mkdir(parents=True, exist_ok=True)
+        temp_dir = root / WAL_TEMP_DIR_NAME
+        shutil.rmtree(temp_dir, ignore_errors=True)  # a restore cut short by a crash
+        wal = Wal.create(temp_dir, WAL_METADATA, config=config)
+        try:
+            storage = cls(root, wal, Snapshotter(root / SNAP_DIR_NAME), MemoryStorage())
+            storage.persist_snapshot(snapshot)
+            storage.persist(HardState(term=meta.term, vote=0, commit=meta.index), [], None,
+                            must_sync=True)
+        except BaseException:
+            wal.close()
+            shutil.rmtree(root / SNAP_DIR_NAME, ignore_errors=True)
+            raise
+        wal.close()
+        os.rename(temp_dir, root / WAL_DIR_NAME)
+        _fsync_directory(root)
+
+    @classmethod
     def _open_existing(cls, root: Path, config: WalConfig | None) -> WalRaftStorage:
         wal_dir = root / WAL_DIR_NAME
         snapshotter = Snapshotter(root / SNAP_DIR_NAME)
