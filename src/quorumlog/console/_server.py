@@ -82,7 +82,8 @@ class Console:
         """Take the first sample, then serve (the first page already has data)."""
         self._sampler = asyncio.create_task(self._sample_forever())
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._sampled.wait(), FIRST_SAMPLE_TIMEOUT_S)
+            async with asyncio.timeout(FIRST_SAMPLE_TIMEOUT_S):
+                await self._sampled.wait()
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port)

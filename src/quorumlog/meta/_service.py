@@ -655,7 +655,8 @@ class MetaService:
             if self._apply_wakeup is None:
                 self._apply_wakeup = loop.create_future()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._apply_wakeup), min(remaining, tick_s))
+                async with asyncio.timeout(min(remaining, tick_s)):
+                    await asyncio.shield(self._apply_wakeup)
 
     async def _on_keepalive(
         self, request: MetaKeepAliveRequest, ctx: rpc.RequestContext
@@ -705,7 +706,8 @@ class MetaService:
             woken: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
             self._watches.park(request.key, request.prefix, woken)
             try:
-                revision = await asyncio.wait_for(woken, remaining)
+                async with asyncio.timeout(remaining):
+                    revision = await woken
             except TimeoutError:
                 # No write touched the key since ``start``: nothing to report.
                 return MetaWatchResponse(events=[], revision=self.machine.revision)

@@ -1057,8 +1057,8 @@ class RaftHost:
         task.add_done_callback(lambda t: self._sent(t, peer, group_ids))
 
     async def _connect_and_send(self, address: str, request: RaftMessagesRequest) -> None:
-        connection = await asyncio.wait_for(self._pool.get(address),
-                                            self.config.send_timeout_ms / 1000)
+        async with asyncio.timeout(self.config.send_timeout_ms / 1000):
+            connection = await self._pool.get(address)
         connection.send_oneway(request)
 
     def _sent(self, task: asyncio.Task[Any], peer: int, group_ids: Sequence[int]) -> None:

@@ -298,7 +298,8 @@ class SnapshotSender:
             raise InvariantViolation("SnapshotSender.send needs a SNAP message")
         timeout_s = self._config.request_timeout_ms / 1000
         try:
-            connection = await asyncio.wait_for(self._pool.get(address), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                connection = await self._pool.get(address)
         except TimeoutError:
             raise SnapshotTransferError(f"no connection to {address} within {timeout_s}s") from None
         state = memoryview(snapshot.data)

@@ -383,7 +383,8 @@ class PartitionWriter:
                 if self._closing:
                     return
                 try:
-                    await asyncio.wait_for(self._queued.wait(), ROLLOVER_CHECK_S)
+                    async with asyncio.timeout(ROLLOVER_CHECK_S):
+                        await self._queued.wait()
                 except TimeoutError:
                     if self.due_for_rollover():
                         await self.roll_over()
@@ -434,7 +435,8 @@ class PartitionWriter:
         self._outcome_waiters.append(waiter)
         try:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waiter, timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await waiter
         finally:
             with contextlib.suppress(ValueError):
                 self._outcome_waiters.remove(waiter)

@@ -598,8 +598,8 @@ class TableClient:
                 if remaining_s <= 0:
                     break
                 try:
-                    layout = await asyncio.wait_for(self._layout(table, refresh=True),
-                                                    remaining_s)
+                    async with asyncio.timeout(remaining_s):
+                        layout = await self._layout(table, refresh=True)
                 except TimeoutError:
                     break
                 except TransientError as exc:
