@@ -316,3 +316,75 @@ async def read_all(client: StreamClient, stream: str) -> list[Any]:
         while (message := await reader.read_next(1500)) is not None:
             out.append(message)
     return out
+
+
+def test_a_compaction_threshold_compacts_in_the_background(directory: Path) -> None:
+    """Pulsar's compaction-threshold: the trimmer compacts a partition once its
+    closed ledgers after the horizon hold more than the threshold, again as
+    more close, and not once it is turned off (-1)."""
+    from .test_stream_compaction import oracle, view
+    from .test_stream_compaction import read_all as read_sorted
+
+    nodes = cluster.load(directory)
+    meta = cluster.meta_addresses(directory)
+
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("changelog", StreamConfig(
+                writer_lease_ttl_ms=1000, rollover=RolloverPolicy(max_entries=4, min_time_ms=0),
+                retention=RetentionPolicy(time_ms=-1)))
+            producer = await client.producer("changelog")
+            for i in range(30):
+                await producer.send(b"v%d" % i, key=f"k{i % 5}")
+            holder = await client.ledger_client.meta.get(TRIMMER_KEY)
+            assert holder is not None
+            trimmer = next(n for n in nodes if n.address == holder.value.decode())
+
+            def rounds() -> float:
+                return scrape(trimmer.metrics, "quorumlog_stream_trimmer_rounds_total")
+
+            start = await asyncio.to_thread(rounds)
+            await wait_for("two trimmer rounds", lambda: asyncio.to_thread(
+                lambda: rounds() >= start + 2))
+            assert await client.compaction_status("changelog") == {}  # off by default
+
+            with pytest.raises(UsageError, match="compaction_threshold_bytes"):
+                await client.update_stream("changelog", compaction_threshold_bytes=-2)
+            record = await client.update_stream("changelog", compaction_threshold_bytes=0)
+            assert record.config.compaction_threshold_bytes == 0
+
+            async def compacted(than: int) -> bool:
+                status = await client.compaction_status("changelog")
+                return 0 in status and status[0].ledger_id not in (0, than)
+
+            await wait_for("a compaction by the trimmer", lambda: compacted(0))
+            first = (await client.compaction_status("changelog"))[0]
+            everything = await read_sorted(client, "changelog")
+            horizon = (first.horizon_seq, first.horizon_entry)
+            assert view(await read_sorted(client, "changelog", compacted=True)) == sorted(
+                oracle([m for m in everything if (m.seq, m.position.entry_id) <= horizon])
+                + view([m for m in everything if (m.seq, m.position.entry_id) > horizon]))
+            assert scrape(trimmer.metrics,
+                          "quorumlog_stream_trimmer_compacted_partitions_total") >= 1
+
+            for i in range(30, 50):  # closes more ledgers after the horizon
+                await producer.send(b"v%d" % i, key=f"k{i % 5}")
+            await producer.close()
+            await wait_for("a second compaction", lambda: compacted(first.ledger_id))
+            await wait_for("a compaction up to the end", lambda: _up_to_end(client))
+            assert view(await read_sorted(client, "changelog", compacted=True)) == oracle(
+                await read_sorted(client, "changelog"))
+
+            shown = await asyncio.to_thread(quorumlog, "stream", "update", "changelog",
+                                            "--compaction-threshold-bytes", "-1",
+                                            "--dir", str(directory))
+            assert shown.returncode == 0, shown
+            assert "no automatic compaction" in " ".join(shown.stdout.split())
+
+    async def _up_to_end(client: StreamClient) -> bool:
+        status = (await client.compaction_status("changelog"))[0]
+        messages = await read_sorted(client, "changelog")
+        last = messages[-1]
+        return (status.horizon_seq, status.horizon_entry) == (last.seq, last.position.entry_id)
+
+    rpc.run(main())

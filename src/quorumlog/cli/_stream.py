@@ -46,6 +46,10 @@ OFFLOAD_DELETION_LAG_HELP = (
 OFFLOAD_TO_HELP = (
     "Automatic offload: directory or URL the nodes' trimmer offloads closed ledgers to "
     "(a local path, file://, s3://, gs://, hdfs://, abfs://; \"\" with a threshold of -1).")
+COMPACTION_THRESHOLD_HELP = (
+    "Automatic topic compaction: the nodes' trimmer compacts a partition once its closed "
+    "ledgers after the compaction horizon hold more than this many bytes (0: any; -1: off). "
+    "Pulsar's compaction-threshold.")
 OFFLOAD_THRESHOLD_HELP = (
     "Automatic offload: per partition, offload the oldest closed ledgers once the closed "
     "ledgers hold more than this many bytes on the bookies (0: every closed ledger; -1: "
@@ -87,6 +91,8 @@ def create(
                                                 help=OFFLOAD_THRESHOLD_HELP),
     offload_deletion_lag_ms: int = typer.Option(4 * 3600 * 1000, "--offload-deletion-lag-ms",
                                                 help=OFFLOAD_DELETION_LAG_HELP),
+    compaction_threshold_bytes: int = typer.Option(-1, "--compaction-threshold-bytes",
+                                                   help=COMPACTION_THRESHOLD_HELP),
     members: str | None = MembersOption,
     directory: Path | None = DirOption,
 ) -> None:
@@ -110,6 +116,7 @@ def create(
         offload=OffloadPolicy(target=normalize_target(offload_to) if offload_to else "",
                               threshold_bytes=offload_threshold_bytes,
                               deletion_lag_ms=offload_deletion_lag_ms),
+        compaction_threshold_bytes=compaction_threshold_bytes,
     )
     config.validate()
     _run(members, directory, lambda c: c.create_stream(name, config))
@@ -130,12 +137,15 @@ def update(
                                                        help=OFFLOAD_THRESHOLD_HELP),
     offload_deletion_lag_ms: int | None = typer.Option(None, "--offload-deletion-lag-ms",
                                                        help=OFFLOAD_DELETION_LAG_HELP),
+    compaction_threshold_bytes: int | None = typer.Option(
+        None, "--compaction-threshold-bytes", help=COMPACTION_THRESHOLD_HELP),
     members: str | None = MembersOption,
     directory: Path | None = DirOption,
 ) -> None:
-    """Change a live stream's retention, TTL or automatic offload policy (options
-    not given stay as they are); the nodes' trimmer applies them at its next round.
-    Partitions, ledger parameters and rollover are fixed at creation."""
+    """Change a live stream's retention, TTL, automatic offload policy or automatic
+    compaction threshold (options not given stay as they are); the nodes' trimmer
+    applies them at its next round. Partitions, ledger parameters and rollover are
+    fixed at creation."""
     import msgspec
 
     changes: dict[str, dict[str, Any]] = {
@@ -143,7 +153,8 @@ def update(
                       "message_ttl_ms": ttl_ms},
         "offload": {"target": offload_to, "threshold_bytes": offload_threshold_bytes,
                     "deletion_lag_ms": offload_deletion_lag_ms}}
-    if all(v is None for part in changes.values() for v in part.values()):
+    if all(v is None for part in changes.values() for v in part.values()) \
+            and compaction_threshold_bytes is None:
         raise typer.BadParameter("nothing to change: give at least one option (see --help)")
 
     async def body(client: Any) -> Any:
@@ -151,7 +162,8 @@ def update(
         policies = {kind: msgspec.structs.replace(
             getattr(config, kind), **{k: v for k, v in fields.items() if v is not None})
             for kind, fields in changes.items()}
-        return await client.update_stream(name, **policies)
+        return await client.update_stream(
+            name, **policies, compaction_threshold_bytes=compaction_threshold_bytes)
 
     record = _run(members, directory, body)
     retention, offload_policy = record.config.retention, record.config.offload
@@ -159,9 +171,13 @@ def update(
                     f"{human_bytes(offload_policy.threshold_bytes)} per partition, bookies' copy "
                     f"kept {human_duration_ms(offload_policy.deletion_lag_ms)}"
                     if offload_policy.enabled else "no automatic offload")
+    threshold = record.config.compaction_threshold_bytes
+    compaction_text = (f"compaction past {human_bytes(threshold)} per partition"
+                       if threshold >= 0 else "no automatic compaction")
     console.print(f"updated stream {name!r}: retention "
                   f"{human_duration_ms(retention.time_ms)} / {_size_limit(retention.size_bytes)}"
-                  f", ttl {human_duration_ms(retention.message_ttl_ms)}; {offload_text}")
+                  f", ttl {human_duration_ms(retention.message_ttl_ms)}; {offload_text}; "
+                  f"{compaction_text}")
 
 
 def _stream_row(record: Any) -> dict[str, Any]:
@@ -406,6 +422,9 @@ def tail(
                               "ms | JSON positions per partition."),
     count: int = typer.Option(0, help="Stop after this many messages (0: until Ctrl-C)."),
     wait_ms: int = typer.Option(0, help="Stop when nothing arrives for this long (0: wait)."),
+    read_compacted: bool = typer.Option(
+        False, "--read-compacted", help="Up to each partition's compaction horizon, only the "
+        "latest message of every key (`stream compact`); after it, every message."),
     members: str | None = MembersOption,
     directory: Path | None = DirOption,
 ) -> None:
@@ -416,7 +435,7 @@ def tail(
         record = await client.get_stream(name)
         spec: Any = int(start) if start.isdigit() else parse_positions(
             start, record.config.partitions)
-        reader = await client.reader(name, spec)
+        reader = await client.reader(name, spec, read_compacted=read_compacted)
         try:
             seen = 0
             while not count or seen < count:
@@ -609,6 +628,131 @@ def offloaded(
     rows = [msgspec.structs.asdict(record) for record in records]
     emit(console, fmt, "offloaded", rows, OFFLOADED_COLUMNS,
          title=f"{len(rows)} offloaded ledger(s) of {name}")
+
+
+def _horizon_text(horizon: Any) -> str:
+    return "-" if horizon is None else f"{horizon.ledger_id}:{horizon.entry_id}"
+
+
+COMPACT_COLUMNS = (
+    field("partition", header="part"),
+    Column("result", lambda r: "compacted" if r["compacted"] else "nothing new"),
+    field("ledger_id", header="compacted ledger"),
+    Column("horizon", lambda r: _horizon_text(r["horizon"])),
+    field("read", header="read"),
+    field("kept"),
+    field("keys"),
+    field("tombstones", header="removed keys"),
+    Column("size", lambda r: human_bytes(r["payload_bytes"])),
+)
+
+
+@app.command()
+def compact(
+    name: str,
+    partition: list[int] = typer.Option(
+        [], "--partition", "-p", help="Compact only this partition (repeatable)."),
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+    output: str = OutputOption,
+) -> None:
+    """Compact the stream: keep the latest message of every key (Pulsar's topics compact).
+
+    Per partition, writes a compacted ledger with the latest message of each key
+    up to the last readable entry (the horizon); a message with an empty value
+    removes its key, messages without a key are kept. `stream tail
+    --read-compacted` and readers with read_compacted=True read it, then the
+    messages after the horizon; it outlives the ledgers retention trims. Run
+    again to fold in what came since (only the new messages are read besides
+    the previous compacted ledger).
+    """
+    import msgspec
+
+    from quorumlog.cli._output import progress
+
+    fmt = output_format(output)
+
+    async def body(client: Any) -> Any:
+        with progress(f"compacting {name}", None) as bar:
+            return await client.compact(name, partitions=partition or None,
+                                        progress=bar.advance)
+
+    outcomes = _run(members, directory, body)
+    rows = [msgspec.structs.asdict(outcome) for outcome in outcomes]
+    if fmt in ("json", "yaml"):
+        for row in rows:
+            row["horizon"] = None if row["horizon"] is None else \
+                row["horizon"].position.to_json()
+    emit(console, fmt, "partitions", rows, COMPACT_COLUMNS, title=f"compaction of {name}")
+
+
+COMPACTION_STATUS_COLUMNS = (
+    field("partition", header="part"),
+    field("ledger_id", header="compacted ledger"),
+    Column("horizon", lambda r: f"{r['horizon_ledger']}:{r['horizon_entry']}"),
+    field("messages"),
+    field("keys"),
+    Column("size", lambda r: human_bytes(r["payload_bytes"])),
+    Column("compacted", lambda r: human_age_ms(r["compacted_ms"])),
+    field("pending_ledger_id", header="pending ledger", wide_only=True),
+)
+
+
+@app.command("compaction-status")
+def compaction_status(
+    name: str,
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+    output: str = OutputOption,
+) -> None:
+    """Show each partition's compacted view: ledger, horizon, messages, keys, age
+    (Pulsar's topics compaction-status). Exit 1 when the stream was never compacted."""
+    import msgspec
+
+    fmt = output_format(output)
+    records = _run(members, directory, lambda client: client.compaction_status(name))
+    rows = [{"partition": partition, **msgspec.structs.asdict(record)}
+            for partition, record in sorted(records.items()) if record.ledger_id]
+    emit(console, fmt, "partitions", rows, COMPACTION_STATUS_COLUMNS,
+         title=f"compacted partitions of {name}")
+    if not rows:
+        raise typer.Exit(1)
+
+
+TABLE_VIEW_COLUMNS = (
+    field("key"),
+    field("value"),
+    Column("size", lambda r: human_bytes(r["size_bytes"])),
+)
+
+
+@app.command("table-view")
+def table_view(
+    name: str,
+    members: str | None = MembersOption,
+    directory: Path | None = DirOption,
+    output: str = OutputOption,
+) -> None:
+    """Print the stream as a table: the latest value of every key (Pulsar's TableView).
+
+    Reads the compacted view (`stream compact`), then every message after it, up
+    to what is readable now; an empty value removes its key, messages without a
+    key are left out. Keys and values are shown as UTF-8 (bytes that are not are
+    replaced).
+    """
+    fmt = output_format(output)
+
+    async def body(client: Any) -> dict[bytes, bytes]:
+        view = await client.table_view(name)
+        try:
+            return dict(view.snapshot())
+        finally:
+            await view.close()
+
+    data = _run(members, directory, body)
+    rows = [{"key": key.decode(errors="replace"), "value": value.decode(errors="replace"),
+             "size_bytes": len(value)} for key, value in sorted(data.items())]
+    emit(console, fmt, "keys", rows, TABLE_VIEW_COLUMNS, title=f"{len(rows)} key(s) of {name}")
 
 
 @app.command()

@@ -24,8 +24,10 @@ from quorumlog.stream._client import (
     BlockingProducer,
     BlockingReader,
     BlockingStreamClient,
+    BlockingTableView,
     StreamClient,
 )
+from quorumlog.stream._compaction import CompactionConflictError, CompactionOutcome
 from quorumlog.stream._config import OffloadPolicy, RetentionPolicy, RolloverPolicy, StreamConfig
 from quorumlog.stream._consumer import Consumer, ConsumerConfig
 from quorumlog.stream._entry import (
@@ -59,6 +61,7 @@ from quorumlog.stream._errors import (
     WriterStuckError,
 )
 from quorumlog.stream._layout import (
+    CompactionRecord,
     LedgerInfo,
     LedgerRun,
     LedgerStats,
@@ -94,6 +97,7 @@ from quorumlog.stream._reader import (
 )
 from quorumlog.stream._retention import RoundRobin, partition_for_key
 from quorumlog.stream._subscriptions import PartitionCursor, SubscriptionInfo
+from quorumlog.stream._table_view import TableView
 from quorumlog.stream._trimmer import (
     TRIMMER_KEY,
     StreamTrimmer,
@@ -116,7 +120,11 @@ __all__ = [
     "BlockingProducer",
     "BlockingReader",
     "BlockingStreamClient",
+    "BlockingTableView",
     "ColumnSink",
+    "CompactionConflictError",
+    "CompactionOutcome",
+    "CompactionRecord",
     "Consumer",
     "ConsumerConfig",
     "DataLossError",
@@ -161,6 +169,7 @@ __all__ = [
     "SubscriptionBusyError",
     "SubscriptionInfo",
     "SubscriptionNotFoundError",
+    "TableView",
     "TrimReport",
     "TrimRound",
     "TrimmerConfig",

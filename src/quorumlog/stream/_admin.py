@@ -31,6 +31,7 @@ from quorumlog.errors import DeadlineExceededError, QuorumlogError, TransientErr
 from quorumlog.ledger import LedgerClient
 from quorumlog.log import get_logger
 from quorumlog.meta import DeleteOp, PutOp
+from quorumlog.stream._compaction import delete_compaction
 from quorumlog.stream._config import OffloadPolicy, RetentionPolicy, StreamConfig
 from quorumlog.stream._cursor import CursorState
 from quorumlog.stream._entry import first_publish_time_ms
@@ -114,9 +115,11 @@ async def create_stream(client: LedgerClient, name: str, config: StreamConfig) -
 
 async def update_stream(client: LedgerClient, name: str, *,
                         retention: RetentionPolicy | None = None,
-                        offload: OffloadPolicy | None = None) -> StreamRecord:
-    """Change a live stream's retention and TTL, or its offload policy (Pulsar's
-    ``topics set-retention``, ``set-message-ttl``, ``set-offload-policies``).
+                        offload: OffloadPolicy | None = None,
+                        compaction_threshold_bytes: int | None = None) -> StreamRecord:
+    """Change a live stream's retention and TTL, its offload policy or its
+    compaction threshold (Pulsar's ``topics set-retention``, ``set-message-ttl``,
+    ``set-offload-policies``, ``set-compaction-threshold``).
 
     The nodes' trimmer applies them at its next round. Partitions, the
     ledgers' parameters and rollover are fixed when the stream is created.
@@ -134,12 +137,15 @@ async def update_stream(client: LedgerClient, name: str, *,
             raise StreamNotFoundError(f"stream {name!r} is being deleted")
         config = msgspec.structs.replace(
             record.config, retention=retention or record.config.retention,
-            offload=offload or record.config.offload)
+            offload=offload or record.config.offload,
+            compaction_threshold_bytes=record.config.compaction_threshold_bytes
+            if compaction_threshold_bytes is None else compaction_threshold_bytes)
         config.validate()
         updated = msgspec.structs.replace(record, config=config)
         if await client.meta.cas(config_key(name), kv.version, updated.encode()):
             log.info("stream_updated", stream=name, retention=msgspec.to_builtins(
-                config.retention), offload=msgspec.to_builtins(config.offload))
+                config.retention), offload=msgspec.to_builtins(config.offload),
+                compaction_threshold_bytes=config.compaction_threshold_bytes)
             return updated
     raise TransientError(f"stream {name!r}: its record kept changing; nothing was updated, "
                          "try again")
@@ -483,6 +489,7 @@ async def delete_stream(client: LedgerClient, name: str, *, force: bool = False,
         if isinstance(result, BaseException):
             raise result
     deleted = list(listed)
+    deleted += await delete_compaction(client, record)
     for offloaded in await offloaded_records(client.meta, name):
         await drop_offloaded(client.meta, name, offloaded.ledger_id)
     deleted += await _empty_trash(client, name)

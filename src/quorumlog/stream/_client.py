@@ -8,16 +8,18 @@ from typing import Any, TypeVar
 
 from quorumlog import rpc
 from quorumlog.clock import Clock
+from quorumlog.errors import UsageError
 from quorumlog.ledger import LedgerClient
-from quorumlog.stream import _admin, _offload, _stats, _subscriptions
+from quorumlog.stream import _admin, _compaction, _offload, _stats, _subscriptions
 from quorumlog.stream._config import OffloadPolicy, RetentionPolicy, StreamConfig
 from quorumlog.stream._consumer import Consumer, ConsumerConfig
-from quorumlog.stream._layout import OffloadRecord, StreamRecord
+from quorumlog.stream._layout import CompactionRecord, OffloadRecord, StreamRecord
 from quorumlog.stream._meta import load_record
 from quorumlog.stream._position import EARLIEST, SeqPosition
 from quorumlog.stream._producer import MessageId, Producer, ProducerConfig
 from quorumlog.stream._reader import Message, Reader, StartSpec
 from quorumlog.stream._subscriptions import SubscriptionInfo
+from quorumlog.stream._table_view import TableView
 
 T = TypeVar("T")
 LOOP_THREAD_NAME = "quorumlog-stream-client"
@@ -67,11 +69,14 @@ class StreamClient:
         return await load_record(self.ledger_client.meta, name)
 
     async def update_stream(self, name: str, *, retention: RetentionPolicy | None = None,
-                            offload: OffloadPolicy | None = None) -> StreamRecord:
-        """Change a live stream's retention and TTL, or its automatic offload policy
-        (the nodes' trimmer applies them at its next round); the updated record."""
+                            offload: OffloadPolicy | None = None,
+                            compaction_threshold_bytes: int | None = None) -> StreamRecord:
+        """Change a live stream's retention and TTL, its automatic offload policy or
+        its automatic compaction threshold (the nodes' trimmer applies them at its
+        next round); the updated record."""
         return await _admin.update_stream(self.ledger_client, name, retention=retention,
-                                          offload=offload)
+                                          offload=offload,
+                                          compaction_threshold_bytes=compaction_threshold_bytes)
 
     async def list_streams(self) -> list[str]:
         return await _admin.list_streams(self.ledger_client)
@@ -123,6 +128,28 @@ class StreamClient:
         await load_record(self.ledger_client.meta, name)
         return await _offload.offloaded_records(self.ledger_client.meta, name)
 
+    async def compact(self, name: str, *, partitions: Sequence[int] | None = None,
+                      progress: Callable[[int], None] | None = None
+                      ) -> list[_compaction.CompactionOutcome]:
+        """Compact the stream (Pulsar's ``topics compact``): per partition, a compacted
+        ledger with the latest message of every key up to the last readable entry
+        (an empty value removes its key), read with ``reader(...,
+        read_compacted=True)``. Partitions one after the other; ``progress(n)``
+        after each batch of ``n`` messages read."""
+        record = await load_record(self.ledger_client.meta, name)
+        chosen = list(range(record.config.partitions)) if partitions is None else list(partitions)
+        for partition in chosen:
+            if not 0 <= partition < record.config.partitions:
+                raise UsageError(f"stream {name!r} has no partition {partition}")
+        return [await _compaction.compact_partition(self.ledger_client, record, partition,
+                                                    progress=progress)
+                for partition in chosen]
+
+    async def compaction_status(self, name: str) -> dict[int, CompactionRecord]:
+        """Each compacted partition's record: compacted ledger, horizon, counts."""
+        record = await load_record(self.ledger_client.meta, name)
+        return await _compaction.compaction_records(self.ledger_client, record)
+
     async def subscriptions(self, name: str) -> list[SubscriptionInfo]:
         """Every subscription of the stream: cursors, backlog in entries, connected."""
         return await _subscriptions.list_subscriptions(self.ledger_client, name)
@@ -163,12 +190,21 @@ class StreamClient:
                         config: ConsumerConfig | None = None) -> Consumer:
         return await Consumer.open(self.ledger_client, stream, subscription, config=config)
 
+    async def table_view(self, stream: str) -> TableView:
+        """The stream as a key -> latest value map kept up to date (Pulsar's
+        ``TableView``): caught up with everything readable when called."""
+        record = await load_record(self.ledger_client.meta, stream)
+        return await TableView.open(self.ledger_client, record)
+
     async def reader(self, stream: str, start: StartSpec | Mapping[int, StartSpec] = EARLIEST,
                      *, partitions: list[int] | None = None,
-                     skip_data_loss: bool = False) -> Reader:
+                     skip_data_loss: bool = False, read_compacted: bool = False) -> Reader:
+        """A reader from ``start``. ``read_compacted`` (Pulsar's ``readCompacted``):
+        up to each partition's compaction horizon, only the compacted view (the
+        latest message of every key); after it, every message."""
         record = await load_record(self.ledger_client.meta, stream)
         return await Reader.open(self.ledger_client, record, start, partitions=partitions,
-                                 skip_data_loss=skip_data_loss)
+                                 skip_data_loss=skip_data_loss, read_compacted=read_compacted)
 
 
 class BlockingStreamClient:
@@ -215,8 +251,11 @@ class BlockingStreamClient:
         return self.run(self._client.get_stream(name))
 
     def update_stream(self, name: str, *, retention: RetentionPolicy | None = None,
-                      offload: OffloadPolicy | None = None) -> StreamRecord:
-        return self.run(self._client.update_stream(name, retention=retention, offload=offload))
+                      offload: OffloadPolicy | None = None,
+                      compaction_threshold_bytes: int | None = None) -> StreamRecord:
+        return self.run(self._client.update_stream(
+            name, retention=retention, offload=offload,
+            compaction_threshold_bytes=compaction_threshold_bytes))
 
     def list_streams(self) -> list[str]:
         return self.run(self._client.list_streams())
@@ -242,6 +281,13 @@ class BlockingStreamClient:
                               older_than_ms: int = _offload.ORPHAN_AGE_MS_DEFAULT) -> list[str]:
         return self.run(self._client.sweep_offload_orphans(name, target,
                                                            older_than_ms=older_than_ms))
+
+    def compact(self, name: str, *, partitions: Sequence[int] | None = None
+                ) -> list[_compaction.CompactionOutcome]:
+        return self.run(self._client.compact(name, partitions=partitions))
+
+    def compaction_status(self, name: str) -> dict[int, CompactionRecord]:
+        return self.run(self._client.compaction_status(name))
 
     def subscriptions(self, name: str) -> list[SubscriptionInfo]:
         return self.run(self._client.subscriptions(name))
@@ -269,11 +315,52 @@ class BlockingStreamClient:
         return BlockingConsumer(self, self.run(self._client.subscribe(stream, subscription,
                                                                       config=config)))
 
+    def table_view(self, stream: str) -> BlockingTableView:
+        return BlockingTableView(self, self.run(self._client.table_view(stream)))
+
     def reader(self, stream: str, start: StartSpec | Mapping[int, StartSpec] = EARLIEST, *,
                partitions: list[int] | None = None,
-               skip_data_loss: bool = False) -> BlockingReader:
+               skip_data_loss: bool = False, read_compacted: bool = False) -> BlockingReader:
         return BlockingReader(self, self.run(self._client.reader(
-            stream, start, partitions=partitions, skip_data_loss=skip_data_loss)))
+            stream, start, partitions=partitions, skip_data_loss=skip_data_loss,
+            read_compacted=read_compacted)))
+
+
+class BlockingTableView:
+    """A :class:`TableView` of a :class:`BlockingStreamClient` (its reads are of the
+    map as the client's loop thread keeps it; listeners run on that thread)."""
+
+    def __init__(self, owner: BlockingStreamClient, view: TableView) -> None:
+        self._owner = owner
+        self.view = view
+
+    def get(self, key: bytes | str) -> bytes | None:
+        return self.view.get(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.view
+
+    def __len__(self) -> int:
+        return len(self.view)
+
+    def snapshot(self) -> dict[bytes, bytes]:
+        return self._owner.run(_snapshot(self.view))
+
+    def refresh(self, *, timeout_s: float = 60.0) -> None:
+        self._owner.run(self.view.refresh(timeout_s=timeout_s))
+
+    def close(self) -> None:
+        self._owner.run(self.view.close())
+
+    def __enter__(self) -> BlockingTableView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+async def _snapshot(view: TableView) -> dict[bytes, bytes]:
+    return view.snapshot()  # on the loop: no change in the middle of the copy
 
 
 class BlockingProducer:

@@ -139,6 +139,10 @@ class StreamConfig(Config, frozen=True):
     # Writer lease (a meta session): a crashed writer's partition is taken over
     # after this long at the latest (Pulsar: the ZooKeeper session, 30 s).
     writer_lease_ttl_ms: int = 10_000
+    # Automatic topic compaction (Pulsar's compaction-threshold): the nodes'
+    # trimmer compacts a partition once its closed ledgers after the compaction
+    # horizon hold more than this many bytes (0: any; -1: off, the default).
+    compaction_threshold_bytes: int = -1
 
     def validate(self) -> None:
         require(1 <= self.partitions <= PARTITIONS_MAX,
@@ -147,6 +151,8 @@ class StreamConfig(Config, frozen=True):
                 "need ensemble_size >= write_quorum >= ack_quorum >= 1")
         require(self.cursor_ranges_max >= 1, "cursor_ranges_max must be >= 1")
         require(self.writer_lease_ttl_ms >= 500, "writer_lease_ttl_ms must be >= 500")
+        require(self.compaction_threshold_bytes >= -1,
+                "compaction_threshold_bytes must be >= 0, or -1 for no automatic compaction")
         self.rollover.validate()
         self.retention.validate()
         self.offload.validate()

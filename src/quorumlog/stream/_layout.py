@@ -95,6 +95,7 @@ RUN_LEDGERS_MAX = 2048  # ledgers in one archive key
 LEDGER_META_STREAM = "quorumlog.stream"
 LEDGER_META_PARTITION = "quorumlog.partition"
 LEDGER_META_JOB = "quorumlog.job"
+LEDGER_META_COMPACTED = "quorumlog.compacted"  # a partition's compacted ledger (compaction)
 
 T = TypeVar("T")
 
@@ -208,6 +209,15 @@ def jobs_prefix(stream: str) -> str:
 def job_key(stream: str, job: str) -> str:
     """Written once when a write job ends (committed or aborted); fences late task attempts."""
     return f"{jobs_prefix(stream)}{job}"
+
+
+def compaction_prefix(stream: str) -> str:
+    return f"{STREAMS_PREFIX}{stream}/compaction/"
+
+
+def compaction_key(stream: str, partition: int) -> str:
+    """The partition's :class:`CompactionRecord` (topic compaction)."""
+    return f"{compaction_prefix(stream)}{partition:04d}"
 
 
 def offload_prefix(stream: str) -> str:
@@ -577,6 +587,40 @@ class OffloadRecord(msgspec.Struct, frozen=True, kw_only=True):
     @classmethod
     def decode(cls, data: bytes) -> OffloadRecord:
         return _decode(msgspec.msgpack.Decoder(OffloadRecord), data, "offload record")
+
+
+class CompactionRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A partition's compacted view (Pulsar's topic compaction): the ledger that
+    holds the latest message of every key (and every message without a key)
+    up to the horizon, the last entry compaction read, inclusive.
+
+    ``pending_ledger_id`` names the ledger a compaction run is writing: set
+    before its first entry, cleared by its commit, so the ledger of a run that
+    died is found and deleted by the next run (or by the stream's delete)."""
+
+    ledger_id: int = 0  # 0: never compacted
+    horizon_seq: int = -1
+    horizon_entry: int = -1
+    horizon_ledger: int = 0
+    entries: int = 0  # entries of the compacted ledger (a positions entry and a
+    #                   messages entry per chunk)
+    messages: int = 0
+    keys: int = 0
+    payload_bytes: int = 0
+    compacted_ms: int = 0
+    pending_ledger_id: int = 0
+
+    @property
+    def horizon_key(self) -> tuple[int, int]:
+        """(seq, entry id) of the last entry covered; (-1, -1) when none."""
+        return (self.horizon_seq, self.horizon_entry)
+
+    def encode(self) -> bytes:
+        return _checked_size(msgspec.msgpack.encode(self), "compaction record")
+
+    @classmethod
+    def decode(cls, data: bytes) -> CompactionRecord:
+        return _decode(msgspec.msgpack.Decoder(CompactionRecord), data, "compaction record")
 
 
 class TrimStep(msgspec.Struct, frozen=True, kw_only=True):

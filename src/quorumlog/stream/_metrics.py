@@ -22,7 +22,8 @@ Families (see docs/metrics.md):
 - ``quorumlog_stream_backlog_entries{stream,subscription}`` (gauge);
 - ``quorumlog_stream_trimmer_rounds_total``, ``..._trimmer_deleted_ledgers_total``,
   ``..._trimmer_failures_total``, ``..._trimmer_offloaded_ledgers_total``,
-  ``..._trimmer_offload_failures_total``: the background trimmer of this
+  ``..._trimmer_offload_failures_total``, ``..._trimmer_compacted_partitions_total``,
+  ``..._trimmer_compaction_failures_total``: the background trimmer of this
   process, when it holds the trimmer lease (``stream/_trimmer.py``).
 """
 
@@ -82,6 +83,8 @@ class TrimmerMetrics:
     failures: int = 0  # streams a round failed to trim
     offloaded_ledgers: int = 0  # ledgers offloaded by streams' offload policies
     offload_failures: int = 0  # streams whose automatic offload failed in a round
+    compacted_partitions: int = 0  # partitions compacted by streams' compaction thresholds
+    compaction_failures: int = 0  # streams whose automatic compaction failed in a round
 
 
 _trimmer = TrimmerMetrics()
@@ -153,6 +156,13 @@ class _StreamCollector(Collector):
         yield rpc.counter_family("quorumlog_stream_trimmer_offload_failures", "Streams whose "
                                  "automatic offload failed in a round (logged as "
                                  "stream_offload_failed).", [], [([], _trimmer.offload_failures)])
+        yield rpc.counter_family("quorumlog_stream_trimmer_compacted_partitions", "Partitions "
+                                 "the background trimmer compacted (streams' compaction "
+                                 "thresholds).", [], [([], _trimmer.compacted_partitions)])
+        yield rpc.counter_family("quorumlog_stream_trimmer_compaction_failures", "Streams whose "
+                                 "automatic compaction failed in a round (logged as "
+                                 "stream_compaction_failed).", [],
+                                 [([], _trimmer.compaction_failures)])
 
 
 rpc.metrics_registry.register(_StreamCollector())

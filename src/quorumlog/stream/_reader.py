@@ -29,8 +29,15 @@ from quorumlog.stream._entry import (
     decode_entry_columns,
     first_publish_time_ms,
 )
-from quorumlog.stream._errors import BadPositionError, DataLossError
-from quorumlog.stream._layout import LedgerInfo, PartitionHead, StreamRecord, partition_key
+from quorumlog.stream._errors import BadPositionError, DataLossError, MessageFormatError
+from quorumlog.stream._layout import (
+    CompactionRecord,
+    LedgerInfo,
+    PartitionHead,
+    StreamRecord,
+    compaction_key,
+    partition_key,
+)
 from quorumlog.stream._ledgers import LedgerList
 from quorumlog.stream._meta import watch_key_once
 from quorumlog.stream._metrics import stream_metrics
@@ -43,6 +50,7 @@ log = get_logger(__name__)
 READ_BATCH_ENTRIES = 256  # entries per bookie read while catching up
 TAIL_POLL_MS = 500  # one long-poll (bookie LAC or meta watch) while tailing
 HANDLES_MAX = 16  # cached ledger read handles per reader
+COMPACTED_READ_CHUNKS = 16  # chunks (a positions entry and a messages entry each) per read
 
 # A position, "earliest" / "latest", or a publish time in ms.
 StartSpec = Position | SeqPosition | str | int
@@ -135,6 +143,42 @@ def decode_messages(stream: str, partition: int, info: LedgerInfo, entries: list
     return out
 
 
+_COMPACTED_POSITIONS = msgspec.msgpack.Decoder(list[tuple[int, int, int, int, int]])
+
+
+def decode_compacted_chunk(stream: str, partition: int, positions: bytes,
+                           messages: bytes) -> list[Message]:
+    """The messages of one chunk of a compacted ledger: a positions entry (msgpack
+    ``[[seq, ledger_id, entry_id, batch_index, batch_size], ...]``, each
+    message's place in the partition's own ledgers) and a messages entry (the
+    stream entry format, the same messages in the same order)."""
+    try:
+        places = _COMPACTED_POSITIONS.decode(positions)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise MessageFormatError(f"compacted ledger of {stream!r} partition {partition}: "
+                                 f"bad positions entry: {exc}") from None
+    decoded = decode_entry(messages)
+    if len(places) != len(decoded):
+        raise MessageFormatError(
+            f"compacted ledger of {stream!r} partition {partition}: {len(places)} positions "
+            f"for {len(decoded)} messages")
+    return [Message(stream, partition, Position(ledger_id, entry_id, batch_index), seq,
+                    message.publish_time_ms, message.key, message.properties, message.value,
+                    batch_size)
+            for (seq, ledger_id, entry_id, batch_index, batch_size), message
+            in zip(places, decoded, strict=True)]
+
+
+async def load_compaction(client: LedgerClient, stream: str,
+                          partition: int) -> CompactionRecord | None:
+    """The partition's compaction record, if it was ever compacted."""
+    kv = await client.meta.get(compaction_key(stream, partition))
+    if kv is None:
+        return None
+    record = CompactionRecord.decode(kv.value)
+    return record if record.ledger_id else None
+
+
 async def resolve_start(client: LedgerClient, handles: LedgerHandles, record: StreamRecord,
                         partition: int, spec: StartSpec, *,
                         ledgers: LedgerList | None = None) -> tuple[SeqPosition, int]:
@@ -207,7 +251,10 @@ class PartitionReader:
 
     def __init__(self, client: LedgerClient, record: StreamRecord, partition: int,
                  start: SeqPosition, *, skip_before_ms: int = 0, skip_data_loss: bool = False,
-                 handles: LedgerHandles | None = None, ledgers: LedgerList | None = None) -> None:
+                 handles: LedgerHandles | None = None, ledgers: LedgerList | None = None,
+                 compacted: CompactionRecord | None = None) -> None:
+        """``compacted``: read the compacted view (Pulsar's ``readCompacted``) up to
+        its horizon when the start is at or before it, then the ledgers after it."""
         self._client = client
         self._record = record
         self.stream = record.name
@@ -221,6 +268,13 @@ class PartitionReader:
         self._ledgers = ledgers or LedgerList(client.meta, record.name, partition)
         self._lac: dict[int, int] = {}
         self._metrics = stream_metrics(record.name)
+        self._compacted: CompactionRecord | None = None
+        self._compacted_handle: Any = None
+        self._compacted_entry = 0  # next entry of the compacted ledger to read
+        self._compacted_from = start.key  # deliver compacted messages at or after this
+        if compacted is not None and compacted.ledger_id and \
+                (start.seq, start.entry_id) <= compacted.horizon_key:
+            self._compacted = compacted
 
     @property
     def next_position(self) -> tuple[int, int]:
@@ -232,6 +286,10 @@ class PartitionReader:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
         ledgers = self._ledgers
+        while self._compacted is not None:
+            compacted = await self._read_compacted()
+            if compacted:
+                return compacted
         if not ledgers.loaded:
             await ledgers.refresh()
         while True:
@@ -272,6 +330,59 @@ class PartitionReader:
                 continue
             if batch:
                 return batch
+
+    async def _read_compacted(self) -> list[Message]:
+        """The next chunks of the compacted ledger (at or after the start); at its
+        end, go on in the partition's ledgers after the horizon ([] then)."""
+        record = self._compacted
+        assert record is not None
+        last = record.entries - 1
+        if self._compacted_entry > last:
+            # Everything up to the horizon came from the compacted view.
+            self._compacted, self._compacted_handle = None, None
+            after = (record.horizon_seq, record.horizon_entry + 1)
+            if (self._seq, self._entry) < after:
+                self._seq, self._entry = after
+                self._start = None
+            return []
+        first = self._compacted_entry
+        upto = min(last, first + 2 * COMPACTED_READ_CHUNKS - 1)
+        try:
+            if self._compacted_handle is None:
+                self._compacted_handle = await self._client.open_ledger(
+                    record.ledger_id, password=self._record.password, recovery=False)
+            entries = await self._compacted_handle.read_batch(first, upto)
+        except QuorumlogError:
+            # A newer compaction replaced (and deleted) this compacted ledger
+            # while it was read: go on in the new one, from where this stopped
+            # (its messages carry their positions, so none comes twice).
+            newer = await load_compaction(self._client, self.stream, self.partition)
+            if newer is None or newer.ledger_id == record.ledger_id:
+                raise
+            log.info("stream_compacted_ledger_replaced", stream=self.stream,
+                     partition=self.partition, old=record.ledger_id, new=newer.ledger_id)
+            self._compacted, self._compacted_handle = newer, None
+            self._compacted_entry = 0
+            return []
+        complete = len(entries) - len(entries) % 2
+        if complete == 0:
+            raise QuorumlogError(f"compacted ledger {record.ledger_id}: empty read of entries "
+                                 f"{first}..{upto}", retriable=True)
+        out: list[Message] = []
+        start = self._compacted_from
+        for index in range(0, complete, 2):
+            chunk = decode_compacted_chunk(self.stream, self.partition,
+                                           bytes(entries[index].payload),
+                                           bytes(entries[index + 1].payload))
+            out.extend(m for m in chunk
+                       if (m.seq, m.position.entry_id, m.position.batch_index) >= start)
+        self._compacted_entry = int(entries[complete - 1].entry_id) + 1
+        if out:
+            last_message = out[-1]
+            self._compacted_from = (last_message.seq, last_message.position.entry_id,
+                                    last_message.position.batch_index + 1)
+        self._after_read(out)
+        return out
 
     def _data_loss(self, head: PartitionHead) -> None:
         message = (f"stream {self.stream!r} partition {self.partition}: the next ledger to read "
@@ -365,7 +476,8 @@ class Reader:
     @classmethod
     async def open(cls, client: LedgerClient, record: StreamRecord,
                    start: StartSpec | Mapping[int, StartSpec] = EARLIEST, *,
-                   partitions: list[int] | None = None, skip_data_loss: bool = False) -> Reader:
+                   partitions: list[int] | None = None, skip_data_loss: bool = False,
+                   read_compacted: bool = False) -> Reader:
         chosen = partitions if partitions is not None else list(range(record.config.partitions))
         parts = []
         for partition in chosen:
@@ -374,11 +486,22 @@ class Reader:
             spec = start.get(partition, EARLIEST) if isinstance(start, Mapping) else start
             handles = LedgerHandles(client, record)
             ledgers = LedgerList(client.meta, record.name, partition)
-            position, skip_ms = await resolve_start(client, handles, record, partition, spec,
-                                                    ledgers=ledgers)
+            compacted = (await load_compaction(client, record.name, partition)
+                         if read_compacted else None)
+            if compacted is not None and spec == EARLIEST:
+                # The compacted view outlives the ledgers it was read from
+                # (retention may have trimmed them): earliest starts in it.
+                position, skip_ms = SeqPosition(0, 0, 0, 0), 0
+            elif (compacted is not None and isinstance(spec, SeqPosition)
+                  and (spec.seq, spec.entry_id) <= compacted.horizon_key):
+                # A message of the view (its seq_position): its ledger may be gone.
+                position, skip_ms = spec, 0
+            else:
+                position, skip_ms = await resolve_start(client, handles, record, partition,
+                                                        spec, ledgers=ledgers)
             parts.append(PartitionReader(client, record, partition, position,
                                          skip_before_ms=skip_ms, skip_data_loss=skip_data_loss,
-                                         handles=handles, ledgers=ledgers))
+                                         handles=handles, ledgers=ledgers, compacted=compacted))
         return cls(parts)
 
     def _start(self) -> None:

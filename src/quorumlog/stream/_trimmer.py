@@ -11,7 +11,10 @@ every cursor has passed, the trash of a crashed trim is emptied and orphaned
 Spark write ledgers are deleted (docs/stream.md, "Retention and TTL"). Then a
 stream with an offload policy (``StreamConfig.offload``) has up to
 ``offload_ledgers_per_round_max`` of its closed ledgers past the policy's
-threshold offloaded to its target (docs/stream.md, "Tiered storage").
+threshold offloaded to its target (docs/stream.md, "Tiered storage"), and a
+stream with a compaction threshold (``StreamConfig.compaction_threshold_bytes``)
+has each partition whose closed ledgers after the compaction horizon hold
+more than it compacted (docs/stream.md, "Topic compaction").
 
 Trim is safe to run concurrently with a manual ``quorumlog stream trim``:
 each step is a compare-and-swap on the partition's head, and deleting a
@@ -32,6 +35,7 @@ from quorumlog.ledger import LedgerClient
 from quorumlog.log import get_logger
 from quorumlog.meta import OwnedSession
 from quorumlog.stream._admin import list_streams, trim_stream
+from quorumlog.stream._compaction import compact_by_policy
 from quorumlog.stream._errors import StreamNotFoundError
 from quorumlog.stream._meta import load_record
 from quorumlog.stream._metrics import trimmer_metrics
@@ -88,6 +92,7 @@ class TrimRound:
     deleted_ledgers: list[int] = field(default_factory=list)
     expired_cursors: int = 0
     offloaded_ledgers: list[int] = field(default_factory=list)
+    compacted: list[tuple[str, int]] = field(default_factory=list)  # (stream, partition)
     failed: dict[str, str] = field(default_factory=dict)  # stream -> error
 
 
@@ -144,6 +149,7 @@ class StreamTrimmer:
                                         + report.offloaded_copies_deleted)
                 out.expired_cursors += report.expired_cursors
                 await offload_each(name)
+                await compact_each(name)
 
         async def offload_each(name: str) -> None:
             if self._config.offload_ledgers_per_round_max == 0:
@@ -163,14 +169,30 @@ class StreamTrimmer:
             out.offloaded_ledgers += done
             metrics.offloaded_ledgers += len(done)
 
+        async def compact_each(name: str) -> None:
+            try:
+                record = await load_record(client.meta, name)
+                outcomes = await compact_by_policy(client, record)
+            except StreamNotFoundError:
+                return
+            except QuorumlogError as exc:
+                out.failed[name] = exc.message
+                metrics.compaction_failures += 1
+                _log.warning("stream_compaction_failed", stream=name, error=exc.message)
+                return
+            done = [(name, o.partition) for o in outcomes if o.compacted]
+            out.compacted += done
+            metrics.compacted_partitions += len(done)
+
         await asyncio.gather(*(trim_each() for _ in range(self._config.streams_in_flight_max)))
         metrics.rounds += 1
         metrics.deleted_ledgers += len(out.deleted_ledgers)
-        if out.deleted_ledgers or out.expired_cursors or out.offloaded_ledgers:
+        if out.deleted_ledgers or out.expired_cursors or out.offloaded_ledgers or out.compacted:
             _log.info("stream_trimmer_round", streams=out.streams,
                       deleted_ledgers=len(out.deleted_ledgers),
                       expired_cursors=out.expired_cursors,
-                      offloaded_ledgers=len(out.offloaded_ledgers), failed=len(out.failed))
+                      offloaded_ledgers=len(out.offloaded_ledgers),
+                      compacted_partitions=len(out.compacted), failed=len(out.failed))
         return out
 
     async def _run(self) -> None:
