@@ -223,6 +223,13 @@ def test_the_cli_compacts_shows_and_reads_the_compacted_view(meta: list[str]) ->
                                  "--members", members, "-o", "json"])
     assert status.exit_code == 0, status.output
     assert json.loads(status.output)["partitions"][0]["ledger_id"] == row["ledger_id"]
+    info = runner.invoke(app, ["stream", "info", "cli-changes", "--members", members,
+                               "-o", "json"])
+    assert info.exit_code == 0, info.output
+    assert json.loads(info.output)["partitions"][0]["compaction"]["ledger_id"] == \
+        row["ledger_id"]
+    shown = runner.invoke(app, ["stream", "info", "cli-changes", "--members", members])
+    assert f"compacted to ledger {row['ledger_id']}" in " ".join(shown.output.split())
     tail = runner.invoke(app, ["stream", "tail", "cli-changes", "--from", "earliest",
                                "--read-compacted", "--count", str(len(expected)),
                                "--members", members])

@@ -198,7 +198,12 @@ def test_a_killed_consumers_partitions_go_to_the_survivor(meta: list[str]) -> No
                     lines.append(json.loads(line))
             finally:
                 os.killpg(child.pid, signal.SIGKILL)
-                rest, _ = child.communicate(timeout=DEADLINE_S)
+                # From the same buffered reader readline used: communicate() reads
+                # the pipe's descriptor and would miss the lines readline had
+                # already buffered (a message the child acknowledged then looked
+                # owed, and its absence a loss: the flake this test once had).
+                rest = await asyncio.to_thread(child.stdout.read)
+                child.wait(timeout=DEADLINE_S)
             lines += [json.loads(line) for line in rest.splitlines() if line.strip()]
             assert {line["partition"] for line in lines if "received" in line} <= {1, 3}
             acked = {line["acked"] for line in lines if "acked" in line}

@@ -193,7 +193,8 @@ def _stream_row(record: Any) -> dict[str, Any]:
             "rollover_bytes": config.rollover.max_bytes,
             "offload_target": config.offload.target,
             "offload_threshold_bytes": config.offload.threshold_bytes,
-            "offload_deletion_lag_ms": config.offload.deletion_lag_ms}
+            "offload_deletion_lag_ms": config.offload.deletion_lag_ms,
+            "compaction_threshold_bytes": config.compaction_threshold_bytes}
 
 
 def _size_limit(value: Any) -> str:
@@ -309,12 +310,20 @@ def info(
                       f"{human_bytes(offload_policy['threshold_bytes'])} per partition; the "
                       f"bookies' copy kept "
                       f"{human_duration_ms(offload_policy['deletion_lag_ms'])}")
+    threshold = config.get("compaction_threshold_bytes", -1)
+    if threshold >= 0:
+        console.print(f"automatic compaction past {human_bytes(threshold)} per partition")
     for part in data["partitions"]:
+        compaction = part.get("compaction")
+        compacted = ("" if not compaction else
+                     f", compacted to ledger {compaction['ledger_id']} up to "
+                     f"{compaction['horizon_ledger']}:{compaction['horizon_entry']} "
+                     f"({compaction['keys']:,} keys, {human_age_ms(compaction['compacted_ms'])})")
         console.print(f"partition {part['partition']}: {part['ledger_count']} ledger(s), "
                       f"{part['entries']:,} closed entries ({human_bytes(part['size_bytes'])})"
                       f", {part['trimmed_entries']:,} trimmed, {part['offloaded_ledgers']} "
                       f"offloaded ({human_bytes(part['offloaded_bytes'])}), writer "
-                      f"{'connected' if part['writer'] else 'none'}")
+                      f"{'connected' if part['writer'] else 'none'}{compacted}")
     rows = [{"partition": part["partition"], **ledger}
             for part in data["partitions"] for ledger in part["ledgers"]]
     emit(console, fmt, "ledgers", rows, LEDGER_COLUMNS, title="ledgers")

@@ -31,7 +31,7 @@ from quorumlog.errors import DeadlineExceededError, QuorumlogError, TransientErr
 from quorumlog.ledger import LedgerClient
 from quorumlog.log import get_logger
 from quorumlog.meta import DeleteOp, PutOp
-from quorumlog.stream._compaction import delete_compaction
+from quorumlog.stream._compaction import compaction_records, delete_compaction
 from quorumlog.stream._config import OffloadPolicy, RetentionPolicy, StreamConfig
 from quorumlog.stream._cursor import CursorState
 from quorumlog.stream._entry import first_publish_time_ms
@@ -182,6 +182,7 @@ async def stream_info(client: LedgerClient, name: str) -> dict[str, Any]:
     record = await load_record(client.meta, name)
     cursors = await cursor_states(client, name)
     offloaded = {r.ledger_id: r for r in await offloaded_records(client.meta, name)}
+    compactions = await compaction_records(client, record)
     partitions = []
     for p in range(record.config.partitions):
         ledgers = LedgerList(client.meta, name, p)
@@ -204,6 +205,8 @@ async def stream_info(client: LedgerClient, name: str) -> dict[str, Any]:
             "writer": writer is not None,
             "offloaded_ledgers": len(mine),
             "offloaded_bytes": sum(r.payload_bytes for r in mine),
+            "compaction": msgspec.to_builtins(compactions[p])
+            if p in compactions and compactions[p].ledger_id else None,
         })
     return {
         "name": name,
