@@ -125,3 +125,41 @@ def test_a_restored_member_starts_from_the_rebased_state(tmp_path: Path) -> None
     with pytest.raises(UsageError, match=">= 0"):
         restore_snapshot(path, tmp_path / "node-1" / "raft", node_id=1, members=MEMBERS,
                          bump_ids=-1)
+
+
+def test_a_large_state_is_saved_in_chunks_and_a_lost_one_is_a_clear_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``save_snapshot`` against a real member over rpc, with 1 KiB chunks: a state
+    of ~200 chunks arrives whole; a held state that expires between chunks (as
+    on a leader change) makes the save start over, then fail with the reason."""
+    import asyncio
+
+    from quorumlog.meta import MetaClient, MetaSnapshotGoneError, _service, save_snapshot
+
+    from .support import one_member
+
+    monkeypatch.setattr(_service, "SNAPSHOT_CHUNK_BYTES", 1024)
+
+    async def main() -> None:
+        async with one_member(tmp_path / "member") as member, \
+                MetaClient([member.address]) as client:
+            for i in range(200):
+                await client.put(f"/big/{i:04d}", bytes([i % 256]) * 1000)
+            seen: list[tuple[int, int]] = []
+            info = await save_snapshot(client, tmp_path / "big.snap",
+                                       progress=lambda done, total: seen.append((done, total)))
+            assert info.keys == len(member.service.machine) and info.state_bytes > 200 * 1000
+            assert len(seen) == -(-info.state_bytes // 1024)  # one call per chunk
+            assert seen[-1] == (info.state_bytes, info.state_bytes)
+            _, state = read_snapshot_file(tmp_path / "big.snap")
+            machine = MetaStateMachine()
+            machine.restore(state)
+            assert [kv.value for kv in machine.range(RangeOp(key="/big/", prefix=True)).kvs] \
+                == [bytes([i % 256]) * 1000 for i in range(200)]
+
+            monkeypatch.setattr(_service, "SNAPSHOT_HELD_S", -1.0)  # gone at once
+            with pytest.raises(MetaSnapshotGoneError, match="no longer held"):
+                await save_snapshot(client, tmp_path / "lost.snap")
+            assert not (tmp_path / "lost.snap").exists()
+
+    asyncio.run(main())
