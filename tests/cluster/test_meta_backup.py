@@ -27,8 +27,12 @@ DEATH_TIMEOUT_S = 30.0
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "quorumlog", *args], capture_output=True,
-                          text=True, timeout=CLI_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    """Run the CLI; stderr with whitespace runs as single spaces (rich wraps long
+    lines, such as an error naming a deep temporary path)."""
+    out = subprocess.run([sys.executable, "-m", "quorumlog", *args], capture_output=True,
+                         text=True, timeout=CLI_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    return subprocess.CompletedProcess(out.args, out.returncode, out.stdout,
+                                       " ".join(out.stderr.split()))
 
 
 def kill_all(infos: list[cluster.NodeInfo]) -> None:
