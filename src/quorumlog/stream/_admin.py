@@ -31,7 +31,11 @@ from quorumlog.errors import DeadlineExceededError, QuorumlogError, TransientErr
 from quorumlog.ledger import LedgerClient
 from quorumlog.log import get_logger
 from quorumlog.meta import DeleteOp, PutOp
-from quorumlog.stream._compaction import compaction_records, delete_compaction
+from quorumlog.stream._compaction import (
+    compaction_records,
+    delete_compaction,
+    delete_stream_ledger,
+)
 from quorumlog.stream._config import OffloadPolicy, RetentionPolicy, StreamConfig
 from quorumlog.stream._cursor import CursorState
 from quorumlog.stream._entry import first_publish_time_ms
@@ -262,7 +266,7 @@ async def _delete_offloaded_copies(client: LedgerClient, name: str, now: int) ->
         record = OffloadRecord.decode(current.value)
         if record.delete_after_ms > now:
             continue
-        await _delete_ledger(client, ledger_id)
+        await delete_stream_ledger(client, ledger_id)
         done = msgspec.structs.replace(record, bookies_deleted_ms=now)
         await client.meta.txn(compares=[version_is(key, current.version)],
                               success=[PutOp(key=key, value=done.encode()),
@@ -330,19 +334,10 @@ async def _empty_trash(client: LedgerClient, name: str) -> list[int]:
         for kv in kvs:
             for ledger_id in TrashRecord.decode(kv.value).ledger_ids:
                 await drop_offloaded(client.meta, name, ledger_id)
-                await _delete_ledger(client, ledger_id)
+                await delete_stream_ledger(client, ledger_id)
                 deleted.append(ledger_id)
             await client.meta.delete(kv.key)
     return deleted
-
-
-async def _delete_ledger(client: LedgerClient, ledger_id: int) -> None:
-    try:
-        await client.delete_ledger(ledger_id, force=True)
-    except QuorumlogError as exc:
-        if exc.retriable:
-            raise
-        log.info("stream_ledger_already_gone", ledger_id=ledger_id, error=exc.message)
 
 
 async def _delete_orphans(client: LedgerClient, name: str, now: int, ttl_ms: int) -> list[int]:
@@ -480,7 +475,7 @@ async def delete_stream(client: LedgerClient, name: str, *, force: bool = False,
     async def delete_one(ledger_id: int) -> None:
         nonlocal done
         async with slots:
-            await _delete_ledger(client, ledger_id)
+            await delete_stream_ledger(client, ledger_id)
         done += 1
         if progress is not None:
             progress(done, len(listed))

@@ -113,7 +113,7 @@ async def compact_partition(
     current = CompactionRecord.decode(kv.value) if kv is not None else CompactionRecord()
     version = kv.version if kv is not None else 0
     if current.pending_ledger_id:  # the ledger of a run that died before its commit
-        await delete_compacted_ledger(client, current.pending_ledger_id)
+        await delete_stream_ledger(client, current.pending_ledger_id)
         current = msgspec.structs.replace(current, pending_ledger_id=0)
         version = await _cas(client, key, version, current)
 
@@ -174,7 +174,7 @@ async def compact_partition(
         version = await _cas(client, key, version,
                              msgspec.structs.replace(current, pending_ledger_id=handle.id))
     except BaseException:
-        await delete_compacted_ledger(client, handle.id)
+        await delete_stream_ledger(client, handle.id)
         raise
     writer = _ChunkWriter(handle, client.config.entry_max_bytes)
     tombstones: set[bytes] = set()
@@ -213,7 +213,7 @@ async def compact_partition(
         # Not committed: the ledger goes, and the record forgets it (if this
         # fails too, the next run deletes it by the pending id).
         try:
-            await delete_compacted_ledger(client, handle.id)
+            await delete_stream_ledger(client, handle.id)
             await _cas(client, key, version,
                        msgspec.structs.replace(current, pending_ledger_id=0))
         except QuorumlogError as exc:
@@ -221,7 +221,7 @@ async def compact_partition(
                         partition=partition, ledger=handle.id, error=exc.message)
         raise
     if current.ledger_id:
-        await delete_compacted_ledger(client, current.ledger_id)
+        await delete_stream_ledger(client, current.ledger_id)
     log.info("stream_compacted", stream=record.name, partition=partition, ledger=handle.id,
              horizon=list(horizon), read=read, kept=writer.messages)
     return CompactionOutcome(
@@ -268,13 +268,15 @@ async def compact_by_policy(client: LedgerClient, record: StreamRecord
     return outcomes
 
 
-async def delete_compacted_ledger(client: LedgerClient, ledger_id: int) -> None:
+async def delete_stream_ledger(client: LedgerClient, ledger_id: int) -> None:
+    """Delete one of a stream's ledgers (force: it names its stream); one already
+    gone is not an error, a retriable failure is raised (the caller runs again)."""
     try:
         await client.delete_ledger(ledger_id, force=True)
     except QuorumlogError as exc:
         if exc.retriable:
             raise
-        log.info("stream_compacted_ledger_already_gone", ledger_id=ledger_id, error=exc.message)
+        log.info("stream_ledger_already_gone", ledger_id=ledger_id, error=exc.message)
 
 
 async def delete_compaction(client: LedgerClient, record: StreamRecord) -> list[int]:
@@ -283,7 +285,7 @@ async def delete_compaction(client: LedgerClient, record: StreamRecord) -> list[
     for compaction in (await compaction_records(client, record)).values():
         for ledger_id in (compaction.ledger_id, compaction.pending_ledger_id):
             if ledger_id:
-                await delete_compacted_ledger(client, ledger_id)
+                await delete_stream_ledger(client, ledger_id)
                 deleted.append(ledger_id)
     return deleted
 
