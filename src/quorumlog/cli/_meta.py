@@ -416,6 +416,7 @@ def snapshot_restore(
     """
     from quorumlog.meta import restore_snapshot
     from quorumlog.node import load_node_config
+    from quorumlog.wal import WalConfig
 
     fmt = output_format(output)
     cfg = load_node_config(config)
@@ -424,7 +425,9 @@ def snapshot_restore(
                                  "only on the meta members")
     restored = restore_snapshot(file, cfg.data_path / "raft", node_id=cfg.node.id,
                                 members=cfg.meta.member_map(), bump_ids=bump_ids,
-                                bump_revision=bump_revision)
+                                bump_revision=bump_revision,
+                                wal_config=WalConfig(
+                                    segment_size_bytes=cfg.meta.wal_segment_size_bytes))
     row = {"node": restored.node_id, "directory": restored.directory,
            "voters": ",".join(map(str, restored.voters)), "index": restored.index,
            "revision": restored.revision, "keys": restored.keys}

@@ -63,6 +63,13 @@ LOCAL_BOOKIE_TOML = (
     "index_write_buffer_bytes = 4194304\n"
     "index_block_cache_bytes = 8388608\n"
 )
+# ... and their Raft WALs: every segment is preallocated, one per table
+# partition replica (a local cluster's nodes share one disk).
+LOCAL_META_WAL_SEGMENT_BYTES = 8 * 1024 * 1024
+LOCAL_TABLE_TOML = (
+    "wal_segment_size_bytes = 1048576\n"
+    "journal_segment_size_bytes = 8388608\n"
+)
 RACKS = 3  # local bookies get labels rack = rack-1..rack-3, zone = zone-1
 DOWN_TIMEOUT_S = 10.0
 STATUS_TIMEOUT_S = 2.0
@@ -182,11 +189,14 @@ def node_toml(node_id: int, node_dir: Path, *, address: str, metrics: str, roles
         f"listen = \"{address}\"\nmetrics_listen = \"{metrics}\"\n"
         f"roles = [{role_list}]\n\n[meta]\nmembers = [{members}]\n"
         f"bootstrap = {'true' if bootstrap else 'false'}\n"
+        f"wal_segment_size_bytes = {LOCAL_META_WAL_SEGMENT_BYTES}\n"
     )
     if "bookie" in roles:
         rack = (node_id - 1) % RACKS + 1
         text += (f"\n[bookie]\nlabels = {{ rack = \"rack-{rack}\", zone = \"zone-1\" }}\n"
                  + LOCAL_BOOKIE_TOML)
+    if "table" in roles:
+        text += "\n[table]\n" + LOCAL_TABLE_TOML
     security = cluster_security()
     if security is not None:
         text += "\n" + security_toml(security)

@@ -152,6 +152,8 @@ class MetaSection(Config, frozen=True):
     # lease_clock_drift_percent). Serializable reads never ask the leader.
     read_mode: ReadMode = "read_index"
     lease_clock_drift_percent: int = LEASE_CLOCK_DRIFT_PERCENT
+    # The meta group's WAL segments (etcd's 64 MiB); each is preallocated.
+    wal_segment_size_bytes: int = 64 * 1024 * 1024
 
     def member_map(self) -> dict[int, str]:
         out: dict[int, str] = {}
@@ -170,6 +172,8 @@ class MetaSection(Config, frozen=True):
         require(self.tick_interval_ms >= 1, "tick_interval_ms must be >= 1")
         require(self.election_timeout_ticks >= 2, "election_timeout_ticks must be >= 2")
         require(self.snapshot_entries >= 1, "snapshot_entries must be >= 1")
+        require(self.wal_segment_size_bytes >= 64 * 1024,
+                "[meta] wal_segment_size_bytes must be >= 65536")
         require(self.read_mode in READ_MODES,
                 f"read_mode must be one of {list(READ_MODES)}, got {self.read_mode!r}")
         require(0 <= self.lease_clock_drift_percent < 100,

@@ -46,6 +46,7 @@ from quorumlog.raft import HostConfig, RaftHost
 from quorumlog.recovery import RecoveryConfig, RecoveryService
 from quorumlog.stream import StreamTrimmer, TrimmerConfig
 from quorumlog.table import SchedulerService, TableConfig, TableService, is_table_group
+from quorumlog.wal import WalConfig
 
 _log = get_logger(__name__)
 
@@ -139,6 +140,7 @@ class _Roles:
                     tick_interval_ms=cfg.meta.tick_interval_ms,
                     election_timeout_ticks=cfg.meta.election_timeout_ticks,
                     snapshot_entries=cfg.meta.snapshot_entries,
+                    wal=WalConfig(segment_size_bytes=cfg.meta.wal_segment_size_bytes),
                     # One group: its own WAL's fdatasync is the only one a pass has.
                     shared_journal=False,
                 ),

@@ -178,6 +178,10 @@ class HostConfig(Config, frozen=True):
     # The WAL of each group: a process hosting 1,000 groups preallocates one
     # segment per group, so the segment size bounds its disk use at rest.
     wal: WalConfig = msgspec.field(default_factory=WalConfig)
+    # The host journal's WAL (one per process, shared by every group); None:
+    # the same as ``wal``. A table node keeps small group segments (many
+    # groups) but a full-size journal (all of their writes pass through it).
+    journal_wal: WalConfig | None = None
     # One host journal for every group (``_journal``): a pass writes the
     # groups' WALs unsynced and fdatasyncs the journal once, instead of one
     # fdatasync per group written. Off, each group syncs its own WAL (one
@@ -203,6 +207,8 @@ class HostConfig(Config, frozen=True):
         require(self.inline_sync_entries_max >= 0, "inline_sync_entries_max must be >= 0")
         require(self.peer_dead_after_ticks >= 0, "peer_dead_after_ticks must be >= 0")
         self.wal.validate()
+        if self.journal_wal is not None:
+            self.journal_wal.validate()
         require(self.snapshot_entries >= 1, "snapshot_entries must be >= 1")
         require(self.snapshot_log_tail_bytes_max >= 0, "snapshot_log_tail_bytes_max must be >= 0")
         require(self.rejected_message_log_interval_ms >= 0,
@@ -479,7 +485,7 @@ class RaftHost:
         self._rng = rng or random.Random()
         self._groups: dict[int, _Group] = {}
         self._journal = (HostJournal.open(
-            self.data_dir / JOURNAL_DIR_NAME, config=self.config.wal,
+            self.data_dir / JOURNAL_DIR_NAME, config=self.config.journal_wal or self.config.wal,
             checkpoint_bytes=self.config.journal_checkpoint_bytes)
             if self.config.shared_journal else None)
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"raft-io-{node_id}")
