@@ -132,3 +132,37 @@ def test_options() -> None:
     ]:
         with pytest.raises(UsageError, match=message):
             parse(bad)
+
+
+def test_plan_view_reads_the_view_up_to_its_horizon_or_the_end() -> None:
+    from quorumlog.spark._plan import plan_view
+    from quorumlog.stream import VIEW_START, CompactionRecord
+
+    view = CompactionRecord(ledger_id=900, horizon_seq=3, horizon_entry=5, horizon_ledger=103,
+                            entries=8)
+    end = SeqPosition(6, 2, 0, 106)
+    task, after = plan_view("s", 1, view, VIEW_START, end)
+    assert task is not None and task.view == view and task.ledger_id == 900
+    assert (task.first_entry, task.last_entry) == (0, 7)
+    assert (task.view_from, task.view_to) == ((0, 0, 0), (3, 6, 0))
+    assert after == SeqPosition(3, 6, 0, 103)  # the ledgers are read from after the horizon
+    # An end before the horizon bounds the view's part; the ledgers then add nothing.
+    task, after = plan_view("s", 1, view, VIEW_START, SeqPosition(2, 4, 1, 102))
+    assert task is not None and task.view_to == (2, 4, 1) and after.key > (2, 4, 1)
+    # A start past the horizon, a partition pruned away, a view never written.
+    assert plan_view("s", 1, view, SeqPosition(3, 6, 0, 103), end) == (
+        None, SeqPosition(3, 6, 0, 103))
+    assert plan_view("s", 1, view, VIEW_START, end, pruning=Pruning(partitions={0}))[0] is None
+    assert plan_view("s", 1, CompactionRecord(), VIEW_START, end) == (None, VIEW_START)
+
+
+def test_read_compacted_is_a_batch_option() -> None:
+    from quorumlog.spark._source import QuorumlogDataSource
+
+    base = {"meta": "127.0.0.1:1", "stream": "s"}
+    assert parse({**base, "readCompacted": "true"}).read_compacted
+    assert not parse(base).read_compacted
+    with pytest.raises(UsageError, match="readCompacted"):
+        parse({**base, "readCompacted": "yes"})
+    with pytest.raises(UsageError, match="batch reads"):
+        QuorumlogDataSource({**base, "readCompacted": "true"}).streamReader(None)  # type: ignore[arg-type]

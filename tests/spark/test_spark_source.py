@@ -439,3 +439,39 @@ def test_offload_job_then_reads_from_parquet_after_the_bookies_lose_the_ledgers(
     query.awaitTermination(120)
     streamed = spark.read.parquet(str(tmp_path / "out")).collect()
     assert row_tuples(streamed) == row_tuples(before)
+
+
+def test_read_compacted_reads_the_view_then_the_messages_after_it(spark: Any,
+                                                                   meta: list[str]) -> None:
+    """Pulsar's readCompacted for a batch read: up to each partition's horizon the
+    compacted view (messages of ledgers retention trimmed included), then every
+    message after it; the rows are those of a compacted stream reader."""
+    async def fill(client: StreamClient) -> tuple[list[Any], list[Any]]:
+        await client.create_stream("changelog", config(entries=4))
+        producer = await client.producer("changelog")
+        for i in range(30):
+            value = b"" if i == 28 else b"v%d" % i  # user3's last is a tombstone
+            await producer.send(value, key=b"user%d" % (i % 5))
+        await producer.send(b"no key")
+        await producer.close()
+        await client.compact("changelog")
+        await client.trim("changelog", retention=RetentionPolicy(time_ms=0, size_bytes=0))
+        producer = await client.producer("changelog")
+        for i in range(10):
+            await producer.send(b"after%d" % i, key=b"user%d" % i)
+        await producer.close()
+        async with await client.reader("changelog", "earliest", read_compacted=True) as r:
+            compacted = []
+            while (message := await r.read_next(1000)) is not None:
+                compacted.append(message)
+        return compacted, await all_messages(client, "changelog")
+
+    compacted, plain = run(meta, fill)
+    assert len(compacted) == 4 + 1 + 10  # users 0-2 and 4, the keyless one, then 10 more
+    rows = reader(spark, meta, "changelog", readCompacted="true",
+                  maxRowsPerPartition="3").collect()
+    assert len(rows) == len(compacted) and row_tuples(rows) == as_tuples(compacted)
+    assert {bytes(r["key"]) for r in rows if r["key"] is not None
+            and bytes(r["value"]).startswith(b"v")} == {b"user0", b"user1", b"user2", b"user4"}
+    assert row_tuples(reader(spark, meta, "changelog").collect()) == as_tuples(plain)
+    assert len(plain) < 31 + 10  # the trim took most of the first 31: only the view has them

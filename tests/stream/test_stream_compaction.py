@@ -21,6 +21,8 @@ from quorumlog import node as cluster
 from quorumlog.errors import QuorumlogError
 from quorumlog.stream import (
     CompactionRecord,
+    Consumer,
+    ConsumerConfig,
     Message,
     Position,
     RetentionPolicy,
@@ -322,3 +324,89 @@ def test_a_table_view_follows_the_latest_value_of_every_key(meta: list[str]) -> 
     rows = json.loads(shown.output)["keys"]
     assert {row["key"]: row["value"] for row in rows}["k98"] == "later"
     assert [row["key"] for row in rows] == sorted(row["key"] for row in rows)
+
+
+async def consume(consumer: Consumer, *, ack: bool = True,
+                  limit: int | None = None) -> list[Message]:
+    """Every message until nothing comes for IDLE_MS (at most ``limit``), in
+    delivery order, each acknowledged unless ``ack`` is false."""
+    out: list[Message] = []
+    while limit is None or len(out) < limit:
+        message = await consumer.receive(IDLE_MS)
+        if message is None:
+            break
+        out.append(message)
+        if ack:
+            await consumer.ack(message)
+    return out
+
+
+def test_a_compacted_consumer_reads_the_view_and_its_cursor_moves_over_the_rest(
+        meta: list[str]) -> None:
+    """Pulsar's readCompacted on a subscription: a new one at earliest gets the view
+    (messages of trimmed ledgers included), then every message after the horizon;
+    acknowledging them moves the cursor over what the view left out, so a
+    restarted consumer gets exactly the rest; seek to earliest starts in the view."""
+    compacted = ConsumerConfig(initial_position="earliest", read_compacted=True,
+                               ack_flush_ms=0)
+
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("feed", config())
+            await produce(client, "feed", 0, tombstones=())
+            await produce(client, "feed", 1, tombstones=("k03", "k07"))
+            before = await read_all(client, "feed")
+            outcomes = await client.compact("feed")
+            horizon = {o.partition: (o.horizon.seq, o.horizon.entry_id) for o in outcomes
+                       if o.horizon is not None}
+            await client.trim("feed", retention=RetentionPolicy(time_ms=0, size_bytes=0))
+            await produce(client, "feed", 2, tombstones=("k05",))
+            left = await read_all(client, "feed")  # what the trim left, and round 2
+            assert len(left) < len(before) + 16  # trimmed: only the view has those
+            after = [m for m in left if (m.seq, m.position.entry_id) > horizon[m.partition]]
+            assert len(after) == 16
+            expected = sorted(oracle(before) + view(after))
+
+            consumer = await client.subscribe("feed", "views", config=compacted)
+            first = await consume(consumer, limit=10)
+            await consumer.close()  # acknowledged (ack_flush_ms=0: persisted at once)
+            consumer = await client.subscribe("feed", "views", config=compacted)
+            rest = await consume(consumer)
+            assert sorted(view(first + rest)) == expected  # nothing twice, nothing lost
+            for partition in (0, 1):  # each partition in stream order
+                keys = [place(m) for m in first + rest if m.partition == partition]
+                assert keys == sorted(keys)
+            assert await consume(consumer) == []
+
+            [*starts] = await consumer.seek("earliest")
+            assert all(start.seq == 0 for start in starts)
+            assert sorted(view(await consume(consumer, ack=False))) == expected
+            await consumer.close()
+
+            # The same subscription read without the view: its cursor stands after
+            # the last message; a new plain one at earliest gets the untrimmed rest.
+            async with await client.subscribe("feed", "plain", config=ConsumerConfig(
+                    initial_position="earliest", ack_flush_ms=0)) as plain:
+                assert sorted(view(await consume(plain))) == view(left)
+
+            # Compacted again, then a new ledger, then a trim that takes the
+            # ledger the horizon is in: nothing after the horizon went with it,
+            # so a reader (which refuses data loss) goes on after the view.
+            again = await client.compact("feed")
+            assert all(o.compacted for o in again)
+            for key in ("k00", "k01"):  # one entry per ledger: each partition's last
+                producer = await client.producer("feed")
+                await producer.send(f"{key}-last".encode(), key=key)
+                await producer.close()
+            untrimmed = view(await read_all(client, "feed", compacted=True))
+            for subscription in ("views", "plain"):  # their cursors would keep the ledgers
+                await client.unsubscribe("feed", subscription)
+            report = await client.trim("feed", retention=RetentionPolicy(time_ms=0,
+                                                                          size_bytes=0))
+            assert {o.horizon.ledger_id for o in again if o.horizon is not None} <= set(
+                report.deleted_ledgers)
+            assert {m.value for m in await read_all(client, "feed")} <= {b"k00-last",
+                                                                        b"k01-last"}
+            assert view(await read_all(client, "feed", compacted=True)) == untrimmed
+
+    asyncio.run(main())

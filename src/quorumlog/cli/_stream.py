@@ -395,6 +395,10 @@ def consume(
     consumer_name: str = typer.Option("", "--consumer-name", help="Failover: this consumer's "
                                       "name; partitions go to consumers sorted by name "
                                       "(default host-pid-random)."),
+    read_compacted: bool = typer.Option(
+        False, "--read-compacted", help="Up to each partition's compaction horizon, only the "
+        "latest message of every key (the compacted view); the cursor moves over the rest. "
+        "With --initial earliest a new subscription starts at the view's first message."),
     members: str | None = MembersOption,
     directory: Path | None = DirOption,
 ) -> None:
@@ -402,7 +406,7 @@ def consume(
     from quorumlog.stream import ConsumerConfig
 
     config = ConsumerConfig(initial_position=initial, subscription_type=sub_type,
-                            consumer_name=consumer_name)
+                            consumer_name=consumer_name, read_compacted=read_compacted)
 
     async def body(client: Any) -> None:
         consumer = await client.subscribe(name, subscription, config=config)

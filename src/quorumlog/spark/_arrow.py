@@ -11,7 +11,7 @@ import array
 import functools
 import itertools
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -24,6 +24,7 @@ from quorumlog.stream import (
     ENTRY_PREFIX_WORD,
     MESSAGE_HEADER_BYTES,
     ColumnSink,
+    Message,
     OutgoingMessage,
     decode_properties,
 )
@@ -72,6 +73,27 @@ def record_batch(stream: str, partition: int, ledger_id: int, sink: ColumnSink, 
     if publish_max_ms is not None:
         mask = pc.and_(mask, pc.less_equal(publish_ms, pa.scalar(publish_max_ms, pa.int64())))
     return batch.filter(mask)
+
+
+def record_batch_of_messages(messages: Sequence[Message], *,
+                             publish_min_ms: int | None = None,
+                             publish_max_ms: int | None = None) -> pa.RecordBatch:
+    """Rows of decoded messages (a compacted view's: each keeps the ledger and
+    entry it was written to), filtered by publish time when bounds are given."""
+    kept = [m for m in messages
+            if (publish_min_ms is None or m.publish_time_ms >= publish_min_ms)
+            and (publish_max_ms is None or m.publish_time_ms <= publish_max_ms)]
+    return pa.RecordBatch.from_arrays([
+        pa.array([m.stream for m in kept], pa.string()),
+        pa.array([m.partition for m in kept], pa.int32()),
+        pa.array([m.position.ledger_id for m in kept], pa.int64()),
+        pa.array([m.position.entry_id for m in kept], pa.int64()),
+        pa.array([m.position.batch_index for m in kept], pa.int32()),
+        _timestamps(pa.array([m.publish_time_ms for m in kept], pa.int64())),
+        pa.array([m.key for m in kept], pa.binary()),
+        binary_column([m.value for m in kept]),
+        properties_column([list(m.properties.items()) for m in kept]),
+    ], schema=ARROW_SCHEMA)
 
 
 def binary_column(items: list[bytes | None] | list[bytes]) -> pa.Array:

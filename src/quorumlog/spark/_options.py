@@ -36,6 +36,7 @@ class SourceOptions:
     fail_on_data_loss: bool
     arrow_batch_rows: int
     writer_id: str | None
+    read_compacted: bool = False  # batch reads: the compacted view up to each horizon
 
 
 def _int(options: Mapping[str, str], name: str, default: int | None, minimum: int
@@ -50,6 +51,13 @@ def _int(options: Mapping[str, str], name: str, default: int | None, minimum: in
     if value < minimum:
         raise UsageError(f"option {name}={value} must be >= {minimum}")
     return value
+
+
+def _bool(options: Mapping[str, str], name: str, default: str) -> bool:
+    raw = (_get(options, name) or default).strip().lower()
+    if raw not in ("true", "false"):
+        raise UsageError(f"option {name}={raw!r} must be true or false")
+    return raw == "true"
 
 
 def _get(options: Mapping[str, str], name: str) -> str | None:
@@ -118,9 +126,8 @@ def parse(options: Mapping[str, str], *, need_stream: bool = True) -> SourceOpti
     starting = _check_positions("startingPositions", _get(options, "startingPositions"))
     if starting is not None and starting_time is not None:
         raise UsageError("give startingPositions or startingTime, not both")
-    fail = (_get(options, "failOnDataLoss") or "true").strip().lower()
-    if fail not in ("true", "false"):
-        raise UsageError(f"option failOnDataLoss={fail!r} must be true or false")
+    fail = _bool(options, "failOnDataLoss", "true")
+    compacted = _bool(options, "readCompacted", "false")
     return SourceOptions(
         meta=meta_addresses(options),
         stream=check_name("stream", stream) if stream else "",
@@ -133,7 +140,8 @@ def parse(options: Mapping[str, str], *, need_stream: bool = True) -> SourceOpti
         max_rows_per_partition=_int(options, "maxRowsPerPartition",
                                     MAX_ROWS_PER_PARTITION_DEFAULT, 1) or 1,
         max_entries_per_trigger=_int(options, "maxEntriesPerTrigger", None, 1),
-        fail_on_data_loss=fail == "true",
+        fail_on_data_loss=fail,
+        read_compacted=compacted,
         arrow_batch_rows=_int(options, "arrowBatchRows", ARROW_BATCH_ROWS_DEFAULT, 1) or 1,
         writer_id=_writer_id(options),
     )

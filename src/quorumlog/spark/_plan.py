@@ -20,6 +20,7 @@ from typing import Any
 from quorumlog.errors import UsageError
 from quorumlog.stream import (
     BadPositionError,
+    CompactionRecord,
     DataLossError,
     LedgerInfo,
     OffloadRecord,
@@ -43,6 +44,12 @@ class ReadTask:
     publish_min_ms: int | None = None  # rows outside are filtered in the task
     publish_max_ms: int | None = None
     offload: OffloadRecord | None = None  # read the ledger's Parquet copy (tiered storage)
+    # readCompacted: this task reads the partition's compacted view (``ledger_id``
+    # is its compacted ledger), the messages at (seq, entry, batch) keys in
+    # [view_from, view_to): the view's own horizon, or the read's end before it.
+    view: CompactionRecord | None = None
+    view_from: tuple[int, int, int] = (0, 0, 0)
+    view_to: tuple[int, int, int] = (0, 0, 0)
 
     @property
     def entries(self) -> int:
@@ -121,6 +128,29 @@ def plan_partition(stream: str, partition: int, ledgers: Sequence[LedgerInfo],
             ))
             chunk_first = chunk_last + 1
     return tasks
+
+
+def plan_view(stream: str, partition: int, view: CompactionRecord, start: SeqPosition,
+              end: SeqPosition, *, pruning: Pruning | None = None
+              ) -> tuple[ReadTask | None, SeqPosition]:
+    """readCompacted: the task that reads the compacted view's part of ``[start,
+    end)`` (None if none), and where the ledgers' part starts (after the horizon).
+    The view's messages keep their original positions; filters on them are
+    left to Spark (its ledger is not theirs)."""
+    pruning = pruning or Pruning()
+    after = SeqPosition(view.horizon_seq, view.horizon_entry + 1, 0, view.horizon_ledger)
+    if not view.ledger_id or (start.seq, start.entry_id) > view.horizon_key:
+        return None, start
+    if pruning.partitions is not None and partition not in pruning.partitions:
+        return None, max(start, after)
+    upto = min(end.key, after.key)
+    if start.key >= upto or view.entries == 0:
+        return None, max(start, after)
+    task = ReadTask(stream=stream, partition=partition, seq=view.horizon_seq,
+                    ledger_id=view.ledger_id, first_entry=0, last_entry=view.entries - 1,
+                    publish_min_ms=pruning.publish_min_ms, publish_max_ms=pruning.publish_max_ms,
+                    view=view, view_from=start.key, view_to=upto)
+    return task, max(start, after)
 
 
 def _publish_overlaps(info: LedgerInfo, pruning: Pruning) -> bool:

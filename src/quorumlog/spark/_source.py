@@ -48,6 +48,7 @@ from quorumlog.spark._arrow import (
     messages_of,
     record_batch,
     record_batch_of_entries,
+    record_batch_of_messages,
 )
 from quorumlog.spark._options import SourceOptions, parse
 from quorumlog.spark._plan import (
@@ -59,18 +60,22 @@ from quorumlog.spark._plan import (
     offset_json,
     parse_offset,
     plan_partition,
+    plan_view,
     position_offset,
     split_limit,
 )
 from quorumlog.stream import (
     EARLIEST,
     LATEST,
+    VIEW_START,
     ColumnSink,
+    CompactionRecord,
     JobLedgerWriter,
     LedgerHandles,
     LedgerInfo,
     LedgerList,
     LedgerStats,
+    Message,
     OffloadedLedger,
     OffloadRecord,
     PartitionHead,
@@ -80,14 +85,18 @@ from quorumlog.stream import (
     StartSpec,
     StreamRecord,
     abort_job_ledgers,
+    compacted_view,
     decode_entry_columns,
     end_position,
     first_position,
     link_job_ledgers,
+    load_compaction,
     load_offloads,
+    load_record,
     new_job_id,
     parse_positions,
     partition_for_key,
+    past_view,
     resolve_start,
 )
 
@@ -127,6 +136,9 @@ class QuorumlogDataSource(DataSource):
         return QuorumlogReader(self._parsed, self._record())
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
+        if self._parsed.read_compacted:
+            raise UsageError("option readCompacted applies to batch reads (spark.read): a "
+                             "streaming query reads every message")
         return QuorumlogStreamReader(self._parsed, self._record())
 
     def writer(self, schema: StructType, overwrite: bool) -> QuorumlogWriter:
@@ -183,6 +195,9 @@ def read_partition(partition: QuorumlogInputPartition) -> Iterator[pa.RecordBatc
     The next chunk is read on the I/O loop while this thread decodes the
     current one into Arrow, so the network and the decode overlap."""
     task = partition.task
+    if task.view is not None:
+        yield from _read_view(partition, task.view)
+        return
     if task.offload is not None:
         yield from _read_offloaded(partition, task.offload)
         return
@@ -212,6 +227,35 @@ def read_partition(partition: QuorumlogInputPartition) -> Iterator[pa.RecordBatc
     finally:
         if pending is not None:
             pending.cancel()
+
+
+def _read_view(partition: QuorumlogInputPartition,
+               view: CompactionRecord) -> Iterator[pa.RecordBatch]:
+    """readCompacted: the task's messages of the partition's compacted view, a
+    chunk of the compacted ledger at a time (a newer compaction that replaced
+    it meanwhile is read on, never past the planned ``view_to``)."""
+    task = partition.task
+    client = _io.ledger_client(partition.meta)
+    record = _io.run(load_record(client.meta, task.stream))
+    start = SeqPosition(*task.view_from, 0)
+    chunks = compacted_view(client, record, task.partition, view, start)
+
+    async def next_chunk() -> list[Message] | None:
+        return await anext(chunks, None)
+
+    try:
+        while (messages := _io.run(next_chunk())) is not None:
+            kept = [m for m in messages
+                    if (m.seq, m.position.entry_id, m.position.batch_index) < task.view_to]
+            if kept:
+                batch = record_batch_of_messages(kept, publish_min_ms=task.publish_min_ms,
+                                                 publish_max_ms=task.publish_max_ms)
+                for offset in range(0, batch.num_rows, partition.batch_rows):
+                    yield batch.slice(offset, partition.batch_rows)
+            if len(kept) < len(messages):
+                break  # past the end planned
+    finally:
+        _io.run(chunks.aclose())
 
 
 def _read_offloaded(partition: QuorumlogInputPartition,
@@ -408,9 +452,15 @@ class QuorumlogReader(DataSourceReader):
                 view = await _view(client, record, partition, handles)
                 start, skip_ms = await _start_of(client, record, options, partition=partition,
                                                  view=view, handles=handles, default=EARLIEST)
+                end = await _end_of(record, options, partition, view)
+                if options.read_compacted:
+                    view_task, start = await _plan_compacted(
+                        client, record, options, partition, view, start=start, end=end,
+                        pruning=pruning)
+                    if view_task is not None:
+                        tasks.append(_with_publish_min(view_task, skip_ms))
                 start, _ = check_start(record.name, partition, view.first, start,
                                        fail_on_data_loss=True)
-                end = await _end_of(record, options, partition, view)
                 stretch = await view.ledgers.slice(start.seq, end.seq + 1)
                 part_tasks = plan_partition(record.name, partition, stretch, start, end,
                                             open_lac=view.open_lac,
@@ -427,6 +477,33 @@ class QuorumlogReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, QuorumlogInputPartition)
         return read_partition(partition)
+
+
+async def _plan_compacted(client: LedgerClient, record: StreamRecord, options: SourceOptions,
+                          partition: int, view: _PartitionView, *, start: SeqPosition,
+                          end: SeqPosition, pruning: Pruning
+                          ) -> tuple[ReadTask | None, SeqPosition]:
+    """readCompacted: the task reading the partition's compacted view, if the read
+    covers some of it, and where the read of its ledgers starts. "earliest" and
+    a start by time begin at the view's first message (one whose ledger
+    retention trimmed included; by time, its rows are filtered)."""
+    compaction = await load_compaction(client, record.name, partition)
+    if compaction is None or not compaction.ledger_id:
+        return None, start
+    spec = None if options.starting_time_ms is not None else _position_specs(
+        options.starting_positions, record.config.partitions, EARLIEST)[partition]
+    view_start = start if isinstance(spec, Position) else VIEW_START
+    if (view_start.seq, view_start.entry_id) > compaction.horizon_key:
+        return None, start
+    task, _ = plan_view(record.name, partition, compaction, view_start, end, pruning=pruning)
+    return task, max(start, await past_view(view.ledgers, compaction))
+
+
+def _with_publish_min(task: ReadTask, skip_ms: int | None) -> ReadTask:
+    if skip_ms is None:
+        return task
+    low = skip_ms if task.publish_min_ms is None else max(task.publish_min_ms, skip_ms)
+    return dataclasses.replace(task, publish_min_ms=low)
 
 
 def _with_start_time(task: ReadTask, start_seq: int, skip_ms: int | None) -> ReadTask:

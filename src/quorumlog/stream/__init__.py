@@ -87,12 +87,16 @@ from quorumlog.stream._offload import (
 from quorumlog.stream._position import EARLIEST, LATEST, Position, SeqPosition, parse_positions
 from quorumlog.stream._producer import MessageId, Producer, ProducerConfig
 from quorumlog.stream._reader import (
+    VIEW_START,
     LedgerHandles,
     Message,
     Reader,
     StartSpec,
+    compacted_view,
     end_position,
     first_position,
+    load_compaction,
+    past_view,
     resolve_start,
 )
 from quorumlog.stream._retention import RoundRobin, partition_for_key
@@ -115,6 +119,7 @@ __all__ = [
     "LATEST",
     "MESSAGE_HEADER_BYTES",
     "TRIMMER_KEY",
+    "VIEW_START",
     "BadPositionError",
     "BlockingConsumer",
     "BlockingProducer",
@@ -177,6 +182,7 @@ __all__ = [
     "WriterStuckError",
     "abort_job_ledgers",
     "check_name",
+    "compacted_view",
     "decode_entry",
     "decode_entry_columns",
     "decode_properties",
@@ -184,6 +190,7 @@ __all__ = [
     "end_position",
     "first_position",
     "link_job_ledgers",
+    "load_compaction",
     "load_offloads",
     "load_record",
     "new_job_id",
@@ -193,6 +200,7 @@ __all__ = [
     "offloaded_records",
     "parse_positions",
     "partition_for_key",
+    "past_view",
     "resolve_start",
     "sweep_orphans",
     "trimmer_holder",

@@ -161,6 +161,12 @@ async def compact_partition(
         horizon = (last.seq, last.position.entry_id, last.position.ledger_id)
     if horizon is None or first is None:
         return nothing  # nothing new since the previous view
+    horizon_info = await ledgers.get(horizon[0])
+    # Where the view ends in the partition's whole history: a reader past the view
+    # whose next ledger retention trimmed since learns from it whether anything
+    # after the horizon went with it.
+    horizon_offset = (-1 if horizon_info is None
+                      else horizon_info.entries_before + horizon[1] + 1)
 
     # Pass 2: write the view to a new ledger, named pending first.
     config = record.config
@@ -205,7 +211,8 @@ async def compact_partition(
         await handle.close()
         committed = CompactionRecord(
             ledger_id=handle.id, horizon_seq=horizon[0], horizon_entry=horizon[1],
-            horizon_ledger=horizon[2], entries=writer.entries, messages=writer.messages,
+            horizon_ledger=horizon[2], horizon_offset=horizon_offset,
+            entries=writer.entries, messages=writer.messages,
             keys=len(latest) - len(tombstones), payload_bytes=writer.payload_bytes,
             compacted_ms=client.clock.wall_ms())
         await _cas(client, key, version, committed)

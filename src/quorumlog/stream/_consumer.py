@@ -67,6 +67,7 @@ from quorumlog.stream._meta import (
 from quorumlog.stream._metrics import stream_metrics
 from quorumlog.stream._position import EARLIEST, LATEST, Position, SeqPosition
 from quorumlog.stream._reader import (
+    VIEW_START,
     LedgerHandles,
     Message,
     PartitionReader,
@@ -74,6 +75,7 @@ from quorumlog.stream._reader import (
     StartSpec,
     end_position,
     first_position,
+    load_compaction,
     resolve_start,
 )
 from quorumlog.stream._writer import owner_name
@@ -111,6 +113,13 @@ class ConsumerConfig(Config, frozen=True):
     # (Pulsar's ackTimeout: 0 is off, else at least 1 s). The consumer then
     # keeps each message it delivered until it is acknowledged.
     ack_timeout_ms: int = 0
+    # Pulsar's readCompacted: up to each partition's compaction horizon, only
+    # the compacted view (the latest message of every key; docs/stream.md,
+    # "Topic compaction"), then every message after it. Messages the view
+    # left out count as consumed: the cursor moves over them. A new
+    # subscription at "earliest" (or a seek to it) starts at the view's first
+    # message, even one whose ledger retention has trimmed.
+    read_compacted: bool = False
 
     def validate(self) -> None:
         require(self.initial_position in (EARLIEST, LATEST),
@@ -130,8 +139,11 @@ class ConsumerConfig(Config, frozen=True):
 
 
 async def load_or_create_cursor(client: LedgerClient, record: StreamRecord, subscription: str,
-                                partition: int, initial: str) -> tuple[CursorState, int]:
-    """The persisted cursor (state, version); a new one starts at ``initial``."""
+                                partition: int, initial: str, *,
+                                read_compacted: bool = False) -> tuple[CursorState, int]:
+    """The persisted cursor (state, version); a new one starts at ``initial``
+    (``read_compacted`` and "earliest": before every message, so at the
+    compacted view's first one)."""
     key = cursor_key(record.name, subscription, partition)
     for _ in range(CURSOR_CAS_ATTEMPTS_MAX):
         kv = await client.meta.get(key)
@@ -141,6 +153,8 @@ async def load_or_create_cursor(client: LedgerClient, record: StreamRecord, subs
         head = await ledgers.refresh()
         if initial == LATEST:
             start = await end_position(LedgerHandles(client, record), head)
+        elif read_compacted:
+            start = VIEW_START
         else:
             start = await first_position(ledgers)
         state = CursorState(start=start, updated_ms=client.clock.wall_ms())
@@ -221,7 +235,10 @@ class Consumer:
     async def _open_partition(self, partition: int) -> PartitionReader:
         """Load (or create) the partition's cursor and a reader from just after it."""
         state, _ = await load_or_create_cursor(self._client, self._record, self.subscription,
-                                               partition, self._config.initial_position)
+                                               partition, self._config.initial_position,
+                                               read_compacted=self._config.read_compacted)
+        compacted = (await load_compaction(self._client, self.stream, partition)
+                     if self._config.read_compacted else None)
         tracker = AckTracker(state, ranges_max=self._record.config.cursor_ranges_max,
                              pending_max=self._config.unacked_messages_max)
         ledgers = LedgerList(self._client.meta, self.stream, partition)
@@ -231,11 +248,13 @@ class Consumer:
             start = SeqPosition(md.seq, md.entry_id, md.batch_index + 1, md.ledger_id)
         else:
             start = state.start or SeqPosition(head.first_seq, 0, 0, 0)
-        if start.seq < head.first_seq:
+        in_view = (compacted is not None and compacted.ledger_id != 0
+                   and (start.seq, start.entry_id) <= compacted.horizon_key)
+        if start.seq < head.first_seq and not in_view:  # trimmed (the view has it otherwise)
             start = SeqPosition(head.first_seq, 0, 0, 0)
         self._trackers[partition] = tracker
         return PartitionReader(self._client, self._record, partition, start,
-                               skip_data_loss=True, ledgers=ledgers)
+                               skip_data_loss=True, ledgers=ledgers, compacted=compacted)
 
     async def _start(self) -> None:
         parts = [await self._open_partition(p) for p in range(self._record.config.partitions)]
@@ -582,6 +601,9 @@ class Consumer:
                 await reader.remove(partition)
             self._redeliver.clear()
             for partition in sorted(self._owners):
+                if to == EARLIEST and self._config.read_compacted:
+                    starts.append(await self._restart_at(partition, VIEW_START))
+                    continue
                 start, skip_ms = await resolve_start(self._client, handles, self._record,
                                                      partition, to)
                 if skip_ms:  # a publish time: the first message at or after it exactly
@@ -591,12 +613,18 @@ class Consumer:
                     found = await probe.next_batch(SEEK_PROBE_WAIT_MS)
                     if found:
                         start = found[0].seq_position
-                await self._write_cursor(partition, CursorState(
-                    start=start, updated_ms=self._client.clock.wall_ms()))
-                self._forget(partition)
-                reader.add(await self._open_partition(partition))
-                starts.append(start)
+                starts.append(await self._restart_at(partition, start))
         return starts
+
+    async def _restart_at(self, partition: int, start: SeqPosition) -> SeqPosition:
+        """seek: rewrite the partition's cursor to start at ``start`` and read on from there
+        (the caller holds the lock and removed the partition from the reader)."""
+        await self._write_cursor(partition, CursorState(
+            start=start, updated_ms=self._client.clock.wall_ms()))
+        self._forget(partition)
+        assert self._reader is not None
+        self._reader.add(await self._open_partition(partition))
+        return start
 
     async def _write_cursor(self, partition: int, state: CursorState) -> None:
         """Replace the partition's cursor, guarded by this consumer's ownership."""

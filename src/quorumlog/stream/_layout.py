@@ -602,6 +602,9 @@ class CompactionRecord(msgspec.Struct, frozen=True, kw_only=True):
     horizon_seq: int = -1
     horizon_entry: int = -1
     horizon_ledger: int = 0
+    # Entries of the partition up to and including the horizon, trimmed ones
+    # included (LedgerInfo.entries_before counts the same way); -1: unknown.
+    horizon_offset: int = -1
     entries: int = 0  # entries of the compacted ledger (a positions entry and a
     #                   messages entry per chunk)
     messages: int = 0

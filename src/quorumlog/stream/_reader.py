@@ -15,7 +15,7 @@ maximum of publish times, then over the entries of one ledger).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import msgspec
@@ -246,6 +246,30 @@ async def _seek_time(handles: LedgerHandles, ledgers: LedgerList,
     return SeqPosition(info.seq, search.result, 0, info.ledger_id)
 
 
+# Before every message of a partition: with a compacted view, "earliest" starts
+# here, at the view's first message (whose ledger retention may have trimmed).
+VIEW_START = SeqPosition(0, 0, 0, 0)
+
+
+async def past_view(ledgers: LedgerList, compaction: CompactionRecord) -> SeqPosition:
+    """Where a read goes on after a compacted view: just after its horizon; or,
+    when retention has trimmed the horizon's ledger since and nothing after the
+    horizon went with it, at the first ledger kept (a read from just after the
+    horizon would report data loss that is not there)."""
+    after = SeqPosition(compaction.horizon_seq, compaction.horizon_entry + 1, 0,
+                        compaction.horizon_ledger)
+    if compaction.horizon_offset < 0:
+        return after
+    head = await ledgers.refresh()
+    if after.seq >= head.first_seq:
+        return after
+    first = await ledgers.get(head.first_seq)
+    starts_at = head.trimmed_entries if first is None else first.entries_before
+    if starts_at != compaction.horizon_offset:
+        return after  # entries after the horizon were trimmed: the read reports it
+    return SeqPosition(head.first_seq, 0, 0, 0 if first is None else first.ledger_id)
+
+
 class PartitionReader:
     """Reads one partition in order from a start position; tails the open ledger."""
 
@@ -340,9 +364,9 @@ class PartitionReader:
         if self._compacted_entry > last:
             # Everything up to the horizon came from the compacted view.
             self._compacted, self._compacted_handle = None, None
-            after = (record.horizon_seq, record.horizon_entry + 1)
-            if (self._seq, self._entry) < after:
-                self._seq, self._entry = after
+            resume = await past_view(self._ledgers, record)
+            if (self._seq, self._entry) < (resume.seq, resume.entry_id):
+                self._seq, self._entry = resume.seq, resume.entry_id
                 self._start = None
             return []
         first = self._compacted_entry
@@ -383,6 +407,16 @@ class PartitionReader:
                                     last_message.position.batch_index + 1)
         self._after_read(out)
         return out
+
+    @property
+    def in_compacted_view(self) -> bool:
+        """True while the next messages come from the compacted view."""
+        return self._compacted is not None
+
+    async def next_compacted_batch(self) -> list[Message]:
+        """The next messages of the compacted view ([] at a chunk boundary, or once
+        it is over: ``in_compacted_view`` then turns false)."""
+        return await self._read_compacted() if self._compacted is not None else []
 
     def _data_loss(self, head: PartitionHead) -> None:
         message = (f"stream {self.stream!r} partition {self.partition}: the next ledger to read "
@@ -455,6 +489,20 @@ class PartitionReader:
         self._start = position if position.batch_index else None
 
 
+async def compacted_view(client: LedgerClient, record: StreamRecord, partition: int,
+                         compaction: CompactionRecord, start: SeqPosition = VIEW_START
+                         ) -> AsyncGenerator[list[Message], None]:
+    """The messages of a partition's compacted view at or after ``start``, chunk by
+    chunk, and nothing after its horizon (the Spark source's ``readCompacted``).
+    A newer compaction that replaces the view meanwhile is read on from where
+    this one stopped, up to its own (later) horizon."""
+    reader = PartitionReader(client, record, partition, start, compacted=compaction)
+    while reader.in_compacted_view:
+        batch = await reader.next_compacted_batch()
+        if batch:
+            yield batch
+
+
 class Reader:
     """Position-based reads of one stream (every partition or chosen ones).
 
@@ -491,7 +539,7 @@ class Reader:
             if compacted is not None and spec == EARLIEST:
                 # The compacted view outlives the ledgers it was read from
                 # (retention may have trimmed them): earliest starts in it.
-                position, skip_ms = SeqPosition(0, 0, 0, 0), 0
+                position, skip_ms = VIEW_START, 0
             elif (compacted is not None and isinstance(spec, SeqPosition)
                   and (spec.seq, spec.entry_id) <= compacted.horizon_key):
                 # A message of the view (its seq_position): its ledger may be gone.
