@@ -1,5 +1,6 @@
 """The ``netns_cluster`` fixture: three "hosts" in network namespaces (harness.py);
-``netns_cluster4``: four (a 2|2 split leaves no side a meta majority)."""
+``netns_cluster4``: four (a 2|2 split leaves no side a meta majority);
+``netns_table_cluster``: three that are table nodes too."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ import pytest
 from .harness import NetnsCluster, availability
 
 
-def _cluster(directory: Path, nodes: int) -> Iterator[NetnsCluster]:
+def _cluster(directory: Path, nodes: int,
+             roles: tuple[str, ...] = ("meta", "bookie")) -> Iterator[NetnsCluster]:
     reason = availability()
     if reason is not None:
         pytest.skip(reason)
-    cluster = NetnsCluster(directory, nodes=nodes)
+    cluster = NetnsCluster(directory, nodes=nodes, roles=roles)
     try:
         cluster.start()
         yield cluster
@@ -31,3 +33,9 @@ def netns_cluster(tmp_path: Path) -> Iterator[NetnsCluster]:
 @pytest.fixture
 def netns_cluster4(tmp_path: Path) -> Iterator[NetnsCluster]:
     yield from _cluster(tmp_path / "cluster", 4)
+
+
+@pytest.fixture
+def netns_table_cluster(tmp_path: Path) -> Iterator[NetnsCluster]:
+    """Three hosts, each also a table node."""
+    yield from _cluster(tmp_path / "cluster", 3, ("meta", "bookie", "table"))

@@ -138,14 +138,16 @@ def node_address(node_id: int) -> str:
     return SUBNET_PREFIX + str(NODE_ADDRESS_BASE + node_id)
 
 
-def node_toml(node_id: int, data_dir: Path, members: str, bootstrap: bool = True) -> str:
+def node_toml(node_id: int, data_dir: Path, members: str, bootstrap: bool = True, *,
+              roles: Sequence[str] = ("meta", "bookie")) -> str:
     host = node_address(node_id)
+    role_list = ", ".join(f'"{role}"' for role in roles)
     return (
         f"[node]\nid = {node_id}\ndata_dir = \"{data_dir}\"\n"
         f"listen = \"0.0.0.0:{RPC_PORT}\"\nadvertise = \"{host}:{RPC_PORT}\"\n"
         f"metrics_listen = \"0.0.0.0:{METRICS_PORT}\"\n"
         f"metrics_advertise = \"{host}:{METRICS_PORT}\"\n"
-        "roles = [\"meta\", \"bookie\"]\n\n"
+        f"roles = [{role_list}]\n\n"
         f"[meta]\nmembers = [{members}]\nbootstrap = {str(bootstrap).lower()}\n\n"
         f"[bookie]\nlabels = {{ rack = \"rack-{node_id}\", zone = \"zone-1\" }}\n"
         + BOOKIE_TOML
@@ -155,10 +157,12 @@ def node_toml(node_id: int, data_dir: Path, members: str, bootstrap: bool = True
 class NetnsCluster:
     """``nodes`` quorumlog nodes, each in its own namespace, and a client namespace."""
 
-    def __init__(self, directory: Path, nodes: int = 3) -> None:
+    def __init__(self, directory: Path, nodes: int = 3, *,
+                 roles: Sequence[str] = ("meta", "bookie")) -> None:
         if not 1 <= nodes <= NODES_MAX:
             raise ValueError(f"nodes must be in 1..{NODES_MAX}")
         self.directory = directory.resolve()
+        self.roles = tuple(roles)
         self.node_ids = list(range(1, nodes + 1))
         self.tag = f"{PREFIX}{os.getpid()}"
         self.bridge = f"{self.tag}-br"
@@ -212,7 +216,7 @@ class NetnsCluster:
         node_dir = self.config_path(node_id).parent
         node_dir.mkdir(parents=True, exist_ok=True)
         self.config_path(node_id).write_text(
-            node_toml(node_id, node_dir / "data", members, bootstrap))
+            node_toml(node_id, node_dir / "data", members, bootstrap, roles=self.roles))
 
     def add_node(self, node_id: int) -> None:
         """A new host joining a running cluster (docs/deploy.md, "Adding and removing

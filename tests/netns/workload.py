@@ -42,6 +42,13 @@ again from the earliest (each reader's view is checked on its own).
 
 ``stream-final MEMBERS STREAM``: read everything from the earliest message
 until the stream is quiet; print ``{"consumed": [values...]}``.
+
+``table MEMBERS STOP_FILE CLIENTS``: on table ``jepsen`` (made by the test: one
+partition, its keys set to 0), concurrent get/set/check_and_set/incr clients
+until STOP_FILE exists (at most TABLE_RUN_MAX_S); print ``{"history": [...]}``
+as ``meta`` does (an incr by 1 that returned r is a CAS r-1 -> r; one without
+an answer is counted in ``incr_unknown``, which the register model cannot
+express).
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ from quorumlog.errors import QuorumlogError
 from quorumlog.ledger import BlockingLedgerClient, BlockingReadHandle
 from quorumlog.meta import Compare, CompareTarget, MetaClient, PutOp
 from quorumlog.stream import BlockingProducer, BlockingStreamClient, ProducerFencedError
+from quorumlog.table import CheckType, TableClient
 
 ENTRIES_MAX = 20_000
 APPEND_INTERVAL_S = 0.01  # pacing of the writer, so a run stays small
@@ -144,6 +152,77 @@ def meta_workload(members: list[str], seconds: float, clients: int) -> None:
 
     rpc.run(main())
     emit({"history": history})
+
+
+TABLE = "jepsen"
+TABLE_SORT_KEY = b"v"
+TABLE_REQUEST_TIMEOUT_S = 1.0  # one attempt: an unreachable leader costs this much
+TABLE_DEADLINE_S = 8.0  # covers an election; longer outages leave the outcome unknown
+TABLE_RUN_MAX_S = 600.0
+
+
+async def _table_client(client_id: int, tables: TableClient, end: float,
+                        history: list[dict[str, object]], unknown_incrs: list[int],
+                        stop_file: Path) -> None:
+    rng = random.Random(client_id)
+    now = time.monotonic
+
+    def record(kind: str, key: str, value: object, output: object, call: float,
+               ret: float | None) -> None:
+        history.append({"client": client_id, "kind": kind, "key": key, "input": value,
+                        "output": output, "call": call, "ret": ret})
+
+    while now() < end and not stop_file.exists():
+        key = rng.choice(META_KEYS)
+        kind = rng.choice(["get", "set", "cas", "incr"])
+        value, expected = rng.randrange(1000), rng.randrange(1000)
+        call = now()
+        try:
+            if kind == "get":
+                raw = await tables.get(TABLE, key.encode(), TABLE_SORT_KEY)
+                record("get", key, None, None if raw is None else int(raw), call, now())
+            elif kind == "set":
+                await tables.set(TABLE, key.encode(), TABLE_SORT_KEY, b"%d" % value)
+                record("put", key, value, None, call, now())
+            elif kind == "cas":
+                result = await tables.check_and_set(
+                    TABLE, key.encode(), check_sort_key=TABLE_SORT_KEY,
+                    check_type=CheckType.BYTES_EQUAL, operand=b"%d" % expected,
+                    set_sort_key=TABLE_SORT_KEY, value=b"%d" % value)
+                record("cas", key, [expected, value], result.succeeded, call, now())
+            else:
+                counter = await tables.incr(TABLE, key.encode(), TABLE_SORT_KEY, 1)
+                record("cas", key, [counter - 1, counter], True, call, now())
+        except QuorumlogError:
+            if kind == "incr":
+                unknown_incrs.append(1)
+            elif kind == "set":
+                record("put", key, value, None, call, None)
+            elif kind == "cas":
+                record("cas", key, [expected, value], None, call, None)
+            # a get without an answer observed nothing
+
+
+def table_workload(members: list[str], stop_file: Path, clients: int) -> None:
+    history: list[dict[str, object]] = [
+        {"client": -1, "kind": "put", "key": key, "input": 0, "output": None, "call": 0.0,
+         "ret": 0.0} for key in META_KEYS]
+    unknown_incrs: list[int] = []
+
+    async def main() -> None:
+        end = time.monotonic() + TABLE_RUN_MAX_S
+        workers = [TableClient(members, request_timeout_s=TABLE_REQUEST_TIMEOUT_S,
+                               deadline_s=TABLE_DEADLINE_S) for _ in range(clients)]
+        try:
+            await asyncio.gather(*(_table_client(i, w, end, history, unknown_incrs,
+                                                 stop_file)
+                                   for i, w in enumerate(workers)))
+        finally:
+            for worker in workers:
+                await worker.close()
+
+    rpc.run(main())
+    emit({"history": history, "incr_unknown": len(unknown_incrs)})
 
 
 def failure(error: QuorumlogError) -> dict[str, str]:
@@ -296,6 +375,8 @@ def main(argv: list[str]) -> None:
         stream_reader(members, argv[2], Path(argv[3]))
     elif mode == "stream-final":
         stream_final(members, argv[2])
+    elif mode == "table":
+        table_workload(members, Path(argv[2]), int(argv[3]))
     else:
         raise SystemExit(f"unknown workload {mode!r}")
 
