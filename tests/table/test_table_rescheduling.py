@@ -259,3 +259,49 @@ def test_a_node_added_to_a_running_cluster_gets_replicas_and_leaders(nodes: Node
         for key, value in sorted(writer.acked.items()):
             assert client.get("grow", key, b"s") == value, key
         print(f"node 4 got its replicas in {spread_s:.1f} s")
+
+
+def test_a_drained_node_gives_up_every_replica_while_writes_go_on(nodes: Nodes) -> None:
+    """``table drain``: every replica and leadership of node 4 moves to nodes 1-3
+    while a writer runs, nothing new is placed on it, ``table schedule`` counts
+    down to 0; node 4 then goes, and every acknowledged write reads back."""
+    nodes.start(4)
+    members = ",".join(nodes.meta)
+    with BlockingTableClient(nodes.meta) as client:
+        layout = _create(client, nodes.meta, "drained", 4)
+        assert any(4 in p.members for p in layout.partitions)
+        writer = Writer(client, "drained")
+        writer.thread.start()
+        _until(lambda: len(writer.acked) >= 100, "100 acknowledged writes")
+        typo = subprocess.run([sys.executable, "-m", "quorumlog", "table", "drain", "9",
+                               "--members", members], capture_output=True, text=True,
+                              timeout=60, check=False)
+        assert typo.returncode == 1 and "no table node 9" in typo.stderr
+        drained = subprocess.run([sys.executable, "-m", "quorumlog", "table", "drain", "4",
+                                  "--members", members], capture_output=True, text=True,
+                                 timeout=60, check=False)
+        assert drained.returncode == 0, drained.stderr
+        started = time.monotonic()
+
+        def empty() -> bool:
+            row = {n["node"]: n for n in _cli("table", "schedule", "--members",
+                                              members)["nodes"]}.get(4)
+            return (row is not None and row["draining"] and row["replicas_left"] == 0
+                    and _settled(client, "drained", dead=4)
+                    and 4 not in _leaders(nodes.meta, layout))
+
+        _until(empty, "node 4 drained")
+        drained_s = time.monotonic() - started
+        assert client.draining_nodes() == frozenset({4})
+        with pytest.raises(NotEnoughTableNodesError):  # 4 replicas would need node 4
+            client.create_table("four", partitions=1, replicas=4)
+        before = len(writer.acked)
+        _until(lambda: len(writer.acked) >= before + 100, "writes after the drain")
+        nodes.kill(4)
+        writer.stop.set()
+        writer.thread.join(timeout=30)
+        for key, value in sorted(writer.acked.items()):
+            assert client.get("drained", key, b"s") == value, key
+        client.undrain_node(4)
+        assert client.draining_nodes() == frozenset()
+        print(f"drained node 4 in {drained_s:.1f} s, {len(writer.acked)} writes")

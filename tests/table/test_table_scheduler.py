@@ -454,3 +454,48 @@ def test_a_one_voter_group_is_never_moved_by_balancing() -> None:
     for g in range(10, 15):
         scheduler.set_replicas_target(g, 1)
     assert run(cluster, scheduler, 0, 20) == []
+
+
+def test_a_drained_node_loses_every_replica_and_leadership_and_gets_none_back() -> None:
+    """``table drain``: each group on the drained node gets a learner elsewhere, then
+    promote + remove (leadership handed over first where the node leads); nothing
+    new goes to it, balancing included, and a one-voter group grows by one and
+    shrinks back. Undrained, balancing may use it again."""
+    groups = {10: [1, 2, 3], 11: [2, 3, 4], 12: [3, 1, 5], 13: [3]}
+    cluster = Cluster([1, 2, 3, 4, 5], groups)
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    for gid, count in {10: 3, 11: 3, 12: 3, 13: 1}.items():
+        scheduler.set_replicas_target(gid, count)
+    assert cluster.beat(scheduler, 0) == []
+    scheduler.set_draining(frozenset({3}))
+    assert scheduler.drain_remaining(3) == 4
+    done = run(cluster, scheduler, 1_200, 60)
+    assert all(3 not in cluster.voters[g] + cluster.learners[g] for g in groups), (
+        cluster.voters, cluster.learners)
+    assert scheduler.drain_remaining(3) == 0
+    assert [len(cluster.voters[g]) for g in sorted(groups)] == [3, 3, 3, 1]
+    assert all(cluster.leader[g] in cluster.voters[g] for g in groups)
+    assert not any(c.node_id == 3 for c in done
+                   if c.kind in (ChangeKind.ADD_LEARNER, ChangeKind.TRANSFER_LEADER))
+    removed = {c.group_id for c in done if 3 in (c.node_id, c.remove_node_id)
+               and c.kind in (ChangeKind.PROMOTE, ChangeKind.REMOVE)}
+    assert removed == set(groups)
+    assert any(c.kind is ChangeKind.TRANSFER_LEADER and c.group_id == 13 for c in done)
+    assert run(cluster, scheduler, 20_000, 30) == []  # balancing leaves node 3 empty
+
+    scheduler.set_draining(frozenset())
+    back = run(cluster, scheduler, 30_000, 60)
+    assert any(c.node_id == 3 for c in back if c.kind is ChangeKind.ADD_LEARNER)
+
+
+def test_a_drain_without_room_elsewhere_waits() -> None:
+    """Three replicas on three nodes: draining one would leave a group short, so
+    nothing moves until a fourth node joins."""
+    cluster = Cluster([1, 2, 3], {10: [1, 2, 3]})
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    scheduler.set_replicas_target(10, 3)
+    scheduler.set_draining(frozenset({2}))
+    assert run(cluster, scheduler, 0, 20) == []
+    cluster.nodes.append(4)
+    moved = run(cluster, scheduler, 5_000, 30)
+    assert sorted(cluster.voters[10]) == [1, 3, 4] and moved

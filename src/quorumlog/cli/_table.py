@@ -147,18 +147,26 @@ def schedule(members: str | None = MembersOption, directory: Path | None = DirOp
                 "node": row.change.node_id, "remove": row.change.remove_node_id or None,
                 "epoch": row.change.epoch, "state": row.state, "age_ms": row.age_ms,
                 "reason": row.change.reason} for row in view.changes]
-    nodes = [{"node": n, "zone": zone, "alive": alive, "last_heartbeat_ms_ago": ago}
+    left = dict(view.draining)
+    nodes = [{"node": n, "zone": zone, "alive": alive, "last_heartbeat_ms_ago": ago,
+              "draining": n in left, "replicas_left": left.get(n)}
              for n, zone, alive, ago in view.nodes]
+    nodes += [{"node": n, "zone": None, "alive": False, "last_heartbeat_ms_ago": None,
+               "draining": True, "replicas_left": count}
+              for n, count in view.draining if n not in {row[0] for row in view.nodes}]
     if output == "json":
         typer.echo(json.dumps({"meta_leader": view.leader, "nodes": nodes,
                                "changes": changes}))
         return
     console.print(f"scheduler on meta leader node {view.leader}")
-    node_table = Table("node", "zone", "alive", "last heartbeat (ms ago)", width=80)
+    node_table = Table("node", "zone", "alive", "last heartbeat (ms ago)", "draining",
+                       width=80)
     for node in nodes:
-        node_table.add_row(str(node["node"]), str(node["zone"]),
+        node_table.add_row(str(node["node"]), str(node["zone"] or "-"),
                            "yes" if node["alive"] else "no",
-                           str(node["last_heartbeat_ms_ago"]))
+                           str(node["last_heartbeat_ms_ago"] or "-"),
+                           f"yes, {node['replicas_left']} replicas left" if node["draining"]
+                           else "no")
     console.print(node_table)
     change_table = Table("group", "change", "node", "epoch", "state", "age ms", "reason",
                          width=80)
@@ -168,6 +176,26 @@ def schedule(members: str | None = MembersOption, directory: Path | None = DirOp
                              str(change["epoch"]), str(change["state"]),
                              str(change["age_ms"]), str(change["reason"]))
     console.print(change_table)
+
+
+@app.command()
+def drain(node: int = typer.Argument(..., help="Table node id."),
+          members: str | None = MembersOption, directory: Path | None = DirOption) -> None:
+    """Move every replica off a table node and place nothing new on it (before
+    taking it down for good); `table schedule` shows the replicas left."""
+    with _client(members, directory) as client:
+        client.drain_node(node)
+    console.print(f"draining table node {node}: its replicas move to the other nodes "
+                  "(`quorumlog table schedule` shows how many are left)")
+
+
+@app.command()
+def undrain(node: int = typer.Argument(..., help="Table node id."),
+            members: str | None = MembersOption, directory: Path | None = DirOption) -> None:
+    """Stop draining a table node: it takes replicas and leaderships again."""
+    with _client(members, directory) as client:
+        client.undrain_node(node)
+    console.print(f"table node {node} is no longer drained")
 
 
 @app.command()

@@ -76,10 +76,12 @@ from quorumlog.table._heartbeat import fetch_schedule
 from quorumlog.table._layout import (
     TableLayout,
     create_table,
+    draining_nodes,
     drop_table,
     group_id_of,
     list_tables,
     partition_of,
+    set_draining,
     table_info,
     table_nodes,
 )
@@ -176,6 +178,19 @@ class TableClient:
 
     async def table_info(self, name: str) -> TableLayout:
         return await table_info(self.meta, name)
+
+    async def drain_node(self, node_id: int) -> None:
+        """Move every replica off table node ``node_id`` and place nothing new there
+        (Curve's chunkserver retirement): the scheduler moves one replica at a time
+        (learner, catch-up, promote + remove; leadership handed over first).
+        ``table schedule`` shows what is left; ``undrain_node`` stops it."""
+        await set_draining(self.meta, node_id, True)
+
+    async def undrain_node(self, node_id: int) -> None:
+        await set_draining(self.meta, node_id, False)
+
+    async def draining_nodes(self) -> frozenset[int]:
+        return await draining_nodes(self.meta)
 
     # ----- duplication (docs/duplication.md) -------------------------------------------
 

@@ -90,6 +90,8 @@ class TableScheduleResponse(rpc.Message, frozen=True):
     nodes: list[tuple[int, str, bool, int]]  # (node id, zone, alive, ms since last heartbeat)
     changes: list[ScheduleRow]
     groups: list[GroupState]
+    # (node id, replicas still on it) of each node being drained
+    draining: list[tuple[int, int]] = []
 
 
 class TableScheduleRequest(rpc.Request[TableScheduleResponse], frozen=True):

@@ -37,6 +37,8 @@ TABLES_PREFIX = "/tables/"
 TABLE_NODES_PREFIX = "/table-nodes/"
 # Duplication progress per table (table/_dup_layout.py), dropped with the table.
 DUP_PROGRESS_PREFIX = "/dup-progress/"
+# Table nodes an operator drains (``quorumlog table drain``): one key per node.
+TABLE_DRAIN_PREFIX = "/table-drain/"
 TABLE_ID_SEQUENCE = "table"
 PARTITIONS_MAX = 4096  # partitions of one table (Pegasus tables use 8..1024)
 PARTITION_BITS = 20  # group id layout: table id above these bits, partition below
@@ -166,6 +168,34 @@ async def table_nodes(meta: MetaClient) -> dict[int, TableNodeRecord]:
     return {node.node_id: node for node in nodes}
 
 
+def drain_key(node_id: int) -> str:
+    return f"{TABLE_DRAIN_PREFIX}{node_id}"
+
+
+async def draining_nodes(meta: MetaClient) -> frozenset[int]:
+    """The table nodes being drained."""
+    return frozenset(int(kv.key[len(TABLE_DRAIN_PREFIX):])
+                     for kv in await meta.list_keys(TABLE_DRAIN_PREFIX)
+                     if kv.key[len(TABLE_DRAIN_PREFIX):].isdigit())
+
+
+async def set_draining(meta: MetaClient, node_id: int, draining: bool) -> None:
+    """Start (or stop) draining a table node: the scheduler moves its replicas to
+    the other nodes and places nothing new on it. A node neither registered nor
+    holding a replica is refused (a typo would otherwise drain nothing)."""
+    if draining:
+        known = set(await table_nodes(meta))
+        for layout in (await all_layouts(meta)).values():
+            for record in layout.partitions:
+                known.update(record.members, record.learners)
+        if node_id not in known:
+            raise UsageError(f"no table node {node_id}: it is not registered and holds no "
+                             f"replica (table nodes: {sorted(known)})")
+        await meta.put(drain_key(node_id), b"")
+    else:
+        await meta.delete(drain_key(node_id))
+
+
 def parse_layouts(kvs: list[tuple[str, bytes]]) -> dict[str, TableLayout]:
     """Every complete table in a listing of ``/tables/``."""
     records: dict[str, TableRecord] = {}
@@ -201,7 +231,9 @@ async def create_table(meta: MetaClient, name: str, *, partitions: int, replicas
     if await meta.get(config_key(name)) is not None:
         raise TableExistsError(f"table {name!r} exists; drop it first or pick another name")
     nodes = await table_nodes(meta)
-    candidates = [NodeCandidate(n.node_id, n.zone) for n in nodes.values()]
+    draining = await draining_nodes(meta)
+    candidates = [NodeCandidate(n.node_id, n.zone) for n in nodes.values()
+                  if n.node_id not in draining]
     existing = await all_layouts(meta)
     load = ClusterLoad.of(p.members for t in existing.values() for p in t.partitions)
     rng = random.Random(seed)

@@ -195,6 +195,9 @@ class Scheduler:
         self._moves: dict[int, _Move] = {}
         # group -> its table's replica count (the records' TableRecord.replicas)
         self.replicas_target: dict[int, int] = {}
+        # Nodes an operator is draining (``quorumlog table drain``): no new replica or
+        # leadership goes there, and their replicas move off, one move at a time.
+        self.draining: frozenset[int] = frozenset()
         self._seed = seed
 
     # ----- the view -------------------------------------------------------------
@@ -224,6 +227,14 @@ class Scheduler:
         invariant(replicas >= 1, f"group {group_id}: replica count {replicas} < 1")
         self.replicas_target[group_id] = replicas
 
+    def set_draining(self, nodes: frozenset[int]) -> None:
+        """The nodes being drained (from meta, at every record sync)."""
+        self.draining = frozenset(nodes)
+
+    def drain_remaining(self, node: int) -> int:
+        """Replicas (voters and learners) the view still places on ``node``."""
+        return sum(1 for g in self.groups.values() if node in g.voters or node in g.learners)
+
     def forget_group(self, group_id: int) -> None:
         """A dropped table's group."""
         self.groups.pop(group_id, None)
@@ -243,6 +254,10 @@ class Scheduler:
 
     def live_nodes(self, now_ms: int) -> list[NodeView]:
         return [n for _, n in sorted(self.nodes.items()) if not self.is_dead(n.node_id, now_ms)]
+
+    def placeable_nodes(self, now_ms: int) -> list[NodeView]:
+        """Live nodes that may take replicas and leaderships (not being drained)."""
+        return [n for n in self.live_nodes(now_ms) if n.node_id not in self.draining]
 
     def changes_for(self, leader: int) -> list[ScheduledChange]:
         """The pending changes of the groups ``leader`` leads (re-sent until done)."""
@@ -323,6 +338,12 @@ class Scheduler:
         if len(group.voters) < target:
             return self._add_learner(group, 0, now_ms,
                                      f"group has {len(group.voters)} of {target} replicas")
+        drained = [v for v in group.voters if v in self.draining]
+        if drained:
+            # A group of one voter cannot hand its leadership to a learner: it grows
+            # by one first, and the shrink back to its count drops the drained voter.
+            victim = drained[0] if len(group.voters) >= 2 else 0
+            return self._add_learner(group, victim, now_ms, f"drain node {drained[0]}")
         return None
 
     def _shrink(self, group: GroupView, target: int, now_ms: int) -> ScheduledChange | None:
@@ -334,6 +355,16 @@ class Scheduler:
         dead = [v for v in group.voters if self.is_dead(v, now_ms)]
         if dead:
             return self._change(group, ChangeKind.REMOVE, dead[0], reason=reason)
+        drained = [v for v in group.voters if v in self.draining]
+        if drained:
+            victim = drained[0]
+            if victim != group.leader:
+                return self._change(group, ChangeKind.REMOVE, victim,
+                                    reason=f"{reason}; drain node {victim}")
+            stay = [v for v in group.voters if v not in self.draining]
+            if stay:
+                return self._change(group, ChangeKind.TRANSFER_LEADER, stay[0],
+                                    reason=f"leader node {victim} is being drained")
         counts = self._replica_counts(now_ms)
         others = [v for v in group.voters if v != group.leader]
         invariant(bool(others), f"group {group.group_id}: no non-leader voter to remove")
@@ -345,10 +376,11 @@ class Scheduler:
         learner = group.learners[0] if move is None else move.learner
         if learner not in group.learners:
             return None
-        if self.is_dead(learner, now_ms):
+        if self.is_dead(learner, now_ms) or learner in self.draining:
             self._moves.pop(group.group_id, None)
+            why = "is dead" if self.is_dead(learner, now_ms) else "is being drained"
             return self._change(group, ChangeKind.REMOVE, learner,
-                                reason=f"learner on node {learner} is dead")
+                                reason=f"learner on node {learner} {why}")
         if move is None:  # a new meta leader found the learner: pick the voter to go
             if group.group_id not in self.replicas_target:
                 # Whether the learner grows the group or replaces a voter depends on
@@ -387,8 +419,9 @@ class Scheduler:
             return self._change(group, ChangeKind.REMOVE, learner,
                                 reason=f"learner on node {learner} did not catch up")
         if move.victim == group.leader:
-            others = [v for v in group.voters
-                      if v != move.victim and not self.is_dead(v, now_ms)]
+            others = sorted((v for v in group.voters
+                             if v != move.victim and not self.is_dead(v, now_ms)),
+                            key=lambda v: v in self.draining)
             if not others:
                 return None
             return self._change(group, ChangeKind.TRANSFER_LEADER, others[0],
@@ -406,6 +439,9 @@ class Scheduler:
         dead = [v for v in group.voters if self.is_dead(v, now_ms)]
         if dead:
             return dead[0]
+        drained = [v for v in group.voters if v in self.draining]
+        if drained:
+            return drained[0]
         counts = self._replica_counts(now_ms)
         return max(group.voters, key=lambda v: (counts.get(v, 0), v != group.leader, v))
 
@@ -414,7 +450,8 @@ class Scheduler:
         keep = [v for v in group.voters if v != victim]
         candidates = [NodeCandidate(n.node_id, n.zone) for n in self.live_nodes(now_ms)
                       if n.node_id != victim and (only is None or n.node_id in only
-                                                  or n.node_id in keep)]
+                                                  or n.node_id in keep)
+                      and (n.node_id not in self.draining or n.node_id in keep)]
         for n in keep:  # members that stay count for zones even when not live
             if n not in {c.node_id for c in candidates} and n in self.nodes:
                 candidates.append(NodeCandidate(n, self.nodes[n].zone, alive=False))
@@ -435,7 +472,7 @@ class Scheduler:
                                node_id=node, remove_node_id=remove, reason=reason)
 
     def _replica_counts(self, now_ms: int) -> dict[int, int]:
-        counts = {n.node_id: 0 for n in self.live_nodes(now_ms)}
+        counts = {n.node_id: 0 for n in self.placeable_nodes(now_ms)}
         for g in self.groups.values():
             for node in g.voters + g.learners:
                 if node in counts:
@@ -476,7 +513,7 @@ class Scheduler:
         """Move a replica of a group whose voters share a zone while a zone it lacks
         has a live node (a replacement made while a zone was down had to double up
         in another; nothing spread it again once the zone came back)."""
-        live = self.live_nodes(now_ms)
+        live = self.placeable_nodes(now_ms)
         live_zones = {n.zone for n in live}
         counts = self._replica_counts(now_ms)
         for gid in sorted(self.groups):
@@ -511,7 +548,7 @@ class Scheduler:
         return [v for g in self.groups.values() for v in g.voters if self.is_dead(v, now_ms)]
 
     def _balance_leaders(self, now_ms: int) -> ScheduledChange | None:
-        live = {n.node_id for n in self.live_nodes(now_ms)}
+        live = {n.node_id for n in self.placeable_nodes(now_ms)}
         led = {n: 0 for n in live}
         for g in self.groups.values():
             if g.leader in led:

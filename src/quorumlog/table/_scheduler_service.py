@@ -10,7 +10,8 @@ configuration other than the record's, rewrites
 ``/tables/<name>/partitions/<p>`` (members, learners, epoch) with a CAS on
 the key's version, so clients and table nodes see the new layout. The same
 pass tells the scheduler each group's replica count (the table record's
-``replicas``), which its replica-count policy restores.
+``replicas``), which its replica-count policy restores, and the nodes being
+drained (``/table-drain/<node>``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from quorumlog.table._heartbeat import (
 from quorumlog.table._layout import (
     TABLES_PREFIX,
     PartitionRecord,
+    draining_nodes,
     encode,
     group_id_of,
     parse_layouts,
@@ -126,8 +128,10 @@ class SchedulerService:
                              applied_index=g.applied.get(g.leader, 0), size_bytes=g.size_bytes,
                              change_in_progress=g.change_in_progress)
                   for _, g in sorted(scheduler.groups.items())]
+        draining = [(node, scheduler.drain_remaining(node))
+                    for node in sorted(scheduler.draining)]
         return TableScheduleResponse(leader=self._meta.host.node_id, nodes=nodes, changes=rows,
-                                     groups=groups)
+                                     groups=groups, draining=draining)
 
     # ----- partition records -------------------------------------------------------
 
@@ -144,6 +148,7 @@ class SchedulerService:
 
     async def sync_records(self, scheduler: Scheduler) -> None:
         """Write the settled configurations leaders report into the partition records."""
+        scheduler.set_draining(await draining_nodes(self._client))
         kvs = await self._client.list_keys(TABLES_PREFIX)
         layouts = parse_layouts([(kv.key, kv.value) for kv in kvs])
         versions = {kv.key: kv.version for kv in kvs}
