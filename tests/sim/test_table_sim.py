@@ -87,6 +87,17 @@ def test_a_scheduler_that_never_spreads_zones_fails_the_liveness_check(
 
 
 @pytest.mark.sim
+def test_a_scheduler_that_ignores_drains_fails_the_liveness_check(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seed 4 drains a node and ends drained: with the drain policy it settles with
+    no replica there (the default range passes), without it the check fails."""
+    assert run_table_seed(4).stats["drains"] > 0
+    monkeypatch.setattr(Scheduler, "set_draining", lambda *_args: None)
+    result = run_table_seed(4)
+    assert result.violation == "liveness-replicas" and "not drained" in result.detail
+
+
+@pytest.mark.sim
 def test_same_seed_same_run_with_or_without_trace() -> None:
     first = run_table_seed(7)
     again = run_table_seed(7, keep_trace=True)
@@ -99,7 +110,8 @@ def test_same_seed_same_run_with_or_without_trace() -> None:
 def test_without_faults_only_the_dead_node_is_replaced() -> None:
     calm = TableSimConfig(nodes=5, crash_probability_per_tick=0.0,
                           partition_probability_per_tick=0.0,
-                          failover_probability_per_tick=0.0, failover_at_heal_probability=0.0)
+                          failover_probability_per_tick=0.0, failover_at_heal_probability=0.0,
+                          drain_probability_per_tick=0.0)
     result = run_table_seed(3, calm)
     assert result.passed, result.detail
     assert result.stats["crashes"] == 1 and result.stats["records_written"] > 0

@@ -306,8 +306,8 @@ def _run_table_seeds(start: int, seeds: int, mix: str, jobs: int) -> bool:
 
     results = run_table_many(range(start, start + seeds), jobs=jobs, mix=mix)
     failures = [r for r in results if not r.passed]
-    keys: tuple[str, ...] = ("crashes", "failovers", "changes_applied", "stale_ignored",
-                             "writes_acked")
+    keys: tuple[str, ...] = ("crashes", "failovers", "drains", "changes_applied",
+                             "stale_ignored", "writes_acked")
     if mix == "dup":
         keys += ("dup_shipped_mutations", "dup_skipped_mutations", "dup_remote_outages",
                  "dup_gc_proposed", "compactions")

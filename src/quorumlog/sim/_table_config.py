@@ -59,6 +59,11 @@ class TableSimConfig(Config, frozen=True):
     partition_duration_ms_max: int = 800
     failover_probability_per_tick: float = 0.001  # a new meta leader: a fresh, empty Scheduler
     failover_at_heal_probability: float = 0.3
+    # An operator drains a node (``table drain``; at most one at a time, so that
+    # enough nodes stay placeable), or ends the drain; the settled cluster must
+    # have no replica on a drained node.
+    drain_probability_per_tick: float = 0.002
+    undrain_probability: float = 0.3  # a drain event ends the current drain instead
     compaction_probability_per_tick: float = 0.02  # a replica snapshots and compacts its log
     snapshot_min_entries: int = 5
     compaction_keep_entries_max: int = 4

@@ -123,6 +123,9 @@ _ENCODER = msgspec.msgpack.Encoder()
 # -- what travels on the network ----------------------------------------------
 
 
+DRAIN_RNG_SALT = 0x6472_6169_6E  # "drain"
+
+
 @dataclass(frozen=True, slots=True)
 class _RaftPacket:
     group_id: int
@@ -202,6 +205,7 @@ class _Stats:
     restarts: int = 0
     partitions: int = 0
     failovers: int = 0
+    drains: int = 0
     heartbeats: int = 0
     changes_issued: int = 0
     changes_started: int = 0
@@ -254,6 +258,9 @@ class TableSimulation:
         network_rng = random.Random(root.getrandbits(64))
         self._raft_seed = root.getrandbits(64)
         self._writer_rng = random.Random(root.getrandbits(64))
+        # Drains draw from a stream of their own (derived from the seed, not from
+        # ``root``): the other faults of a seed stay what they were before drains.
+        self._drain_rng = random.Random(seed ^ DRAIN_RNG_SALT)
         self._pre_vote = root.random() < 0.7
         self._check_quorum = root.random() < 0.7
         self.node_count = config.nodes or 5 + root.randrange(3)
@@ -306,6 +313,7 @@ class TableSimulation:
         self._healed = False
         self._heal_ms = -1
         self._partition_active = False
+        self.draining: set[int] = set()  # the node an operator drains (at most one)
         self._done = False
         for node in self.nodes.values():
             self._reconcile(node)
@@ -555,6 +563,7 @@ class TableSimulation:
         self.timers.schedule(self.clock.now_ms + self.config.table_heartbeat_interval_ms,
                              self._sync_records)
         changed = False
+        self.scheduler.set_draining(frozenset(self.draining))
         for gid, record in sorted(self.records.items()):
             self.scheduler.set_replicas_target(gid, self.config.replicas)
             view = self.scheduler.groups.get(gid)
@@ -730,6 +739,8 @@ class TableSimulation:
             self._start_partition()
         if rng.random() < config.failover_probability_per_tick:
             self._failover()
+        if self._drain_rng.random() < config.drain_probability_per_tick:
+            self._drain_event()
         if rng.random() < config.compaction_probability_per_tick:
             hosts = self._running_hosts()
             if hosts:
@@ -740,6 +751,21 @@ class TableSimulation:
                     self._check_floor(host)
         if self.dup is not None:
             self._remote_nemesis()
+
+    def _drain_event(self) -> None:
+        """``table drain`` of a random node (any: a dead one's replicas move too), or
+        ``table undrain`` of the drained one."""
+        rng = self._drain_rng
+        if self.draining and rng.random() < self.config.undrain_probability:
+            self._trace(f"UNDRAIN node {sorted(self.draining)[0]}")
+            self.draining.clear()
+            return
+        if self.draining:
+            return
+        node = sorted(self.nodes)[rng.randrange(len(self.nodes))]
+        self.draining.add(node)
+        self.stats.drains += 1
+        self._trace(f"DRAIN node {node}")
 
     def _running_hosts(self) -> list[SimRaftHost]:
         return [host for _, node in sorted(self.nodes.items()) if node.up
@@ -1066,10 +1092,12 @@ class TableSimulation:
         voters = sorted(conf.voters)
         if conf.is_joint or conf.learners or len(voters) != self.config.replicas:
             return f"configuration {conf} is not {self.config.replicas} settled voters"
-        if not set(voters) <= live:
-            return f"voters {voters} not all on live nodes {sorted(live)}"
+        placeable = live - self.draining
+        if not set(voters) <= placeable:
+            return (f"voters {voters} not all on live nodes not drained "
+                    f"{sorted(placeable)}")
         zones = {self.zone_of[v] for v in voters}
-        zones_possible = min(len(voters), len({self.zone_of[n] for n in live}))
+        zones_possible = min(len(voters), len({self.zone_of[n] for n in placeable}))
         if len(zones) < zones_possible:
             return (f"voters {voters} span zones {sorted(zones)}, {zones_possible} "
                     "possible over the live nodes")

@@ -339,9 +339,11 @@ class Scheduler:
             return self._add_learner(group, 0, now_ms,
                                      f"group has {len(group.voters)} of {target} replicas")
         drained = [v for v in group.voters if v in self.draining]
-        if drained:
-            # A group of one voter cannot hand its leadership to a learner: it grows
-            # by one first, and the shrink back to its count drops the drained voter.
+        if drained and not any(self.is_dead(v, now_ms) for v in group.voters):
+            # A dead voter is replaced first: a drain never removes a live voter
+            # while a dead one stays. A group of one voter cannot hand its
+            # leadership to a learner: it grows by one first, and the shrink back
+            # to its count drops the drained voter.
             victim = drained[0] if len(group.voters) >= 2 else 0
             return self._add_learner(group, victim, now_ms, f"drain node {drained[0]}")
         return None
