@@ -6,7 +6,7 @@ msgspec Struct): field names carry their unit (``segment_size_bytes``,
 ``validate()``. A TOML file is read with :mod:`tomllib`; then environment
 variables override single fields::
 
-    QUORUMLOG_WAL__SEGMENT_SIZE_BYTES=1048576   ->  [wal] segment_size_bytes
+    QUORUMLOG_TABLE__WAL_SEGMENT_SIZE_BYTES=1048576   ->  [table] wal_segment_size_bytes
 
 (prefix, then the section path and field joined by ``__``; values are parsed as
 TOML scalars, so ``true``, ``12`` and ``"text"`` all work, and a bare word is
