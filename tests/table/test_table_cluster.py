@@ -159,6 +159,18 @@ def test_local_nodes_preallocate_small_raft_segments(cluster_dir: Path,
 
 
 def _cli(cluster_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``quorumlog table ARGS`` in this process (a new interpreter per command cost
+    this test about 2 s each; tests/test_cli_entry.py covers the entry point)."""
+    from typer.testing import CliRunner
+
+    from quorumlog.cli import app
+
+    result = CliRunner().invoke(app, ["table", *args, "--dir", str(cluster_dir)])
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
+
+
+def _cli_process(cluster_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The same as a user runs it: the entry point turns errors into one line."""
     return subprocess.run([sys.executable, "-m", "quorumlog", "table", *args, "--dir",
                            str(cluster_dir)], capture_output=True, text=True, timeout=60,
                           check=False, stdin=subprocess.DEVNULL)
@@ -175,7 +187,7 @@ def test_cli_commands(cluster_dir: Path) -> None:
     assert _cli(cluster_dir, "del", "cli", "h", "s1").returncode == 0
     assert _cli(cluster_dir, "get", "cli", "h", "s1").returncode == 1
     assert _cli(cluster_dir, "incr", "cli", "h", "n", "--by", "7").stdout == "7\n"
-    missing = _cli(cluster_dir, "get", "nope", "h", "s")
+    missing = _cli_process(cluster_dir, "get", "nope", "h", "s")
     assert missing.returncode == 1 and "no table 'nope'" in missing.stderr
     assert "Traceback" not in missing.stderr
     refused = _cli(cluster_dir, "drop", "cli")  # no --yes and no answer on stdin
