@@ -59,6 +59,7 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from quorumlog import rpc
@@ -105,15 +106,22 @@ async def _cas(meta: MetaClient, key: str, expected: str | None, new: str) -> bo
     return result.succeeded
 
 
-async def _meta_client(client_id: int, members: list[str], end: float,
-                       history: list[dict[str, object]]) -> None:
-    rng = random.Random(client_id)
-    now = time.monotonic
-
+def _recorder(client_id: int, history: list[dict[str, object]]
+              ) -> Callable[[str, str, object, object, float, float | None], None]:
+    """Appends one operation of ``client_id`` to ``history`` (quorumlog.sim.Operation fields)."""
     def record(kind: str, key: str, value: object, output: object, call: float,
                ret: float | None) -> None:
         history.append({"client": client_id, "kind": kind, "key": key, "input": value,
                         "output": output, "call": call, "ret": ret})
+
+    return record
+
+
+async def _meta_client(client_id: int, members: list[str], end: float,
+                       history: list[dict[str, object]]) -> None:
+    rng = random.Random(client_id)
+    now = time.monotonic
+    record = _recorder(client_id, history)
 
     async with MetaClient(members, deadline_s=META_DEADLINE_S) as meta:
         n = 0
@@ -166,11 +174,7 @@ async def _table_client(client_id: int, tables: TableClient, end: float,
                         stop_file: Path) -> None:
     rng = random.Random(client_id)
     now = time.monotonic
-
-    def record(kind: str, key: str, value: object, output: object, call: float,
-               ret: float | None) -> None:
-        history.append({"client": client_id, "kind": kind, "key": key, "input": value,
-                        "output": output, "call": call, "ret": ret})
+    record = _recorder(client_id, history)
 
     while now() < end and not stop_file.exists():
         key = rng.choice(META_KEYS)

@@ -21,21 +21,20 @@ driving the production ready pass and the real MetaStateMachine, about 19% more 
 SEEDS_PER_CHUNK = 60
 
 
-def chunks_of(nodes: int) -> list[tuple[str, int, int, int]]:
-    """The chunks of one cluster size. The 5-node ones are in test_raft_seeds_5n.py:
-    ``--dist loadscope`` sends a module to one worker, and one module of every
-    chunk kept one worker busy for minutes at the end of the run."""
-    seeds = SEEDS_PER_MIX[nodes]
-    return [(mix, nodes, start, min(SEEDS_PER_CHUNK, seeds - start))
-            for mix in MIXES for start in range(0, seeds, SEEDS_PER_CHUNK)]
+def _chunks() -> list[tuple[str, int, int, int]]:
+    chunks = []
+    for nodes, seeds in SEEDS_PER_MIX.items():
+        for mix in MIXES:
+            for start in range(0, seeds, SEEDS_PER_CHUNK):
+                chunks.append((mix, nodes, start, min(SEEDS_PER_CHUNK, seeds - start)))
+    return chunks
 
 
-CHUNKS = chunks_of(3)
+CHUNKS = _chunks()
 
 
 def test_budget_is_at_least_two_thousand_seeds() -> None:
-    every = [chunk for nodes in SEEDS_PER_MIX for chunk in chunks_of(nodes)]
-    assert sum(count for *_, count in every) >= 2_000
+    assert sum(count for *_, count in CHUNKS) >= 2_000
 
 
 @pytest.mark.parametrize(
@@ -44,10 +43,6 @@ def test_budget_is_at_least_two_thousand_seeds() -> None:
     ids=[f"{mix}-{nodes}n-{start}" for mix, nodes, start, _ in CHUNKS],
 )
 def test_raft_seeds(mix: str, nodes: int, start: int, count: int) -> None:
-    run_chunk(mix, nodes, start, count)
-
-
-def run_chunk(mix: str, nodes: int, start: int, count: int) -> None:
     config = SimConfig(nodes=nodes)
     failures = []
     for seed in range(start, start + count):

@@ -509,10 +509,7 @@ def _with_publish_min(task: ReadTask, skip_ms: int | None) -> ReadTask:
 def _with_start_time(task: ReadTask, start_seq: int, skip_ms: int | None) -> ReadTask:
     """A start found by publish time skips earlier messages of the start ledger
     (publish times do not decrease inside a ledger)."""
-    if skip_ms is None or task.seq != start_seq:
-        return task
-    low = skip_ms if task.publish_min_ms is None else max(task.publish_min_ms, skip_ms)
-    return dataclasses.replace(task, publish_min_ms=low)
+    return task if task.seq != start_seq else _with_publish_min(task, skip_ms)
 
 
 def _prune(pruning: Pruning, item: Filter) -> None:
