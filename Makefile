@@ -5,7 +5,7 @@ setup:
 	./scripts/setup.sh
 
 test: setup
-	./scripts/uv run --frozen pytest -n 2 --dist loadscope
+	./scripts/uv run --frozen pytest -n 2 --dist loadscope --no-loadscope-reorder
 
 test-slow: setup
 	./scripts/uv run --frozen pytest -n 2 -m "slow"

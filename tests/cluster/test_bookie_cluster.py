@@ -18,6 +18,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent.parent / "bookie"))
 from server_helpers import KEY, add, check_entry, connect, read, small_bookie_config
 
+from inprocess_cli import run_cli, run_cli_process
 from quorumlog import node as cluster
 from quorumlog import rpc
 from quorumlog.bookie import run_bookie
@@ -37,14 +38,13 @@ DEADLINE_S = 30.0
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "quorumlog", *args], capture_output=True,
-                          text=True, timeout=120)
+    return run_cli(*args)  # in this process: about a second less a command
 
 
 @pytest.fixture(scope="module")
 def three_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     directory = tmp_path_factory.mktemp("bookies") / "cluster"
-    out = _cli("up", "--nodes", "3", "--dir", str(directory))
+    out = run_cli_process("up", "--nodes", "3", "--dir", str(directory), timeout_s=120)
     assert out.returncode == 0, out.stderr
     try:
         yield directory
@@ -302,12 +302,8 @@ def test_listings_fit_80_columns_and_speak_json_and_yaml(three_nodes: Path) -> N
     -o json and -o yaml carry the raw values."""
     import yaml
 
-    env = {**os.environ, "COLUMNS": "80"}
-
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "quorumlog", *args, "--dir",
-                               str(three_nodes)], capture_output=True, text=True,
-                              timeout=120, env=env)
+        return run_cli(*args, "--dir", str(three_nodes))
 
     addresses = [n.address for n in cluster.load(three_nodes)]
     for command in (("status",), ("bookie", "list")):

@@ -7,11 +7,11 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
 
+from inprocess_cli import run_cli, run_cli_process
 from quorumlog import node as cluster
 from quorumlog import rpc
 from quorumlog.ledger import LedgerClient
@@ -28,8 +28,7 @@ def meta(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "quorumlog", *args], capture_output=True,
-                          text=True, timeout=CLI_TIMEOUT_S, check=False)
+    return run_cli(*args)  # in this process: about a second less a command
 
 
 def test_binary_meta_values_are_printed_without_loss(meta: str) -> None:
@@ -78,7 +77,7 @@ def test_ledger_read_ranges_that_cannot_be_read_say_why(meta: str) -> None:
     assert (ok.returncode, ok.stdout) == (0, "e1\ne2\n")
     backwards = cli("ledger", "read", ledger_id, "--from", "2", "--to", "1", *common)
     assert backwards.returncode == 2 and "before --from" in backwards.stderr
-    past = cli("ledger", "read", ledger_id, "--to", str(2**64 - 1), *common)
+    past = run_cli_process("ledger", "read", ledger_id, "--to", str(2**64 - 1), *common)
     assert past.returncode == 2 and "last confirmed entry" in past.stderr
     assert "(3;" in past.stderr and "Traceback" not in past.stderr
     after = cli("ledger", "read", ledger_id, "--from", "9", *common)
@@ -100,17 +99,15 @@ def test_meta_member_list_shows_every_member_with_its_state(meta: str) -> None:
 def test_one_address_flag_for_every_command(meta: str) -> None:
     """--members everywhere, --meta as its alias everywhere, $QUORUMLOG_MEMBERS
     when neither is given (issue 18: ledger took --meta, all others --members)."""
-    import os
 
     assert cli("meta", "put", "/ops/flag", "v", "--meta", meta).returncode == 0
     created = cli("ledger", "create", "-e", "1", "-w", "1", "-a", "1", "--members", meta)
     assert created.returncode == 0, created.stderr
     ledger_id = created.stdout.split()[-1]
-    env = {**os.environ, "QUORUMLOG_MEMBERS": meta, "QUORUMLOG_CLUSTER_DIR": "/nonexistent"}
+    env = {"QUORUMLOG_MEMBERS": meta, "QUORUMLOG_CLUSTER_DIR": "/nonexistent"}
     for args in (("meta", "get", "/ops/flag"), ("ledger", "info", ledger_id),
                  ("stream", "list"), ("bookie", "list")):
-        done = subprocess.run([sys.executable, "-m", "quorumlog", *args], capture_output=True,
-                              text=True, timeout=CLI_TIMEOUT_S, check=False, env=env)
+        done = run_cli(*args, env=env)
         assert done.returncode == 0, (args, done.stderr)
     got = json.loads(cli("meta", "get", "/ops/flag", "--meta", meta).stdout)
     assert got["value"] == "v"
@@ -122,10 +119,8 @@ def test_ledger_info_and_list_show_an_open_ledgers_progress(meta: str) -> None:
     the tables say open / unknown instead of printing sentinels."""
     created = cli("ledger", "create", "-e", "3", "-w", "2", "-a", "2", "--members", meta)
     ledger_id = created.stdout.split()[-1]
-    appended = subprocess.run(
-        [sys.executable, "-m", "quorumlog", "ledger", "append", ledger_id, "--members", meta],
-        input="a\nbb\nccc\ndddd\n", capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
-        check=False)
+    appended = run_cli("ledger", "append", ledger_id, "--members", meta,
+                       stdin="a\nbb\nccc\ndddd\n")
     assert appended.returncode == 0, appended.stderr
     info = json.loads(cli("ledger", "info", ledger_id, "--json", "--members", meta).stdout)
     assert info["state"] == "OPEN" and info["last_add_confirmed"] >= 2  # LAC trails by one
@@ -143,9 +138,7 @@ def test_ledger_info_and_list_show_an_open_ledgers_progress(meta: str) -> None:
 
 def test_meta_txn_reads_etcdctl_syntax_from_stdin(meta: str) -> None:
     def txn(text: str, *extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "quorumlog", "meta", "txn", "--members",
-                               meta, *extra], input=text, capture_output=True, text=True,
-                              timeout=CLI_TIMEOUT_S, check=False)
+        return run_cli("meta", "txn", "--members", meta, *extra, stdin=text)
 
     lock = 'version("/ops/txn/lock") = "0"\n\nput /ops/txn/lock me\nget /ops/txn/lock\n\n' \
            'get /ops/txn/lock\n'
@@ -161,7 +154,8 @@ def test_meta_txn_reads_etcdctl_syntax_from_stdin(meta: str) -> None:
     assert swapped.returncode == 0 and swapped.stdout.splitlines() == ["SUCCESS", "OK", "0"]
     got = json.loads(cli("meta", "get", "/ops/txn/lock", "--members", meta).stdout)
     assert got["value"] == "you and me"
-    bad = txn('value(/ops/txn/lock) = me\n\nput /k v\n')
+    bad = run_cli_process("meta", "txn", "--members", meta,
+                          stdin='value(/ops/txn/lock) = me\n\nput /k v\n')
     assert bad.returncode != 0 and "line 1" in bad.stderr and "Traceback" not in bad.stderr
     worse = txn('\n\nfrobnicate /k\n')
     assert worse.returncode != 0 and "not a request" in worse.stderr

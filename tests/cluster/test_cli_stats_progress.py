@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import pytest
 import yaml  # type: ignore[import-untyped]
 
+from inprocess_cli import run_cli
 from quorumlog import node as cluster
 from quorumlog.ledger import BlockingLedgerClient
 from quorumlog.stream import BlockingStreamClient, ConsumerConfig, ProducerConfig, StreamConfig
@@ -44,6 +45,10 @@ def meta(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def cli(*args: str, terminal: bool = False) -> subprocess.CompletedProcess[str]:
+    """On a terminal: a new process (rich decides at start-up); otherwise the
+    same app in this process, without the terminal's variables."""
+    if not terminal:
+        return run_cli(*args, env=dict.fromkeys(("FORCE_COLOR", *TERMINAL_ENV)))
     env = {k: v for k, v in os.environ.items()
            if k not in ("FORCE_COLOR", *TERMINAL_ENV)}
     env["COLUMNS"] = str(TERMINAL_COLUMNS)

@@ -8,22 +8,22 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from inprocess_cli import run_cli, run_cli_process
 from quorumlog import node as cluster
 from quorumlog.node import NodeInfo
 
 CLI_TIMEOUT_S = 120.0
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run the CLI; its output with whitespace runs as single spaces (rich wraps lines)."""
-    out = subprocess.run([sys.executable, "-m", "quorumlog", *args], capture_output=True,
-                         text=True, timeout=CLI_TIMEOUT_S, stdin=subprocess.DEVNULL)
+def cli(*args: str, process: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run the CLI (in this process unless ``process``); its output with
+    whitespace runs as single spaces (rich wraps lines)."""
+    out = (run_cli_process(*args, timeout_s=CLI_TIMEOUT_S) if process else run_cli(*args))
     return subprocess.CompletedProcess(out.args, out.returncode, " ".join(out.stdout.split()),
                                        " ".join(out.stderr.split()))
 
@@ -80,7 +80,7 @@ def test_restart_of_a_node_that_dies_at_once_fails_with_its_error_line(
 
 def test_stop_one_node(one_node: tuple[Path, NodeInfo]) -> None:
     directory, node = one_node
-    unknown = cli("stop", "--node", "9", "--dir", str(directory))
+    unknown = cli("stop", "--node", "9", "--dir", str(directory), process=True)
     assert unknown.returncode == 1 and "no node 9" in unknown.stderr, unknown
     stopped = cli("stop", "--node", str(node.id), "--dir", str(directory))
     assert stopped.returncode == 0, stopped.stderr

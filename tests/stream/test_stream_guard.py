@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from inprocess_cli import run_cli
 from quorumlog import node as cluster
 from quorumlog import rpc
 from quorumlog.errors import UsageError
@@ -254,7 +255,7 @@ def test_deleting_a_stream_ledger_needs_force(meta: list[str]) -> None:
 
     ledger_id = rpc.run(setup())
     members = ",".join(meta)
-    result = quorumlog("ledger", "delete", str(ledger_id), "--yes", "--meta", members)
+    result = run_cli("ledger", "delete", str(ledger_id), "--yes", "--meta", members)
     assert result.returncode == 1
     assert "stream 'owned'" in result.stderr and "--force" in result.stderr
 
@@ -264,8 +265,8 @@ def test_deleting_a_stream_ledger_needs_force(meta: list[str]) -> None:
             assert await values(client, "owned", 1) == [b"keep"]
 
     rpc.run(still_there())
-    result = quorumlog("ledger", "delete", str(ledger_id), "--yes", "--meta", members,
-                       "--force")
+    result = run_cli("ledger", "delete", str(ledger_id), "--yes", "--meta", members,
+                     "--force")
     assert result.returncode == 0, result.stderr
 
     async def gone() -> None:
@@ -290,8 +291,8 @@ def test_cli_produce_adds_a_ledger_only_to_the_partition_it_writes(meta: list[st
     members = ",".join(meta)
     partitions = set()
     for i in range(3):
-        result = quorumlog("stream", "produce", "short", f"v{i}", "--key", "k",
-                           "--members", members)
+        result = run_cli("stream", "produce", "short", f"v{i}", "--key", "k",
+                         "--members", members)
         assert result.returncode == 0, result.stderr
         partitions.add(json.loads(result.stdout)["partition"])
     assert len(partitions) == 1
