@@ -1,6 +1,8 @@
 """The ``netns_cluster`` fixture: three "hosts" in network namespaces (harness.py);
 ``netns_cluster4``: four (a 2|2 split leaves no side a meta majority);
-``netns_table_cluster``: three that are table nodes too."""
+``netns_table_cluster``: three that are table nodes too;
+``netns_dup_clusters``: two one-node clusters (cluster ids 1 and 2) that know
+each other for duplication."""
 
 from __future__ import annotations
 
@@ -12,12 +14,12 @@ import pytest
 from .harness import NetnsCluster, availability
 
 
-def _cluster(directory: Path, nodes: int,
-             roles: tuple[str, ...] = ("meta", "bookie")) -> Iterator[NetnsCluster]:
+def _cluster(directory: Path, nodes: int, roles: tuple[str, ...] = ("meta", "bookie"),
+             clusters: list[list[int]] | None = None) -> Iterator[NetnsCluster]:
     reason = availability()
     if reason is not None:
         pytest.skip(reason)
-    cluster = NetnsCluster(directory, nodes=nodes, roles=roles)
+    cluster = NetnsCluster(directory, nodes=nodes, roles=roles, clusters=clusters)
     try:
         cluster.start()
         yield cluster
@@ -39,3 +41,9 @@ def netns_cluster4(tmp_path: Path) -> Iterator[NetnsCluster]:
 def netns_table_cluster(tmp_path: Path) -> Iterator[NetnsCluster]:
     """Three hosts, each also a table node."""
     yield from _cluster(tmp_path / "cluster", 3, ("meta", "bookie", "table"))
+
+
+@pytest.fixture
+def netns_dup_clusters(tmp_path: Path) -> Iterator[NetnsCluster]:
+    """Hosts 1 and 2, each a cluster of its own (meta, bookie, table)."""
+    yield from _cluster(tmp_path / "cluster", 2, ("meta", "bookie", "table"), [[1], [2]])

@@ -139,7 +139,8 @@ def node_address(node_id: int) -> str:
 
 
 def node_toml(node_id: int, data_dir: Path, members: str, bootstrap: bool = True, *,
-              roles: Sequence[str] = ("meta", "bookie")) -> str:
+              roles: Sequence[str] = ("meta", "bookie"), extra: str = "") -> str:
+    """A node's TOML; ``extra`` is appended (sections of its own)."""
     host = node_address(node_id)
     role_list = ", ".join(f'"{role}"' for role in roles)
     return (
@@ -150,26 +151,37 @@ def node_toml(node_id: int, data_dir: Path, members: str, bootstrap: bool = True
         f"roles = [{role_list}]\n\n"
         f"[meta]\nmembers = [{members}]\nbootstrap = {str(bootstrap).lower()}\n\n"
         f"[bookie]\nlabels = {{ rack = \"rack-{node_id}\", zone = \"zone-1\" }}\n"
-        + BOOKIE_TOML
+        + BOOKIE_TOML + extra
     )
 
 
 class NetnsCluster:
-    """``nodes`` quorumlog nodes, each in its own namespace, and a client namespace."""
+    """``nodes`` quorumlog nodes, each in its own namespace, and a client namespace.
+
+    With ``clusters`` (lists of node ids, e.g. ``[[1], [2]]``) the nodes form that
+    many quorumlog clusters on the one network: each has its own meta group,
+    ``[table] cluster_id`` = its place in the list + 1, and names every other as
+    ``[clusters] c<id>`` (their meta addresses), ready for duplication
+    (docs/duplication.md)."""
 
     def __init__(self, directory: Path, nodes: int = 3, *,
-                 roles: Sequence[str] = ("meta", "bookie")) -> None:
+                 roles: Sequence[str] = ("meta", "bookie"),
+                 clusters: Sequence[Sequence[int]] | None = None) -> None:
         if not 1 <= nodes <= NODES_MAX:
             raise ValueError(f"nodes must be in 1..{NODES_MAX}")
         self.directory = directory.resolve()
         self.roles = tuple(roles)
         self.node_ids = list(range(1, nodes + 1))
+        self.clusters = [list(group) for group in clusters or [self.node_ids]]
+        if sorted(i for group in self.clusters for i in group) != self.node_ids:
+            raise ValueError(f"clusters {self.clusters} must split nodes 1..{nodes}")
         self.tag = f"{PREFIX}{os.getpid()}"
         self.bridge = f"{self.tag}-br"
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self._namespaces: list[str] = []
         # (namespace host, direction, peer address) drop rules now in force
         self._drops: set[tuple[int, str, str]] = set()
+        self._reset = False  # TCP answered with a reset instead of dropped (partition)
 
     # -- names and addresses ------------------------------------------------
 
@@ -187,6 +199,26 @@ class NetnsCluster:
     def meta_members(self) -> str:
         """Comma-separated advertised meta addresses (the CLI's --members/--meta)."""
         return ",".join(self.rpc_address(i) for i in self.node_ids)
+
+    def cluster_members(self, cluster: int) -> str:
+        """``meta_members`` of cluster ``cluster`` (1-based, as its cluster id)."""
+        return ",".join(self.rpc_address(i) for i in self.clusters[cluster - 1])
+
+    def cluster_of(self, node_id: int) -> int:
+        return next(n for n, group in enumerate(self.clusters, 1) if node_id in group)
+
+    def _clusters_toml(self, node_id: int) -> str:
+        if len(self.clusters) == 1:
+            return ""
+        own = self.cluster_of(node_id)
+        lines = [f"\n[table]\ncluster_id = {own}\ndup_refresh_interval_ms = 200\n"
+                 "dup_remote_deadline_s = 2.0\n",  # calls fail inside a cut, and retry
+                 "\n[clusters]\n"]
+        for n, group in enumerate(self.clusters, 1):
+            if n != own:
+                addresses = ", ".join(f'"{self.rpc_address(i)}"' for i in group)
+                lines.append(f"c{n} = [{addresses}]\n")
+        return "".join(lines)
 
     def config_path(self, node_id: int) -> Path:
         return self.directory / f"node-{node_id}" / "node.toml"
@@ -211,12 +243,14 @@ class NetnsCluster:
         self.wait_healthy(UP_TIMEOUT_S)
 
     def write_config(self, node_id: int, *, bootstrap: bool = True) -> None:
-        """Node ``node_id``'s TOML, listing every node of the cluster as a meta member."""
-        members = ", ".join(f'"{i}={self.rpc_address(i)}"' for i in self.node_ids)
+        """Node ``node_id``'s TOML, listing every node of its cluster as a meta member."""
+        group = self.clusters[self.cluster_of(node_id) - 1]
+        members = ", ".join(f'"{i}={self.rpc_address(i)}"' for i in group)
         node_dir = self.config_path(node_id).parent
         node_dir.mkdir(parents=True, exist_ok=True)
         self.config_path(node_id).write_text(
-            node_toml(node_id, node_dir / "data", members, bootstrap, roles=self.roles))
+            node_toml(node_id, node_dir / "data", members, bootstrap, roles=self.roles,
+                      extra=self._clusters_toml(node_id)))
 
     def add_node(self, node_id: int) -> None:
         """A new host joining a running cluster (docs/deploy.md, "Adding and removing
@@ -225,6 +259,7 @@ class NetnsCluster:
         if node_id in self.node_ids or not 1 <= node_id <= NODES_MAX:
             raise ValueError(f"node {node_id} exists or is out of 1..{NODES_MAX}")
         self.node_ids.append(node_id)
+        self.clusters[0].append(node_id)
         self._add_host(node_id)
         self.write_config(node_id, bootstrap=False)
         self.start_node(node_id)
@@ -233,6 +268,7 @@ class NetnsCluster:
         """Stop node ``node_id`` and forget it (its namespace stays until close)."""
         self.kill(node_id, signal.SIGTERM)
         self.node_ids.remove(node_id)
+        self.clusters[self.cluster_of(node_id) - 1].remove(node_id)
         del self.procs[node_id]
         self._write_cluster_file()
 
@@ -337,8 +373,9 @@ class NetnsCluster:
                     raise RuntimeError(f"node {node_id} exited ({proc.returncode}): "
                                        f"{self.log_path(node_id).read_text()[-3000:]}")
             rows = self.status()
-            leaders = {r.get("leader") for r in rows}
-            if (len(leaders) == 1 and None not in leaders
+            leaders = [{r.get("leader") for r in rows if r["id"] in group}
+                       for group in self.clusters]
+            if (all(len(known) == 1 and None not in known for known in leaders)
                     and all(r.get("bookie", {}).get("state") == "writable" for r in rows)):
                 return
             time.sleep(POLL_INTERVAL_S)
@@ -351,9 +388,14 @@ class NetnsCluster:
         others = [h for h in [*self.node_ids, CLIENT] if h != node_id]
         self.partition([node_id], others)
 
-    def partition(self, side_a: Iterable[int], side_b: Iterable[int]) -> None:
+    def partition(self, side_a: Iterable[int], side_b: Iterable[int], *,
+                  reset: bool = False) -> None:
         """No packet between a host of ``side_a`` and a host of ``side_b`` (either
-        way); hosts in neither side (the client, unless named) reach everyone."""
+        way); hosts in neither side (the client, unless named) reach everyone.
+        With ``reset`` a TCP segment is answered with a reset instead (a firewall
+        that rejects: connections fail at once, nothing sent gets through later);
+        it applies to every rule in force until ``heal``."""
+        self._reset = self._reset or reset
         a, b = list(side_a), list(side_b)
         for x in a:
             for y in b:
@@ -372,6 +414,7 @@ class NetnsCluster:
         """Remove every fault rule."""
         hosts = {host for host, _, _ in self._drops}
         self._drops.clear()
+        self._reset = False
         self._apply(hosts)
 
     def _apply(self, hosts: Iterable[int]) -> None:
@@ -379,7 +422,13 @@ class NetnsCluster:
             chains = []
             for direction, field in (("input", "saddr"), ("output", "daddr")):
                 peers = sorted(p for h, d, p in self._drops if h == host and d == direction)
-                rule = f"ip {field} {{ {', '.join(peers)} }} drop" if peers else ""
+                match = f"ip {field} {{ {', '.join(peers)} }}"
+                # With resets: a segment either way is answered with a RST (the
+                # RSTs themselves pass, or no socket would hear of them).
+                rule = "" if not peers else (
+                    f"{match} tcp flags & rst == rst accept\n"
+                    f"    {match} meta l4proto tcp reject with tcp reset\n    {match} drop"
+                    if self._reset else f"{match} drop")
                 chains.append(f"  chain {direction} {{\n    type filter hook {direction} "
                               f"priority 0; policy accept;\n    {rule}\n  }}\n")
             script = (f"table inet {FAULT_TABLE}\ndelete table inet {FAULT_TABLE}\n"

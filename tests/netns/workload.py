@@ -43,6 +43,13 @@ again from the earliest (each reader's view is checked on its own).
 ``stream-final MEMBERS STREAM``: read everything from the earliest message
 until the stream is quiet; print ``{"consumed": [values...]}``.
 
+``dup-writer MEMBERS TABLE TAG STOP_FILE``: sets ``TAG<i>`` one at a time until
+STOP_FILE exists; print the acknowledged ones with their ``time.monotonic()``
+(one clock for every namespace) and the ones without an answer
+(test_netns_dup.py).
+
+``table-dump MEMBERS TABLE``: print every live record of TABLE with its timetag.
+
 ``table MEMBERS STOP_FILE CLIENTS``: on table ``jepsen`` (made by the test: one
 partition, its keys set to 0), concurrent get/set/check_and_set/incr clients
 until STOP_FILE exists (at most TABLE_RUN_MAX_S); print ``{"history": [...]}``
@@ -229,6 +236,49 @@ def table_workload(members: list[str], stop_file: Path, clients: int) -> None:
     emit({"history": history, "incr_unknown": len(unknown_incrs)})
 
 
+DUP_WRITE_INTERVAL_S = 0.005  # pacing of a duplication writer, so a run stays small
+
+
+def dup_writer(members: list[str], table: str, tag: str, stop_file: Path) -> None:
+    """Sets ``TAG<i>`` (value: the same) on 13 hash keys until STOP_FILE exists;
+    print ``{"acked": [[i, monotonic time], ...], "unknown": [i, ...]}``."""
+    acked: list[list[float]] = []
+    unknown: list[int] = []
+
+    async def main() -> None:
+        end = time.monotonic() + TABLE_RUN_MAX_S
+        async with TableClient(members, request_timeout_s=TABLE_REQUEST_TIMEOUT_S,
+                               deadline_s=TABLE_DEADLINE_S) as tables:
+            i = 0
+            while time.monotonic() < end and not stop_file.exists():
+                key = f"{tag}{i}".encode()
+                try:
+                    await tables.set(table, b"h%d" % (i % 13), key, key)
+                    acked.append([i, time.monotonic()])
+                except QuorumlogError:
+                    unknown.append(i)
+                i += 1
+                await asyncio.sleep(DUP_WRITE_INTERVAL_S)
+
+    rpc.run(main())
+    emit({"acked": acked, "unknown": unknown})
+
+
+def table_dump(members: list[str], table: str) -> None:
+    """Print ``{"records": [[hash_key, sort_key, value, timetag], ...]}`` (bytes as
+    latin-1 text): every live record of every partition, read from the leaders."""
+
+    async def main() -> list[list[object]]:
+        async with TableClient(members) as tables:
+            partitions = (await tables.table_info(table)).record.partitions
+            return [[item.hash_key.decode("latin-1"), item.sort_key.decode("latin-1"),
+                     item.value.decode("latin-1"), item.timetag]
+                    for partition in range(partitions)
+                    async for item in tables.scan_records(table, partition)]
+
+    emit({"records": sorted(rpc.run(main()))})  # type: ignore[type-var]
+
+
 def failure(error: QuorumlogError) -> dict[str, str]:
     return {"error": type(error).__name__, "message": str(error)[:300]}
 
@@ -381,6 +431,10 @@ def main(argv: list[str]) -> None:
         stream_final(members, argv[2])
     elif mode == "table":
         table_workload(members, Path(argv[2]), int(argv[3]))
+    elif mode == "dup-writer":
+        dup_writer(members, argv[2], argv[3], Path(argv[4]))
+    elif mode == "table-dump":
+        table_dump(members, argv[2])
     else:
         raise SystemExit(f"unknown workload {mode!r}")
 

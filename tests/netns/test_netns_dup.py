@@ -1,0 +1,131 @@
+"""Duplication between two clusters through a real network partition (Pegasus's
+cross-cluster duplication, docs/duplication.md): two one-node clusters, each in
+its own network namespace, duplicate one table both ways while a writer on the
+client host sets keys on each. The link between the clusters is cut while the
+client still reaches both: first packets are dropped (the shipper's calls time
+out; TCP would deliver their bytes after the heal), then TCP is answered with
+resets (calls fail at once and nothing sent gets through: a shipper that gave
+up on a block would lose it). Then the link heals.
+
+What must hold (DESIGN.md §2, "duplicated tables converge"):
+- local writes go on on both sides while the remote is unreachable;
+- the cut is real: records written in it are missing on the other side until
+  the heal;
+- after the heal both clusters hold the same records with the same timetags,
+  every acknowledged write among them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from .harness import NetnsCluster
+
+WORKLOAD = Path(__file__).with_name("workload.py")
+TABLE = "dupnet"
+BEFORE_S = 3.0  # both ways duplicating before the cut
+CUT_S = 8.0  # several of the shipper's call timeouts
+AFTER_S = 2.0
+CONVERGE_DEADLINE_S = 90.0
+SETUP_DEADLINE_S = 90.0
+POLL_INTERVAL_S = 1.0
+MARGIN_S = 1.0  # a write acked this long into the cut cannot have crossed it
+
+
+def _ok(out: subprocess.CompletedProcess[str]) -> str:
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def _until_ok(c: NetnsCluster, *args: str) -> None:
+    """A CLI command retried until it succeeds (table nodes register a moment
+    after their node starts)."""
+    deadline = time.monotonic() + SETUP_DEADLINE_S
+    while (out := c.cli(*args)).returncode != 0:
+        assert time.monotonic() < deadline, f"{args}: {out.stderr[-2000:]}"
+        time.sleep(0.5)
+
+
+def _dump(c: NetnsCluster, members: str) -> dict[tuple[str, str], tuple[str, int]]:
+    proc = c.client_process([str(WORKLOAD), "table-dump", members, TABLE])
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr[-3000:]
+    records = json.loads(stdout.splitlines()[-1])["records"]
+    return {(h, s): (v, t) for h, s, v, t in records}
+
+
+@pytest.mark.timeout(600)
+def test_duplication_converges_after_a_partition_between_the_clusters(
+        netns_dup_clusters: NetnsCluster) -> None:
+    c = netns_dup_clusters
+    one, two = c.cluster_members(1), c.cluster_members(2)
+    for members in (one, two):
+        _until_ok(c, "table", "create", TABLE, "--partitions", "2", "--replicas", "1",
+                  "--members", members)
+    _ok(c.cli("dup", "add", TABLE, "--remote", "c2", "--members", one))
+    _ok(c.cli("dup", "add", TABLE, "--remote", "c1", "--members", two))
+
+    stop_file = c.directory / "dup-writers.stop"
+    writers = {tag: c.client_process([str(WORKLOAD), "dup-writer", members, TABLE, tag,
+                                      str(stop_file)])
+               for tag, members in (("a", one), ("b", two))}
+    try:
+        time.sleep(BEFORE_S)
+        cut_at = time.monotonic()
+        c.partition(c.clusters[0], c.clusters[1])  # the client still reaches both
+        time.sleep(CUT_S / 2)  # dropped: the shipper's calls time out, their bytes wait
+        c.partition(c.clusters[0], c.clusters[1], reset=True)
+        time.sleep(CUT_S / 2)  # rejected: calls fail at once and nothing gets through
+        in_the_cut = {"one": _dump(c, one), "two": _dump(c, two)}
+        healed_at = time.monotonic()
+        c.heal()
+        time.sleep(AFTER_S)
+        stop_file.touch()
+        outcomes = {}
+        for tag, proc in writers.items():
+            stdout, stderr = proc.communicate(timeout=120)
+            assert proc.returncode == 0, stderr[-3000:]
+            outcomes[tag] = json.loads(stdout.splitlines()[-1])
+    finally:
+        for proc in writers.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    acked = {tag: {f"{tag}{i}": at for i, at in out["acked"]} for tag, out in outcomes.items()}
+    for tag, keys in acked.items():
+        during = [k for k, at in keys.items() if cut_at < at < healed_at]
+        assert len(during) > 20, f"writer {tag}: {len(during)} writes acked in the cut"
+    # The cut held: what one side acked well inside it had not reached the other.
+    for tag, local, remote in (("a", "one", "two"), ("b", "two", "one")):
+        crossed_late = [k for k, at in acked[tag].items()
+                        if cut_at + MARGIN_S < at < healed_at - MARGIN_S
+                        and any(key[1] == k for key in in_the_cut[remote])]
+        held_local = [k for k, at in acked[tag].items() if at < healed_at - MARGIN_S
+                      if any(key[1] == k for key in in_the_cut[local])]
+        assert not crossed_late, f"{tag}'s writes crossed the cut: {crossed_late[:5]}"
+        assert held_local, f"cluster {local} held none of its own writes in the cut"
+
+    deadline = time.monotonic() + CONVERGE_DEADLINE_S
+    while True:
+        left, right = _dump(c, one), _dump(c, two)
+        if left == right and all(len(left) >= len(keys) for keys in acked.values()):
+            break
+        assert time.monotonic() < deadline, (
+            f"not converged {CONVERGE_DEADLINE_S:.0f} s after the heal: {len(left)} vs "
+            f"{len(right)} records, e.g. {sorted(set(left) ^ set(right))[:5]}")
+        time.sleep(POLL_INTERVAL_S)
+    held = {sort_key: value for (_, sort_key), (value, _) in left.items()}
+    for tag, keys in acked.items():
+        lost = [k for k in keys if held.get(k) != k]
+        assert not lost, f"{len(lost)} acknowledged writes of {tag} missing: {lost[:5]}"
+    sources = {timetag >> 1 & 0x7F for _, timetag in left.values()}
+    assert sources == {1, 2}, sources
+    print(f"netns dup: {len(left)} records converged; acked a={len(acked['a'])} "
+          f"b={len(acked['b'])}, unknown a={len(outcomes['a']['unknown'])} "
+          f"b={len(outcomes['b']['unknown'])}")
