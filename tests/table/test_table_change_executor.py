@@ -71,3 +71,58 @@ async def _stale_and_current(root: Path) -> None:
 
 def test_a_stale_epoch_change_is_ignored_and_a_current_one_applies(tmp_path: Path) -> None:
     rpc.run(_stale_and_current(tmp_path))
+
+
+async def _transfer_to_a_silent_voter(root: Path) -> None:
+    """Voters 1, 2 (real hosts over rpc) and 3 (an address nothing listens on):
+    1 and 2 form the quorum. A leader transfer to 3 would stop the group's
+    proposals until it timed out (found by the netns Jepsen run with 3
+    partitions: the scheduler balanced leaders onto a node cut off from its
+    peers, again and again, and writes stalled for the whole fault)."""
+    from quorumlog.node._cluster import free_ports
+
+    ports = free_ports(3)
+    addresses = {i + 1: f"127.0.0.1:{port}" for i, port in enumerate(ports)}
+    config = HostConfig(tick_interval_ms=20, election_timeout_ticks=10)
+    hosts, servers = [], []
+    try:
+        for node_id in (1, 2):
+            host = RaftHost(node_id, addresses, root / f"n{node_id}", config=config)
+            server = rpc.Server(host.handlers())
+            await server.start("127.0.0.1", ports[node_id - 1])
+            await host.start()
+            host.add_group(GROUP, {1, 2, 3}, Machine())
+            hosts.append(host)
+            servers.append(server)
+        leader = hosts[0]
+        await _until(lambda: any(h.group(GROUP).node.role is Role.LEADER for h in hosts),
+                     "a leader")
+        leader = next(h for h in hosts if h.group(GROUP).node.role is Role.LEADER)
+        node = leader.group(GROUP).node
+        peer = 3 - leader.node_id  # the other live voter
+        await _until(lambda: node.recently_active(peer) and not node.recently_active(3),
+                     "the live peer heard and voter 3 silent for a check-quorum period")
+        executor = ChangeExecutor(leader)
+        try:
+            silent = ScheduledChange(group_id=GROUP, epoch=node.epoch,
+                                     kind=ChangeKind.TRANSFER_LEADER, node_id=3)
+            assert executor.submit(silent) is ChangeOutcome.TARGET_SILENT
+            assert node.lead_transferee == 0
+            await leader.propose(GROUP, b"still taking writes")
+            live = ScheduledChange(group_id=GROUP, epoch=node.epoch,
+                                   kind=ChangeKind.TRANSFER_LEADER, node_id=peer)
+            assert executor.submit(live) is ChangeOutcome.STARTED
+            other = next(h for h in hosts if h is not leader)
+            await _until(lambda: other.group(GROUP).node.role is Role.LEADER,
+                         f"node {peer} leading after the transfer")
+        finally:
+            await executor.close()
+    finally:
+        for server in servers:
+            await server.close()
+        for host in hosts:
+            await host.close()
+
+
+def test_a_leader_transfer_to_a_voter_the_leader_cannot_hear_is_refused(tmp_path: Path) -> None:
+    rpc.run(_transfer_to_a_silent_voter(tmp_path))

@@ -283,6 +283,19 @@ class RaftNode:
     def lead_transferee(self) -> int:
         return self._lead_transferee
 
+    def recently_active(self, node_id: int) -> bool:
+        """On the leader: whether ``node_id`` has answered since the last check
+        of the quorum (within about an election timeout, with ``check_quorum``;
+        without it, ever). False on a follower or for a node not in the group.
+        A leader transfer to a node that is not is bound to time out, and the
+        group takes no proposals meanwhile."""
+        if self._role != Role.LEADER:
+            return False
+        if node_id == self._id:
+            return True
+        pr = self._tracker.progress.get(node_id)
+        return pr is not None and pr.recent_active
+
     def status(self) -> dict[str, Any]:
         """A plain snapshot of the state for metrics, the CLI and tests."""
         cs = self.conf_state

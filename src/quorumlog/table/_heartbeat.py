@@ -104,6 +104,7 @@ class ChangeOutcome(StrEnum):
     NOT_LEADER = "not_leader"
     NOT_HOSTED = "not_hosted"
     BUSY = "busy"
+    TARGET_SILENT = "target_silent"  # a leader transfer to a node the leader cannot hear
 
 
 class ChangeExecutor:
@@ -126,6 +127,9 @@ class ChangeExecutor:
             _log.info("table_change_ignored_stale_epoch", group=change.group_id,
                       kind=change.kind.value, change_epoch=change.epoch,
                       group_epoch=self.host.group(change.group_id).node.epoch)
+        elif outcome is ChangeOutcome.TARGET_SILENT:
+            _log.info("table_change_refused_target_silent", group=change.group_id,
+                      kind=change.kind.value, node=change.node_id, reason=change.reason)
         return outcome
 
     def _check(self, change: ScheduledChange, *, running: bool = False) -> ChangeOutcome:
@@ -180,6 +184,13 @@ def change_outcome(node: RaftNode | None, change: ScheduledChange) -> ChangeOutc
         return ChangeOutcome.NOT_LEADER
     if node.epoch != change.epoch:
         return ChangeOutcome.STALE_EPOCH
+    if change.kind is ChangeKind.TRANSFER_LEADER and not node.recently_active(change.node_id):
+        # The scheduler balances leaders by heartbeats to meta, which a node cut
+        # from its peers (or silent for less than node_dead_after_ms) still
+        # passes. A transfer to it would stop the group's proposals until it
+        # timed out, and the scheduler would ask again: writes stalled for as
+        # long as the node stayed cut off (tests/netns/test_netns_jepsen.py).
+        return ChangeOutcome.TARGET_SILENT
     return ChangeOutcome.STARTED
 
 
