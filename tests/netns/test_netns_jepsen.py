@@ -227,8 +227,18 @@ def test_table_of_three_partitions_linearizable_through_leader_partitions(
     _table_run(netns_table_cluster, 2, partitions=3)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_table_of_three_partitions_linearizable_through_deaf_and_mute_leaders(
+        netns_table_cluster: NetnsCluster) -> None:
+    """The node leading the most partitions goes deaf (sends, hears nothing:
+    its followers keep getting heartbeats, so only its check-quorum ends its
+    leadership) or mute (hears, cannot send), twice each."""
+    _table_run(netns_table_cluster, 2, partitions=3, isolate=False, one_way=True)
+
+
 def _table_run(c: NetnsCluster, rounds: int, *, isolate: bool = True,
-               partitions: int = 1) -> None:
+               partitions: int = 1, one_way: bool = False) -> None:
     make_table(c, partitions)
     stop_file = c.directory / "table-workload.stop"
     proc = c.client_process([str(WORKLOAD), "table", c.meta_members, str(stop_file),
@@ -242,6 +252,12 @@ def _table_run(c: NetnsCluster, rounds: int, *, isolate: bool = True,
                 assert leader is not None, "no partition leader between faults"
                 hold(c, windows, "leader isolated", PARTITION_HOLD_S,
                      partial(c.isolate, leader))
+            if one_way:
+                for name, fault in (("deaf leader", deaf), ("mute leader", mute)):
+                    leader = table_leader(c)
+                    assert leader is not None, "no partition leader between faults"
+                    hold(c, windows, name, PARTITION_HOLD_S, partial(fault, c, leader))
+                continue
             leader = table_leader(c)
             assert leader is not None, "no partition leader between faults"
             others = [n for n in c.node_ids if n != leader]
