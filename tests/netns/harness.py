@@ -166,13 +166,17 @@ class NetnsCluster:
 
     def __init__(self, directory: Path, nodes: int = 3, *,
                  roles: Sequence[str] = ("meta", "bookie"),
-                 clusters: Sequence[Sequence[int]] | None = None) -> None:
+                 clusters: Sequence[Sequence[int]] | None = None,
+                 extra_toml: str = "") -> None:
         if not 1 <= nodes <= NODES_MAX:
             raise ValueError(f"nodes must be in 1..{NODES_MAX}")
         self.directory = directory.resolve()
         self.roles = tuple(roles)
         self.node_ids = list(range(1, nodes + 1))
         self.clusters = [list(group) for group in clusters or [self.node_ids]]
+        self.extra_toml = extra_toml  # appended to every node's TOML (one cluster only)
+        if extra_toml and len(self.clusters) > 1:
+            raise ValueError("extra_toml is for a single cluster")
         if sorted(i for group in self.clusters for i in group) != self.node_ids:
             raise ValueError(f"clusters {self.clusters} must split nodes 1..{nodes}")
         self.tag = f"{PREFIX}{os.getpid()}"
@@ -250,7 +254,7 @@ class NetnsCluster:
         node_dir.mkdir(parents=True, exist_ok=True)
         self.config_path(node_id).write_text(
             node_toml(node_id, node_dir / "data", members, bootstrap, roles=self.roles,
-                      extra=self._clusters_toml(node_id)))
+                      extra=self._clusters_toml(node_id) + self.extra_toml))
 
     def add_node(self, node_id: int) -> None:
         """A new host joining a running cluster (docs/deploy.md, "Adding and removing

@@ -237,6 +237,73 @@ def test_table_of_three_partitions_linearizable_through_deaf_and_mute_leaders(
     _table_run(netns_table_cluster, 2, partitions=3, isolate=False, one_way=True)
 
 
+REPLACED_DEADLINE_S = 45.0
+
+
+def partition_members(c: NetnsCluster) -> list[list[int]] | None:
+    out = c.cli("table", "info", TABLE, "--members", c.meta_members, "-o", "json")
+    if out.returncode != 0:
+        return None
+    return [sorted(g["members"]) for g in json.loads(out.stdout)["partition_groups"]]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_table_replicas_of_a_cut_off_node_are_replaced_while_it_lives(
+        netns_table_cluster4: NetnsCluster) -> None:
+    """Four table hosts, 4 partitions x 3 replicas; the node leading the most
+    partitions is isolated, alive, until the scheduler has replaced every
+    replica it held (a node silent 4 s counts as dead), then healed: it comes
+    back as a zombie holding old replicas, which must neither answer nor take
+    writes. Clients run throughout; the history is linearizable, operations
+    complete while the node is cut off, and every partition ends on 3 voters."""
+    c = netns_table_cluster4
+    make_table(c, partitions=4)
+    stop_file = c.directory / "table-workload.stop"
+    proc = c.client_process([str(WORKLOAD), "table", c.meta_members, str(stop_file),
+                             str(CLIENTS)])
+    try:
+        time.sleep(HEALED_HOLD_S)
+        victim = table_leader(c)
+        assert victim is not None, "no partition leader"
+        held = [m for m in partition_members(c) or [] if victim in m]
+        window = Window("leader's node cut off until replaced", time.monotonic())
+        c.isolate(victim)
+        deadline = time.monotonic() + REPLACED_DEADLINE_S
+        while (members := partition_members(c)) is None or any(
+                victim in m or len(m) != 3 for m in members):
+            assert time.monotonic() < deadline, (
+                f"node {victim}'s replicas not replaced within {REPLACED_DEADLINE_S:.0f} s: "
+                f"{members}")
+            time.sleep(0.5)
+        c.heal()
+        window.end = time.monotonic()
+        time.sleep(HEALED_HOLD_S)
+        stop_file.touch()
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr[-3000:]
+    result_line = json.loads(stdout.splitlines()[-1])
+    history = [to_operation(op) for op in result_line["history"]]
+    inside = window.completed_inside(history)
+    print(f"netns jepsen table replace: node {victim} held {len(held)} replicas, cut off "
+          f"{window.end - window.start:.1f} s; {len(history)} operations, {len(inside)} "
+          f"completed while it was cut off")
+    assert held, f"node {victim} held no replica"
+    assert inside, "no operation completed while the node was cut off"
+    result = check_history(history, time_limit_s=CHECK_TIME_LIMIT_S)
+    assert result.verdict is Verdict.OK, result.explanation
+    # The healed node gets replicas back by balancing: a move is a learner, then a
+    # joint change, so a partition has 3 voters again once the move settles.
+    deadline = time.monotonic() + REPLACED_DEADLINE_S
+    while (members := partition_members(c)) is None or any(len(m) != 3 for m in members):
+        assert time.monotonic() < deadline, f"partitions not back on 3 voters: {members}"
+        time.sleep(0.5)
+
+
 def _table_run(c: NetnsCluster, rounds: int, *, isolate: bool = True,
                partitions: int = 1, one_way: bool = False) -> None:
     make_table(c, partitions)
