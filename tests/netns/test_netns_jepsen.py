@@ -7,11 +7,13 @@ loss); the history must be linearizable (quorumlog.sim.check_history). Slow:
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -240,6 +242,22 @@ def test_table_of_three_partitions_linearizable_through_deaf_and_mute_leaders(
 REPLACED_DEADLINE_S = 45.0
 
 
+def _stop_table_workload(proc: subprocess.Popen[str], stop_file: Path
+                         ) -> tuple[list[Operation], dict[str, Any]]:
+    """Stop the ``table`` workload; its history and its result line."""
+    stop_file.touch()
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr[-3000:]
+    result_line: dict[str, Any] = json.loads(stdout.splitlines()[-1])
+    return [to_operation(op) for op in result_line["history"]], result_line
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 def partition_members(c: NetnsCluster) -> list[list[int]] | None:
     out = c.cli("table", "info", TABLE, "--members", c.meta_members, "-o", "json")
     if out.returncode != 0:
@@ -279,15 +297,9 @@ def test_table_replicas_of_a_cut_off_node_are_replaced_while_it_lives(
         c.heal()
         window.end = time.monotonic()
         time.sleep(HEALED_HOLD_S)
-        stop_file.touch()
-        stdout, stderr = proc.communicate(timeout=120)
+        history, _ = _stop_table_workload(proc, stop_file)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, stderr[-3000:]
-    result_line = json.loads(stdout.splitlines()[-1])
-    history = [to_operation(op) for op in result_line["history"]]
+        _kill(proc)
     inside = window.completed_inside(history)
     print(f"netns jepsen table replace: node {victim} held {len(held)} replicas, cut off "
           f"{window.end - window.start:.1f} s; {len(history)} operations, {len(inside)} "
@@ -330,15 +342,10 @@ def _table_run(c: NetnsCluster, rounds: int, *, isolate: bool = True,
             others = [n for n in c.node_ids if n != leader]
             hold(c, windows, "leader cut from its peers", PARTITION_HOLD_S,
                  partial(c.partition, [leader], others))
-        stop_file.touch()  # the clients ran from before the first fault to after the last
-        stdout, stderr = proc.communicate(timeout=120)
+        # the clients ran from before the first fault to after the last
+        history, result_line = _stop_table_workload(proc, stop_file)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, stderr[-3000:]
-    result_line = json.loads(stdout.splitlines()[-1])
-    history = [to_operation(op) for op in result_line["history"]]
+        _kill(proc)
     known = [op for op in history if op.outcome_known]
     counts = {f"{w.name} #{i}": len(w.completed_inside(history)) for i, w in enumerate(windows)}
     print(f"netns jepsen table: {len(history)} operations ({len(known)} with a known "
