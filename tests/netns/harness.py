@@ -62,6 +62,7 @@ STOP_TIMEOUT_S = 10.0
 POLL_INTERVAL_S = 0.2
 DEADLINE_S = 60.0  # a test's wait for one state or one workload line
 FAULT_TABLE = "qlfault"
+RESET_ENV = "QL_NETNS_RESET"  # "1": every fault answers TCP with resets (docs/jepsen.md)
 # Small bookies and a short session TTL: the local cluster's settings.
 BOOKIE_TOML = LOCAL_BOOKIE_TOML
 
@@ -399,7 +400,7 @@ class NetnsCluster:
         With ``reset`` a TCP segment is answered with a reset instead (a firewall
         that rejects: connections fail at once, nothing sent gets through later);
         it applies to every rule in force until ``heal``."""
-        self._reset = self._reset or reset
+        self._reset = self._reset or reset or os.environ.get(RESET_ENV) == "1"
         a, b = list(side_a), list(side_b)
         for x in a:
             for y in b:
