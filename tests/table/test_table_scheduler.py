@@ -499,3 +499,26 @@ def test_a_drain_without_room_elsewhere_waits() -> None:
     cluster.nodes.append(4)
     moved = run(cluster, scheduler, 5_000, 30)
     assert sorted(cluster.voters[10]) == [1, 3, 4] and moved
+
+
+def test_a_refused_leader_transfer_holds_its_group_only_a_dead_interval() -> None:
+    """A leader refuses a transfer to a voter it cannot hear (ChangeExecutor,
+    target_silent) while meta still hears that node: the pending transfer is given
+    up after node_dead_after_ms, not change_timeout_ms, so the group's other
+    changes wait seconds, not a minute."""
+    cluster = Cluster([1, 2, 3], {10: [1, 2, 3], 11: [1, 2, 3], 12: [1, 2, 3]})
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    issued = None
+    for now in range(0, 5_000, 200):
+        transfers = [c for c in cluster.beat(scheduler, now)
+                     if c.kind is ChangeKind.TRANSFER_LEADER]
+        if transfers:  # never applied: the leader refuses it
+            issued, change = now, transfers[0]
+            break
+    assert issued is not None, "leaders all on node 1 were never balanced"
+    cluster.beat(scheduler, issued + CONFIG.node_dead_after_ms - 1)
+    assert scheduler.pending[change.group_id].change == change  # still held
+    cluster.beat(scheduler, issued + CONFIG.node_dead_after_ms)
+    finished = [f for f in scheduler.recent if f.change == change]
+    assert [f.outcome for f in finished] == ["timed_out"]
+    assert CONFIG.node_dead_after_ms < CONFIG.change_timeout_ms

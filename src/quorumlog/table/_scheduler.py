@@ -270,13 +270,21 @@ class Scheduler:
             group = self.groups.get(gid)
             if group is not None and group.epoch != pending.change.epoch:
                 self._finish(gid, now_ms, "done")
-            elif now_ms - pending.issued_ms >= self.config.change_timeout_ms:
-                self._finish(gid, now_ms, "timed_out")
             elif (pending.change.kind is not ChangeKind.REMOVE
                   and self.is_dead(pending.change.node_id, now_ms)):
                 # Its target died (a leader transfer to it would never finish): give
                 # the group back to the policies, which will replace the dead node.
                 self._finish(gid, now_ms, "abandoned")
+            elif now_ms - pending.issued_ms >= self._timeout_ms(pending.change):
+                self._finish(gid, now_ms, "timed_out")
+
+    def _timeout_ms(self, change: ScheduledChange) -> int:
+        """A leader transfer ends within an election timeout or never: one the
+        leader refused (a target it cannot hear, though meta still hears it) holds
+        its group for at most node_dead_after_ms, not change_timeout_ms."""
+        if change.kind is ChangeKind.TRANSFER_LEADER:
+            return min(self.config.change_timeout_ms, self.config.node_dead_after_ms)
+        return self.config.change_timeout_ms
 
     def _finish(self, gid: int, now_ms: int, outcome: str) -> None:
         pending = self.pending.pop(gid)
