@@ -11,6 +11,8 @@ What must hold (DESIGN.md §2, "duplicated tables converge"):
 - local writes go on on both sides while the remote is unreachable;
 - the cut is real: records written in it are missing on the other side until
   the heal;
+- ``dup status`` shows the shipper's error, its lag and the decrees pending
+  while the link is cut;
 - after the heal both clusters hold the same records with the same timetags,
   every acknowledged write among them.
 """
@@ -67,7 +69,8 @@ def test_duplication_converges_after_a_partition_between_the_clusters(
     for members in (one, two):
         _until_ok(c, "table", "create", TABLE, "--partitions", "2", "--replicas", "1",
                   "--members", members)
-    _ok(c.cli("dup", "add", TABLE, "--remote", "c2", "--members", one))
+    added = _ok(c.cli("dup", "add", TABLE, "--remote", "c2", "--members", one))
+    dup_id = added.split("added duplication ", 1)[1].split()[0]  # "added duplication N of ..."
     _ok(c.cli("dup", "add", TABLE, "--remote", "c1", "--members", two))
 
     stop_file = c.directory / "dup-writers.stop"
@@ -82,6 +85,9 @@ def test_duplication_converges_after_a_partition_between_the_clusters(
         c.partition(c.clusters[0], c.clusters[1], reset=True)
         time.sleep(CUT_S / 2)  # rejected: calls fail at once and nothing gets through
         in_the_cut = {"one": _dump(c, one), "two": _dump(c, two)}
+        # What an operator sees meanwhile: the shipper names its error and the lag.
+        stuck = json.loads(_ok(c.cli("dup", "status", TABLE, dup_id, "-o", "json",
+                                     "--members", one)))
         healed_at = time.monotonic()
         c.heal()
         time.sleep(AFTER_S)
@@ -97,6 +103,8 @@ def test_duplication_converges_after_a_partition_between_the_clusters(
                 proc.kill()
                 proc.wait()
 
+    assert any(p["error"] and p["lag_ms"] > MARGIN_S * 1000 and p["pending_decrees"] > 0
+               for p in stuck.values()), f"dup status in the cut shows no stuck shipper: {stuck}"
     acked = {tag: {f"{tag}{i}": at for i, at in out["acked"]} for tag, out in outcomes.items()}
     for tag, keys in acked.items():
         during = [k for k, at in keys.items() if cut_at < at < healed_at]
