@@ -9,16 +9,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from inprocess_cli import run_cli, run_cli_process
 from quorumlog import node as cluster
-from quorumlog.errors import QuorumlogError
 from quorumlog.table import (
     BlockingTableClient,
     CheckType,
@@ -159,21 +157,13 @@ def test_local_nodes_preallocate_small_raft_segments(cluster_dir: Path,
 
 
 def _cli(cluster_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``quorumlog table ARGS`` in this process (a new interpreter per command cost
-    this test about 2 s each; tests/test_cli_entry.py covers the entry point)."""
-    from typer.testing import CliRunner
-
-    from quorumlog.cli import app
-
-    result = CliRunner().invoke(app, ["table", *args, "--dir", str(cluster_dir)])
-    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
+    """``quorumlog table ARGS`` in this process (tests/inprocess_cli.py)."""
+    return run_cli("table", *args, "--dir", str(cluster_dir))
 
 
 def _cli_process(cluster_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """The same as a user runs it: the entry point turns errors into one line."""
-    return subprocess.run([sys.executable, "-m", "quorumlog", "table", *args, "--dir",
-                           str(cluster_dir)], capture_output=True, text=True, timeout=60,
-                          check=False, stdin=subprocess.DEVNULL)
+    return run_cli_process("table", *args, "--dir", str(cluster_dir))
 
 
 def test_cli_commands(cluster_dir: Path) -> None:
@@ -200,26 +190,8 @@ def test_cli_multi_record_ttl_count_and_check_commands(cluster_dir: Path) -> Non
     """Pegasus shell's multi_set/multi_get/multi_del, ttl, count, check_and_set and
     check_and_mutate, each checked against what the store then holds (in this
     process: test_cli_commands runs the CLI as a process)."""
-    from typer.testing import CliRunner
-
-    from quorumlog.cli import app
-
-    runner = CliRunner()
-
-    @dataclass
-    class Outcome:
-        returncode: int
-        stdout: str
-        stderr: str
-
-    def run(*args: str) -> Outcome:
-        result = runner.invoke(app, ["table", *args, "--dir", str(cluster_dir)])
-        error = result.exception
-        if error is not None and not isinstance(error, SystemExit):
-            if isinstance(error, QuorumlogError):  # main() prints it as one error line
-                return Outcome(1, result.stdout, f"error: {error.message}")
-            raise error
-        return Outcome(result.exit_code, result.stdout, result.output)
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return _cli(cluster_dir, *args)
 
     def ok(*args: str) -> str:
         result = run(*args)
