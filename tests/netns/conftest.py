@@ -3,7 +3,8 @@
 ``netns_table_cluster``: three that are table nodes too;
 ``netns_table_cluster4``: four table hosts whose scheduler replaces a silent
 node's replicas within seconds; ``netns_dup_clusters``: two one-node
-clusters (cluster ids 1 and 2) that know each other for duplication."""
+clusters (cluster ids 1 and 2) that know each other for duplication;
+``netns_dup_clusters3``: two three-node clusters (nodes 1-3 and 4-6)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,13 @@ def netns_table_cluster(tmp_path: Path) -> Iterator[NetnsCluster]:
 def netns_dup_clusters(tmp_path: Path) -> Iterator[NetnsCluster]:
     """Hosts 1 and 2, each a cluster of its own (meta, bookie, table)."""
     yield from _cluster(tmp_path / "cluster", 2, ("meta", "bookie", "table"), [[1], [2]])
+
+
+@pytest.fixture
+def netns_dup_clusters3(tmp_path: Path) -> Iterator[NetnsCluster]:
+    """Hosts 1-3 form cluster 1, hosts 4-6 cluster 2 (meta, bookie, table each)."""
+    yield from _cluster(tmp_path / "cluster", 6, ("meta", "bookie", "table"),
+                        [[1, 2, 3], [4, 5, 6]])
 
 
 FAST_SCHEDULER_TOML = """

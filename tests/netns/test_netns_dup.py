@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from .harness import NetnsCluster
+from .workload import dup_shared_key
 
 WORKLOAD = Path(__file__).with_name("workload.py")
 TABLE = "dupnet"
@@ -136,4 +137,129 @@ def test_duplication_converges_after_a_partition_between_the_clusters(
     assert sources == {1, 2}, sources
     print(f"netns dup: {len(left)} records converged; acked a={len(acked['a'])} "
           f"b={len(acked['b'])}, unknown a={len(outcomes['a']['unknown'])} "
+          f"b={len(outcomes['b']['unknown'])}")
+
+
+# -- two three-node clusters: leaders fail on both sides while the link is cut ---
+
+FAULTED_CONVERGE_DEADLINE_S = 120.0
+
+
+def _busiest_leader(c: NetnsCluster, members: str) -> int:
+    """The node leading the most of TABLE's partitions on the cluster of ``members``."""
+    out = c.cli("table", "info", TABLE, "--members", members, "-o", "json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    leaders = [int(g["leader"]) for g in json.loads(out.stdout)["partition_groups"]
+               if g.get("leader")]
+    assert leaders, f"no partition leader on {members}"
+    return max(set(leaders), key=leaders.count)
+
+
+def _status(c: NetnsCluster, dup_id: str, members: str) -> dict[str, dict[str, object]]:
+    out = c.cli("dup", "status", TABLE, dup_id, "-o", "json", "--members", members)
+    assert out.returncode == 0, out.stderr[-2000:]
+    status: dict[str, dict[str, object]] = json.loads(out.stdout)
+    return status
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_duplication_between_three_node_clusters_through_leader_faults(
+        netns_dup_clusters3: NetnsCluster) -> None:
+    """Two clusters of three nodes, a table of 2 partitions x 3 replicas on each,
+    duplicated both ways; the writers on both sides also overwrite a few shared
+    keys (conflicts for last-writer-wins). The link between the clusters is
+    cut; once both sides have a backlog they could not ship, the node leading
+    the most partitions of cluster 1 is isolated from everyone (its partitions
+    fail over, and the new leaders' shippers must start from the confirmed
+    decree, not from what they hold), the one of cluster 2 is SIGKILLed, and
+    the cut turns to resets.
+    After the heal and the restart both clusters must hold the same records and
+    timetags, every acknowledged write among them, every shared key at one
+    value that was written to it, and every shipper caught up without error."""
+    c = netns_dup_clusters3
+    one, two = c.cluster_members(1), c.cluster_members(2)
+    for members in (one, two):
+        _until_ok(c, "table", "create", TABLE, "--partitions", "2", "--replicas", "3",
+                  "--members", members)
+    ids = {}
+    for members, remote in ((one, "c2"), (two, "c1")):
+        added = _ok(c.cli("dup", "add", TABLE, "--remote", remote, "--members", members))
+        ids[members] = added.split("added duplication ", 1)[1].split()[0]
+
+    stop_file = c.directory / "dup-writers.stop"
+    writers = {tag: c.client_process([str(WORKLOAD), "dup-writer", members, TABLE, tag,
+                                      str(stop_file), "shared"])
+               for tag, members in (("a", one), ("b", two))}
+    killed = None
+    try:
+        time.sleep(BEFORE_S)
+        cut_at = time.monotonic()
+        c.partition(c.clusters[0], c.clusters[1])
+        time.sleep(CUT_S / 2)  # each side's leaders build a backlog they cannot ship
+        shipper, receiver = _busiest_leader(c, one), _busiest_leader(c, two)
+        c.isolate(shipper)  # its backlog is the new leaders' to ship
+        c.partition(c.clusters[0], c.clusters[1], reset=True)
+        c.kill(receiver)
+        killed = receiver
+        time.sleep(CUT_S / 2)
+        healed_at = time.monotonic()
+        c.heal()
+        c.start_node(receiver)
+        killed = None
+        time.sleep(AFTER_S)
+        stop_file.touch()
+        outcomes = {}
+        for tag, proc in writers.items():
+            stdout, stderr = proc.communicate(timeout=120)
+            assert proc.returncode == 0, stderr[-3000:]
+            outcomes[tag] = json.loads(stdout.splitlines()[-1])
+    finally:
+        for proc in writers.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if killed is not None:
+            c.start_node(killed)
+
+    acked = {tag: {i: at for i, at in out["acked"]} for tag, out in outcomes.items()}
+    for tag, writes in acked.items():
+        during = [i for i, at in writes.items() if cut_at < at < healed_at]
+        assert len(during) > 20, f"writer {tag}: {len(during)} writes acked in the cut"
+    written: dict[str, set[str]] = {}  # shared sort key -> every value sent to it
+    unique: dict[str, list[str]] = {}  # writer -> its acknowledged own keys
+    for tag, out in outcomes.items():
+        for i in [*acked[tag], *out["unknown"]]:
+            sort_key = dup_shared_key(int(i))
+            if sort_key is not None:
+                written.setdefault(sort_key.decode(), set()).add(f"{tag}{i}")
+        unique[tag] = [f"{tag}{i}" for i in acked[tag] if dup_shared_key(int(i)) is None]
+
+    deadline = time.monotonic() + FAULTED_CONVERGE_DEADLINE_S
+    while True:
+        left, right = _dump(c, one), _dump(c, two)
+        held = {sort_key: value for (_, sort_key), (value, _) in left.items()}
+        if left == right and all(held.get(k) == k for keys in unique.values() for k in keys):
+            break
+        missing = [k for keys in unique.values() for k in keys if held.get(k) != k]
+        assert time.monotonic() < deadline, (
+            f"not converged {FAULTED_CONVERGE_DEADLINE_S:.0f} s after the heal: {len(left)} vs "
+            f"{len(right)} records, differing e.g. {sorted(set(left) ^ set(right))[:5]}, "
+            f"{len(missing)} acknowledged writes missing on cluster 1, e.g. {missing[:5]}")
+        time.sleep(POLL_INTERVAL_S)
+    for shared_key, values in written.items():
+        assert held.get(shared_key) in values, (
+            f"shared key {shared_key} holds {held.get(shared_key)!r}, never written to it")
+    assert {timetag >> 1 & 0x7F for _, timetag in left.values()} == {1, 2}
+    # Every shipper, on whichever node leads its partition now, has caught up.
+    deadline = time.monotonic() + FAULTED_CONVERGE_DEADLINE_S
+    while not all(p["pending_decrees"] == 0 and not p["error"]
+                  for members in (one, two) for p in _status(c, ids[members], members).values()):
+        assert time.monotonic() < deadline, (
+            f"shippers not caught up: {_status(c, ids[one], one)} "
+            f"{_status(c, ids[two], two)}")
+        time.sleep(POLL_INTERVAL_S)
+    print(f"netns dup 3+3: node {shipper} (shipping) isolated, node {receiver} (receiving) "
+          f"killed; {len(left)} records converged, {len(written)} shared keys; acked "
+          f"a={len(acked['a'])} b={len(acked['b'])}, unknown a={len(outcomes['a']['unknown'])} "
           f"b={len(outcomes['b']['unknown'])}")

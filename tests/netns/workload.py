@@ -43,10 +43,13 @@ again from the earliest (each reader's view is checked on its own).
 ``stream-final MEMBERS STREAM``: read everything from the earliest message
 until the stream is quiet; print ``{"consumed": [values...]}``.
 
-``dup-writer MEMBERS TABLE TAG STOP_FILE``: sets ``TAG<i>`` one at a time until
-STOP_FILE exists; print the acknowledged ones with their ``time.monotonic()``
-(one clock for every namespace) and the ones without an answer
-(test_netns_dup.py).
+``dup-writer MEMBERS TABLE TAG STOP_FILE [shared]``: sets ``TAG<i>`` one at a
+time until STOP_FILE exists; print the acknowledged ones with their
+``time.monotonic()`` (one clock for every namespace) and the ones without an
+answer (test_netns_dup.py). With ``shared``, every SHARED_EVERY-th write goes
+to one of SHARED_KEYS sort keys of hash key ``shared`` that the writer on the
+other cluster writes too (value ``TAG<i>``): conflicts that last-writer-wins
+must settle the same way on both clusters.
 
 ``table-dump MEMBERS TABLE``: print every live record of TABLE with its timetag.
 
@@ -239,8 +242,19 @@ def table_workload(members: list[str], stop_file: Path, clients: int) -> None:
 DUP_WRITE_INTERVAL_S = 0.005  # pacing of a duplication writer, so a run stays small
 
 
-def dup_writer(members: list[str], table: str, tag: str, stop_file: Path) -> None:
-    """Sets ``TAG<i>`` (value: the same) on 13 hash keys until STOP_FILE exists;
+SHARED_EVERY = 4
+SHARED_KEYS = 5
+
+
+def dup_shared_key(i: int) -> bytes | None:
+    """The shared sort key write ``i`` of a ``shared`` dup-writer goes to, if any."""
+    return b"s%d" % (i // SHARED_EVERY % SHARED_KEYS) if i % SHARED_EVERY == 3 else None
+
+
+def dup_writer(members: list[str], table: str, tag: str, stop_file: Path,
+               shared: bool = False) -> None:
+    """Sets ``TAG<i>`` (value: the same) on 13 hash keys until STOP_FILE exists
+    (with ``shared``, some on the shared keys instead: ``dup_shared_key``);
     print ``{"acked": [[i, monotonic time], ...], "unknown": [i, ...]}``."""
     acked: list[list[float]] = []
     unknown: list[int] = []
@@ -252,8 +266,12 @@ def dup_writer(members: list[str], table: str, tag: str, stop_file: Path) -> Non
             i = 0
             while time.monotonic() < end and not stop_file.exists():
                 key = f"{tag}{i}".encode()
+                sort_key = dup_shared_key(i) if shared else None
                 try:
-                    await tables.set(table, b"h%d" % (i % 13), key, key)
+                    if sort_key is None:
+                        await tables.set(table, b"h%d" % (i % 13), key, key)
+                    else:
+                        await tables.set(table, b"shared", sort_key, key)
                     acked.append([i, time.monotonic()])
                 except QuorumlogError:
                     unknown.append(i)
@@ -432,7 +450,7 @@ def main(argv: list[str]) -> None:
     elif mode == "table":
         table_workload(members, Path(argv[2]), int(argv[3]))
     elif mode == "dup-writer":
-        dup_writer(members, argv[2], argv[3], Path(argv[4]))
+        dup_writer(members, argv[2], argv[3], Path(argv[4]), argv[5:] == ["shared"])
     elif mode == "table-dump":
         table_dump(members, argv[2])
     else:
