@@ -43,6 +43,13 @@ again from the earliest (each reader's view is checked on its own).
 ``stream-final MEMBERS STREAM``: read everything from the earliest message
 until the stream is quiet; print ``{"consumed": [values...]}``.
 
+``table-rows MEMBERS STOP_FILE CLIENTS``: on the same table, concurrent clients
+writing and reading rows (hash keys ROW_KEYS, sort keys ROW_FIELDS) several
+fields at a time: multi_set, multi_delete, multi_get, a one-page scan,
+check_and_mutate (checks field ``a`` against the value the client last saw,
+writes two fields), and one-field set and get; the history's operations are
+the checker's row kinds (mput, mget, mcas).
+
 ``dup-writer MEMBERS TABLE TAG STOP_FILE [shared]``: sets ``TAG<i>`` one at a
 time until STOP_FILE exists; print the acknowledged ones with their
 ``time.monotonic()`` (one clock for every namespace) and the ones without an
@@ -77,7 +84,7 @@ from quorumlog.errors import QuorumlogError
 from quorumlog.ledger import BlockingLedgerClient, BlockingReadHandle
 from quorumlog.meta import Compare, CompareTarget, MetaClient, PutOp
 from quorumlog.stream import BlockingProducer, BlockingStreamClient, ProducerFencedError
-from quorumlog.table import CheckType, TableClient
+from quorumlog.table import CheckType, Mutation, TableClient
 
 ENTRIES_MAX = 20_000
 APPEND_INTERVAL_S = 0.01  # pacing of the writer, so a run stays small
@@ -237,6 +244,94 @@ def table_workload(members: list[str], stop_file: Path, clients: int) -> None:
 
     rpc.run(main())
     emit({"history": history, "incr_unknown": len(unknown_incrs)})
+
+
+ROW_KEYS = ("r0", "r1", "r2")
+ROW_FIELDS = ("a", "b", "c")
+ROW_KINDS = ("mset", "mdel", "mget", "scan", "cam", "set", "get")
+
+
+def _text(raw: bytes | None) -> str | None:
+    return None if raw is None else raw.decode()
+
+
+async def _row_client(client_id: int, tables: TableClient, end: float,
+                      history: list[dict[str, object]], stop_file: Path) -> None:
+    rng = random.Random(client_id)
+    now = time.monotonic
+    record = _recorder(client_id, history)
+    seen_a: dict[str, str | None] = {}  # per row, field a as this client last saw it
+    n = 0
+    while now() < end and not stop_file.exists():
+        key, kind = rng.choice(ROW_KEYS), rng.choice(ROW_KINDS)
+        hash_key = key.encode()
+        n += 1
+        value = f"{client_id}.{n}"
+        fields = rng.sample(ROW_FIELDS, 2)
+        writes: list[list[str | None]] = []
+        call = now()
+        try:
+            if kind == "mset":
+                writes = [[f, value] for f in fields]
+                await tables.multi_set(TABLE, hash_key, {f.encode(): value.encode()
+                                                         for f in fields})
+                record("mput", key, writes, None, call, now())
+            elif kind == "mdel":
+                writes = [[f, None] for f in fields]
+                await tables.multi_delete(TABLE, hash_key, [f.encode() for f in fields])
+                record("mput", key, writes, None, call, now())
+            elif kind == "set":
+                writes = [[fields[0], value]]
+                await tables.set(TABLE, hash_key, fields[0].encode(), value.encode())
+                record("mput", key, writes, None, call, now())
+            elif kind == "get":
+                raw = await tables.get(TABLE, hash_key, fields[0].encode())
+                record("mget", key, [fields[0]], [_text(raw)], call, now())
+            elif kind == "mget":
+                got = await tables.multi_get(TABLE, hash_key, [f.encode() for f in ROW_FIELDS])
+                values = [_text(got.get(f.encode())) for f in ROW_FIELDS]
+                seen_a[key] = values[0]
+                record("mget", key, list(ROW_FIELDS), values, call, now())
+            elif kind == "scan":
+                items = [[sort_key.decode(), raw.decode()]
+                         async for sort_key, raw in tables.scan(TABLE, hash_key)]
+                record("mget", key, None, items, call, now())
+            else:  # check_and_mutate: a as last seen -> two fields
+                expected = seen_a.get(key)
+                writes = [[f, value] for f in fields]
+                result = await tables.check_and_mutate(
+                    TABLE, hash_key, check_sort_key=b"a",
+                    check_type=(CheckType.VALUE_NOT_EXIST if expected is None
+                                else CheckType.BYTES_EQUAL),
+                    operand=b"" if expected is None else expected.encode(),
+                    mutations=[Mutation(f.encode(), value.encode()) for f in fields])
+                record("mcas", key, ["a", expected, writes], result.succeeded, call, now())
+                if result.succeeded and "a" in fields:
+                    seen_a[key] = value
+        except QuorumlogError:
+            if kind == "cam":
+                record("mcas", key, ["a", seen_a.get(key), writes], None, call, None)
+            elif writes:
+                record("mput", key, writes, None, call, None)
+            # a read without an answer observed nothing
+
+
+def table_rows_workload(members: list[str], stop_file: Path, clients: int) -> None:
+    history: list[dict[str, object]] = []
+
+    async def main() -> None:
+        end = time.monotonic() + TABLE_RUN_MAX_S
+        workers = [TableClient(members, request_timeout_s=TABLE_REQUEST_TIMEOUT_S,
+                               deadline_s=TABLE_DEADLINE_S) for _ in range(clients)]
+        try:
+            await asyncio.gather(*(_row_client(i, w, end, history, stop_file)
+                                   for i, w in enumerate(workers)))
+        finally:
+            for worker in workers:
+                await worker.close()
+
+    rpc.run(main())
+    emit({"history": history, "incr_unknown": 0})
 
 
 DUP_WRITE_INTERVAL_S = 0.005  # pacing of a duplication writer, so a run stays small
@@ -449,6 +544,8 @@ def main(argv: list[str]) -> None:
         stream_final(members, argv[2])
     elif mode == "table":
         table_workload(members, Path(argv[2]), int(argv[3]))
+    elif mode == "table-rows":
+        table_rows_workload(members, Path(argv[2]), int(argv[3]))
     elif mode == "dup-writer":
         dup_writer(members, argv[2], argv[3], Path(argv[4]), argv[5:] == ["shared"])
     elif mode == "table-dump":

@@ -357,3 +357,83 @@ def test_random_linearizable_histories_pass_and_mutants_fail(seed: int) -> None:
     result = check_history(history)
     assert result.verdict is Verdict.ILLEGAL
     assert result.key == victim.key
+
+
+# -- rows: several fields of one key written and read together -----------------
+
+
+def test_row_multi_put_then_multi_get_and_scan_read_every_field() -> None:
+    history = [
+        Op(1, "mput", "r", (("a", "1"), ("b", "1")), None, 0, 1),
+        Op(2, "mget", "r", ("a", "b", "c"), ("1", "1", None), 2, 3),
+        Op(2, "mget", "r", None, (("a", "1"), ("b", "1")), 4, 5),  # a scan
+        Op(1, "mput", "r", (("a", None),), None, 6, 7),  # a multi_delete
+        Op(2, "mget", "r", None, [["b", "1"]], 8, 9),  # JSON's lists work too
+    ]
+    assert _verdict(history) is Verdict.OK
+
+
+def test_row_read_of_half_a_multi_put_is_illegal() -> None:
+    """A multi_set that became visible one field at a time: a reader concurrent
+    with it saw the new a and the old b."""
+    history = [
+        Op(1, "mput", "r", (("a", "0"), ("b", "0")), None, 0, 1),
+        Op(1, "mput", "r", (("a", "1"), ("b", "1")), None, 2, 10),
+        Op(2, "mget", "r", ("a", "b"), ("1", "0"), 3, 4),
+    ]
+    result = check_history(history)
+    assert result.verdict is Verdict.ILLEGAL
+    assert "mget r [a,b] -> ('1', '0')" in result.explanation
+    # Either whole state is fine while the write is in flight.
+    for seen in (("0", "0"), ("1", "1")):
+        assert _verdict([*history[:2], Op(2, "mget", "r", ("a", "b"), seen, 3, 4)]) is Verdict.OK
+
+
+def test_row_scan_that_misses_a_field_written_before_it_is_illegal() -> None:
+    history = [
+        Op(1, "mput", "r", (("a", "1"), ("b", "1")), None, 0, 1),
+        Op(2, "mget", "r", None, (("a", "1"),), 2, 3),
+    ]
+    assert _verdict(history) is Verdict.ILLEGAL
+
+
+def test_row_check_and_mutate_applies_all_or_nothing() -> None:
+    base = [Op(1, "mput", "r", (("a", "0"),), None, 0, 1)]
+    cam_ok = Op(2, "mcas", "r", ("a", "0", (("a", "1"), ("b", "1"))), True, 2, 3)
+    cam_fail = Op(3, "mcas", "r", ("a", "0", (("a", "2"), ("b", "2"))), False, 4, 5)
+    after = Op(1, "mget", "r", ("a", "b"), ("1", "1"), 6, 7)
+    assert _verdict([*base, cam_ok, cam_fail, after]) is Verdict.OK
+    # A check of an absent field (expected None) succeeds only while it is absent.
+    absent = Op(2, "mcas", "r", ("c", None, (("c", "x"),)), True, 8, 9)
+    assert _verdict([*base, cam_ok, cam_fail, after, absent]) is Verdict.OK
+    # The failed one left b alone; a success that left b alone is not one.
+    assert _verdict([*base, cam_ok, cam_fail,
+                     Op(1, "mget", "r", ("a", "b"), ("1", "2"), 6, 7)]) is Verdict.ILLEGAL
+    assert _verdict([*base, cam_ok,
+                     Op(1, "mget", "r", ("a", "b"), ("1", None), 6, 7)]) is Verdict.ILLEGAL
+    # A success whose check could not hold is illegal.
+    assert _verdict([*base, Op(2, "mcas", "r", ("a", "9", (("b", "1"),)), True, 2, 3)]
+                    ) is Verdict.ILLEGAL
+
+
+def test_row_unknown_outcomes_may_take_effect_later_or_never() -> None:
+    base = [Op(1, "mput", "r", (("a", "0"),), None, 0, 1),
+            Op(2, "mput", "r", (("a", "1"), ("b", "1")), None, 2, None),
+            Op(3, "mcas", "r", ("a", "0", (("b", "2"),)), None, 2, INF),
+            Op(4, "mget", "r", ("a", "b"), ("9", "9"), 2, None)]  # read, no answer: dropped
+    for seen in (("0", None), ("0", "2"), ("1", "1")):
+        assert _verdict([*base, Op(1, "mget", "r", ("a", "b"), seen, 5, 6)]) is Verdict.OK
+    assert _verdict([*base, Op(1, "mget", "r", ("a", "b"), ("1", "2"), 5, 6),
+                     Op(1, "mget", "r", ("a", "b"), ("1", "1"), 7, 8)]) is Verdict.ILLEGAL
+
+
+def test_row_and_register_operations_on_one_key_are_refused() -> None:
+    with pytest.raises(UsageError, match="both register and row"):
+        check_history([Op(1, "put", "r", "a", None, 0, 1),
+                       Op(1, "mget", "r", ("a",), (None,), 2, 3)])
+    with pytest.raises(UsageError, match="mcas input"):
+        Op(1, "mcas", "r", ("a", "0"), True, 0, 1)
+    with pytest.raises(UsageError, match="mcas output"):
+        Op(1, "mcas", "r", ("a", "0", ()), "yes", 0, 1)
+    with pytest.raises(UsageError, match="at least one"):
+        Op(1, "mput", "r", (), None, 0, 1)

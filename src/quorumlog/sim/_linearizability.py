@@ -10,6 +10,14 @@ are (``quorumlog.meta.MetaStateMachine``: a put, a range read of one key, a
 transaction comparing the value, or the version 0 of an absent key, then
 putting; a delete).
 
+A key can instead be a **row** of fields, for operations that touch several
+fields at once and must do so atomically: a table's hash key, whose sort keys
+``multi_set``/``multi_delete`` write together, ``multi_get`` and a one-page
+``scan`` read together, and ``check_and_mutate`` checks one of and writes
+several of (``mput``, ``mget``, ``mcas``; a one-field set or get is an
+``mput`` or ``mget`` of one field). A key's operations are all register
+operations or all row operations.
+
 How it works:
 
 - **P-compositionality.** A history of independent registers is linearizable
@@ -46,6 +54,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from quorumlog.errors import UsageError
 
@@ -67,6 +76,13 @@ class OpKind(enum.StrEnum):
     GET = "get"
     CAS = "cas"
     DELETE = "delete"
+    MULTI_PUT = "mput"
+    MULTI_GET = "mget"
+    MULTI_CAS = "mcas"
+
+
+ROW_KINDS = frozenset({OpKind.MULTI_PUT, OpKind.MULTI_GET, OpKind.MULTI_CAS})
+"""Operations on a row of fields (the key is the row)."""
 
 
 class Verdict(enum.StrEnum):
@@ -84,6 +100,15 @@ class Operation:
     - get: ``input`` is ignored (``None``), ``output`` the value read (``None``
       when the key was absent).
     - cas: ``input`` is ``(expected, new)``, ``output`` whether it succeeded.
+    - mput (row): ``input`` is ``((field, value), ...)``, written together; a
+      value ``None`` deletes the field.
+    - mget (row): ``input`` is ``(field, ...)`` and ``output`` their values in
+      that order (``None`` for an absent field); or ``input`` is ``None`` (the
+      whole row, as a scan reads it) and ``output`` is every present field as
+      ``((field, value), ...)`` in field order.
+    - mcas (row): ``input`` is ``(field, expected, ((field, value), ...))``:
+      if ``field`` holds ``expected`` (``None``: absent), the pairs are
+      written together; ``output`` is whether it did.
 
     ``call`` and ``ret`` are times on one clock shared by all clients
     (simulated or real). ``ret`` is ``None`` or ``math.inf`` when the outcome is
@@ -117,6 +142,8 @@ class Operation:
             raise UsageError(f"cas input must be (expected, new), got {self.input!r}")
         if self.kind is OpKind.CAS and self.outcome_known and not isinstance(self.output, bool):
             raise UsageError(f"cas output must be a bool (succeeded), got {self.output!r}")
+        if self.kind in ROW_KINDS:
+            _check_row_operation(self)
 
     @property
     def outcome_known(self) -> bool:
@@ -131,11 +158,65 @@ class Operation:
             body = f"delete {self.key}"
         elif self.kind is OpKind.GET:
             body = f"get {self.key} -> " + (repr(self.output) if self.outcome_known else "?")
-        else:
+        elif self.kind is OpKind.CAS:
             expected, new = _cas_input(self)
             outcome = repr(self.output) if self.outcome_known else "?"
             body = f"cas {self.key} ({expected!r} -> {new!r}) = {outcome}"
+        elif self.kind is OpKind.MULTI_PUT:
+            body = f"mput {self.key} {_pairs_text(self.input)}"
+        elif self.kind is OpKind.MULTI_GET:
+            fields = "*" if self.input is None else ",".join(map(str, _seq(self.input)))
+            outcome = repr(_deep_tuple(self.output)) if self.outcome_known else "?"
+            body = f"mget {self.key} [{fields}] -> {outcome}"
+        else:
+            field, expected, pairs = _seq(self.input)
+            outcome = repr(self.output) if self.outcome_known else "?"
+            body = (f"mcas {self.key} (if {field}={expected!r} then "
+                    f"{_pairs_text(pairs)}) = {outcome}")
         return f"client {self.client_id} {body} [{self.call:g}, {ret}]"
+
+
+def _seq(value: object) -> tuple[object, ...]:
+    if not isinstance(value, (tuple, list)):
+        raise UsageError(f"expected a sequence, got {value!r}")
+    return tuple(value)
+
+
+def _deep_tuple(value: object) -> object:
+    """Lists (as JSON gives them) to tuples, all the way down: hashable, comparable."""
+    return tuple(_deep_tuple(v) for v in value) if isinstance(value, (tuple, list)) else value
+
+
+def _pairs(value: object) -> tuple[tuple[object, object], ...]:
+    pairs = []
+    for pair in _seq(value):
+        field_value = _seq(pair)
+        if len(field_value) != 2:
+            raise UsageError(f"expected (field, value) pairs, got {value!r}")
+        pairs.append((_deep_tuple(field_value[0]), _deep_tuple(field_value[1])))
+    return tuple(pairs)
+
+
+def _pairs_text(value: object) -> str:
+    return "{" + ", ".join(f"{f}={v!r}" for f, v in _pairs(value)) + "}"
+
+
+def _check_row_operation(op: Operation) -> None:
+    if op.kind is OpKind.MULTI_PUT:
+        if not _pairs(op.input):
+            raise UsageError("mput input must name at least one (field, value) pair")
+    elif op.kind is OpKind.MULTI_GET:
+        if op.input is not None:
+            _seq(op.input)
+        if op.outcome_known:
+            _seq(op.output)
+    else:
+        parts = _seq(op.input)
+        if len(parts) != 3:
+            raise UsageError(f"mcas input must be (field, expected, pairs), got {op.input!r}")
+        _pairs(parts[2])
+        if op.outcome_known and not isinstance(op.output, bool):
+            raise UsageError(f"mcas output must be a bool (succeeded), got {op.output!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,10 +284,20 @@ _CODE_GET = 1
 _CODE_CAS_OK = 2
 _CODE_CAS_FAIL = 3
 _CODE_CAS_UNKNOWN = 4
+# Rows: the state is ``((field, value), ...)`` in field order, absent fields left
+# out (``None``, the initial state, is the empty row).
+_CODE_MPUT = 5
+_CODE_MGET = 6
+_CODE_MGET_ROW = 7
+_CODE_MCAS_OK = 8
+_CODE_MCAS_FAIL = 9
+_CODE_MCAS_UNKNOWN = 10
 _ILLEGAL = object()
 
 
 def _compile(op: Operation) -> tuple[int, object, object]:
+    if op.kind in ROW_KINDS:
+        return _compile_row(op)
     if op.kind is OpKind.PUT:
         return (_CODE_PUT, op.input, None)
     if op.kind is OpKind.DELETE:
@@ -217,6 +308,63 @@ def _compile(op: Operation) -> tuple[int, object, object]:
     if not op.outcome_known:
         return (_CODE_CAS_UNKNOWN, expected, new)
     return (_CODE_CAS_OK if op.output else _CODE_CAS_FAIL, expected, new)
+
+
+def _compile_row(op: Operation) -> tuple[int, object, object]:
+    if op.kind is OpKind.MULTI_PUT:
+        return (_CODE_MPUT, _pairs(op.input), None)
+    if op.kind is OpKind.MULTI_GET:
+        if op.input is None:
+            return (_CODE_MGET_ROW, _pairs(op.output), None)
+        return (_CODE_MGET, _deep_tuple(op.input), _deep_tuple(op.output))
+    field, expected, pairs = _seq(op.input)
+    check = (_deep_tuple(field), _deep_tuple(expected))
+    if not op.outcome_known:
+        return (_CODE_MCAS_UNKNOWN, check, _pairs(pairs))
+    return (_CODE_MCAS_OK if op.output else _CODE_MCAS_FAIL, check, _pairs(pairs))
+
+
+Row = tuple[tuple[object, object], ...]
+"""A row's state: its present fields as (field, value) pairs, in field order."""
+
+
+def _row(state: object) -> Row:
+    return cast(Row, state) if state is not None else ()
+
+
+def _row_value(row: Row, field: object) -> object:
+    for f, v in row:
+        if f == field:
+            return v
+    return None
+
+
+def _row_put(row: Row, pairs: Row) -> Row:
+    fields = dict(row)
+    for f, v in pairs:
+        if v is None:
+            fields.pop(f, None)
+        else:
+            fields[f] = v
+    return tuple(sorted(fields.items(), key=lambda fv: repr(fv[0])))
+
+
+def _row_step(state: object, code: int, a: object, b: object) -> object:
+    row = _row(state)
+    if code == _CODE_MPUT:
+        return _row_put(row, cast(Row, a))
+    if code == _CODE_MGET:
+        read = tuple(_row_value(row, f) for f in cast(tuple[object, ...], a))
+        return state if read == b else _ILLEGAL
+    if code == _CODE_MGET_ROW:
+        return state if row == _row_put((), cast(Row, a)) else _ILLEGAL
+    field, expected = cast(tuple[object, object], a)
+    holds = _row_value(row, field) == expected
+    if code == _CODE_MCAS_OK:
+        return _row_put(row, cast(Row, b)) if holds else _ILLEGAL
+    if code == _CODE_MCAS_FAIL:
+        return state if not holds else _ILLEGAL
+    return _row_put(row, cast(Row, b)) if holds else state
 
 
 def _cas_input(op: Operation) -> tuple[object, object]:
@@ -235,7 +383,9 @@ def _step(state: object, code: int, a: object, b: object) -> object:
         return b if state == a else _ILLEGAL
     if code == _CODE_CAS_FAIL:
         return state if state != a else _ILLEGAL
-    return b if state == a else state
+    if code == _CODE_CAS_UNKNOWN:
+        return b if state == a else state
+    return _row_step(state, code, a, b)
 
 
 class _EventList:
@@ -379,10 +529,16 @@ def _explain(key: str, ops: Sequence[Operation], failure: _Failure) -> str:
 
 
 def partition_by_key(history: Iterable[Operation]) -> dict[str, list[Operation]]:
-    """Split a history per key, dropping gets with unknown outcome (no effect)."""
+    """Split a history per key, dropping reads with unknown outcome (no effect).
+    A key with both register and row operations is a usage error."""
     parts: dict[str, list[Operation]] = {}
+    rows: dict[str, bool] = {}
     for op in history:
-        if op.kind is OpKind.GET and not op.outcome_known:
+        row = op.kind in ROW_KINDS
+        if rows.setdefault(op.key, row) is not row:
+            raise UsageError(f"key {op.key!r} has both register and row operations "
+                             f"(e.g. {op.describe()})")
+        if op.kind in (OpKind.GET, OpKind.MULTI_GET) and not op.outcome_known:
             continue
         parts.setdefault(op.key, []).append(op)
     return parts
