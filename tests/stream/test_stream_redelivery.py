@@ -1,22 +1,27 @@
 """Negative acknowledgements and acknowledgement timeouts against real node
 processes: the message comes again after the delay with its redelivery count,
 later messages are not held back, an acknowledged one never comes again, and
-the cursor ends with nothing left."""
+the cursor ends with nothing left; past ``dead_letter_max_redeliveries`` it
+goes to the dead-letter stream instead and is acknowledged."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import time
 from collections.abc import Iterator
 from unittest import mock
 
+import msgspec
 import pytest
 
 from quorumlog import node as cluster
 from quorumlog import rpc
 from quorumlog.errors import ConfigError, UsageError
 from quorumlog.stream import (
+    ORIGIN_MESSAGE_ID,
+    REAL_TOPIC,
     Consumer,
     ConsumerConfig,
     Message,
@@ -167,5 +172,187 @@ def test_a_consumer_seeks_back_forward_and_by_publish_time(meta: list[str]) -> N
             with pytest.raises(UsageError, match="reset_cursor"):
                 await workers.seek("earliest")
             await workers.close()
+
+    rpc.run(main())
+
+
+def dead_lettered(stream: str) -> float:
+    """This process's quorumlog_stream_dead_lettered_messages_total for ``stream``."""
+    value = rpc.metrics_registry.get_sample_value(
+        "quorumlog_stream_dead_lettered_messages_total", {"stream": stream})
+    return value or 0.0
+
+
+async def read_all(client: StreamClient, stream: str, count: int) -> list[Message]:
+    """The first ``count`` messages of ``stream`` (waiting for them, bounded)."""
+    reader = await client.reader(stream, "earliest")
+    got: list[Message] = []
+    deadline = time.monotonic() + DEADLINE_S
+    while len(got) < count and time.monotonic() < deadline:
+        got.extend([m] if (m := await reader.read_next(200)) is not None else [])
+    extra = await reader.read_next(300)
+    await reader.close()
+    assert len(got) == count and extra is None, (
+        f"{stream}: {[m.value for m in got]} and then {extra}")
+    return got
+
+
+async def wait_all_acked(consumer: Consumer) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while any(consumer.unacked(p) for p in consumer.partitions):
+        assert time.monotonic() < deadline, {p: consumer.unacked(p) for p in consumer.partitions}
+        assert await consumer.receive(wait_ms=100) is None
+
+
+def test_a_message_nacked_past_the_limit_goes_to_the_dead_letter_stream(
+        meta: list[str]) -> None:
+    """Pulsar's DeadLetterPolicy(maxRedeliverCount=2): the poison message is
+    delivered 3 times, then lands in "<stream>-<subscription>-DLQ" with its key,
+    value and properties plus REAL_TOPIC and ORIGIN_MESSAGE_ID, and is
+    acknowledged on the subscription; the others flow past it."""
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("dl", StreamConfig(writer_lease_ttl_ms=1000))
+            producer = await client.producer("dl", config=ProducerConfig(batching=False))
+            for i in range(5):
+                await producer.send(b"m%d" % i, key=b"k%d" % i, properties={"n": str(i)})
+            await producer.close()
+            before = dead_lettered("dl")
+            consumer = await client.subscribe("dl", "s", config=ConsumerConfig(
+                initial_position="earliest", ack_flush_ms=0,
+                negative_ack_redelivery_delay_ms=0, dead_letter_max_redeliveries=2))
+            deliveries: list[tuple[bytes, int]] = []
+            poison: Message | None = None
+            while len(deliveries) < 7:  # 4 acked + the poison 3 times
+                message = await next_message(consumer)
+                deliveries.append((message.value, message.redelivery_count))
+                if message.value == b"m2":
+                    poison = poison or message
+                    consumer.negative_ack(message)
+                else:
+                    await consumer.ack(message)
+            await wait_all_acked(consumer)
+            assert sorted(c for v, c in deliveries if v == b"m2") == [0, 1, 2]
+            assert sorted(v for v, _ in deliveries if v != b"m2") == [b"m0", b"m1", b"m3", b"m4"]
+            assert dead_lettered("dl") == before + 1
+            await consumer.close()
+            assert poison is not None
+            [letter] = await read_all(client, "dl-s-DLQ", 1)
+            assert (letter.value, letter.key) == (b"m2", b"k2")
+            assert dict(letter.properties) == {
+                "n": "2", REAL_TOPIC: "dl",
+                ORIGIN_MESSAGE_ID: f"0:{poison.position.ledger_id}:"
+                                   f"{poison.position.entry_id}:0"}
+            # Acknowledged: a new consumer of the subscription gets nothing.
+            again = await client.subscribe("dl", "s", config=ConsumerConfig(ack_flush_ms=0))
+            assert await again.receive(wait_ms=500) is None
+            await again.close()
+            [sub] = [s for s in await client.subscriptions("dl") if s.name == "s"]
+            assert sub.backlog_entries == 0
+
+    rpc.run(main())
+
+
+def test_ack_timeouts_past_the_limit_go_to_a_named_dead_letter_stream(
+        meta: list[str]) -> None:
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await produce(client, "dlt", 3)
+            consumer = await client.subscribe("dlt", "s", config=ConsumerConfig(
+                initial_position="earliest", ack_flush_ms=0, ack_timeout_ms=1000,
+                dead_letter_max_redeliveries=1, dead_letter_stream="poison"))
+            seen: list[tuple[bytes, int]] = []
+            deadline = time.monotonic() + DEADLINE_S
+            while time.monotonic() < deadline and len(seen) < 4:  # m1 twice, never acked
+                message = await next_message(consumer)
+                seen.append((message.value, message.redelivery_count))
+                if message.value != b"m1":
+                    await consumer.ack(message)
+            await wait_all_acked(consumer)
+            await consumer.close()
+            assert sorted(seen) == [(b"m0", 0), (b"m1", 0), (b"m1", 1), (b"m2", 0)]
+            [letter] = await read_all(client, "poison", 1)
+            assert letter.value == b"m1" and letter.properties[REAL_TOPIC] == "dlt"
+
+    rpc.run(main())
+
+
+def test_close_sends_the_dead_letters_queued_so_far(meta: list[str]) -> None:
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await produce(client, "dlc", 1)
+            consumer = await client.subscribe("dlc", "s", config=ConsumerConfig(
+                initial_position="earliest", ack_flush_ms=0,
+                negative_ack_redelivery_delay_ms=0, dead_letter_max_redeliveries=1))
+            for count in (0, 1):
+                message = await next_message(consumer)
+                assert message.redelivery_count == count
+                consumer.negative_ack(message)
+            assert await consumer.receive(wait_ms=1) is None  # queued for the dead letters
+            await consumer.close()  # at once: the dead-letter stream does not exist yet
+            [letter] = await read_all(client, "dlc-s-DLQ", 1)
+            assert letter.value == b"m0"
+            [sub] = await client.subscriptions("dlc")
+            assert sub.backlog_entries == 0
+
+    rpc.run(main())
+
+
+def test_failover_consumers_share_one_dead_letter_stream(meta: list[str]) -> None:
+    """Two failover consumers of a 2-partition stream nack everything: each
+    message reaches the dead-letter stream once, though the two consumers take
+    turns holding its writer lease."""
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("dlf", StreamConfig(partitions=2,
+                                                           writer_lease_ttl_ms=1000))
+            producer = await client.producer("dlf", config=ProducerConfig(batching=False))
+            for i in range(10):
+                await producer.send(b"m%d" % i, partition=i % 2)
+            await producer.close()
+            config = ConsumerConfig(initial_position="earliest", ack_flush_ms=0,
+                                    subscription_type="failover",
+                                    negative_ack_redelivery_delay_ms=0,
+                                    dead_letter_max_redeliveries=1)
+            consumers = [await client.subscribe("dlf", "s", config=msgspec.structs.replace(
+                config, consumer_name=name)) for name in ("a", "b")]
+            deadline = time.monotonic() + DEADLINE_S
+            while sorted(p for c in consumers for p in c.partitions) != [0, 1]:
+                assert time.monotonic() < deadline, [c.partitions for c in consumers]
+                for consumer in consumers:  # let the balancers settle
+                    if (early := await consumer.receive(wait_ms=50)) is not None:
+                        consumer.negative_ack(early)
+
+            async def nack_all(consumer: Consumer) -> None:
+                while (message := await consumer.receive(wait_ms=2000)) is not None:
+                    consumer.negative_ack(message)
+
+            await asyncio.gather(*(nack_all(c) for c in consumers))
+            letters = await read_all(client, "dlf-s-DLQ", 10)
+            assert sorted(m.value for m in letters) == sorted(b"m%d" % i for i in range(10))
+            assert len({m.properties[ORIGIN_MESSAGE_ID] for m in letters}) == 10
+            for consumer in consumers:
+                await wait_all_acked(consumer)
+                await consumer.close()
+
+    rpc.run(main())
+
+
+def test_bad_dead_letter_settings_are_refused(meta: list[str]) -> None:
+    with pytest.raises(ConfigError, match="dead_letter_max_redeliveries"):
+        ConsumerConfig(dead_letter_max_redeliveries=-1).validate()
+    with pytest.raises(UsageError, match="dead-letter stream name 'no way'"):
+        ConsumerConfig(dead_letter_stream="no way").validate()
+
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("dlbad", StreamConfig(writer_lease_ttl_ms=1000))
+            with pytest.raises(UsageError, match="cannot be 'dlbad' itself"):
+                await client.subscribe("dlbad", "s", config=ConsumerConfig(
+                    dead_letter_max_redeliveries=1, dead_letter_stream="dlbad"))
+            # Refused before anything was held: the subscription is free.
+            consumer = await client.subscribe("dlbad", "s", config=ConsumerConfig(
+                lease_wait_ms=0))
+            await consumer.close()
 
     rpc.run(main())

@@ -30,6 +30,11 @@ from quorumlog.stream._client import (
 from quorumlog.stream._compaction import CompactionConflictError, CompactionOutcome
 from quorumlog.stream._config import OffloadPolicy, RetentionPolicy, RolloverPolicy, StreamConfig
 from quorumlog.stream._consumer import Consumer, ConsumerConfig
+from quorumlog.stream._dead_letter import (
+    ORIGIN_MESSAGE_ID,
+    REAL_TOPIC,
+    dead_letter_stream_name,
+)
 from quorumlog.stream._entry import (
     BATCH_MESSAGES_MAX,
     ENTRY_HEADER_BYTES,
@@ -118,6 +123,8 @@ __all__ = [
     "ENTRY_PREFIX_WORD",
     "LATEST",
     "MESSAGE_HEADER_BYTES",
+    "ORIGIN_MESSAGE_ID",
+    "REAL_TOPIC",
     "TRIMMER_KEY",
     "VIEW_START",
     "BadPositionError",
@@ -183,6 +190,7 @@ __all__ = [
     "abort_job_ledgers",
     "check_name",
     "compacted_view",
+    "dead_letter_stream_name",
     "decode_entry",
     "decode_entry_columns",
     "decode_properties",

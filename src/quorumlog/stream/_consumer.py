@@ -45,6 +45,7 @@ from quorumlog.ledger import LedgerClient
 from quorumlog.log import get_logger
 from quorumlog.meta import CompactedError, DeleteOp, PutOp
 from quorumlog.stream._cursor import AckTracker, CursorState, Key
+from quorumlog.stream._dead_letter import DeadLetterSender, dead_letter_stream_name
 from quorumlog.stream._errors import SubscriptionBusyError
 from quorumlog.stream._layout import (
     StreamRecord,
@@ -120,6 +121,13 @@ class ConsumerConfig(Config, frozen=True):
     # subscription at "earliest" (or a seek to it) starts at the view's first
     # message, even one whose ledger retention has trimmed.
     read_compacted: bool = False
+    # Pulsar's DeadLetterPolicy (docs/stream.md, "Dead-letter streams"): a
+    # message delivered 1 + this many times that would come again goes to the
+    # dead-letter stream instead and is acknowledged here; 0 is off.
+    dead_letter_max_redeliveries: int = 0
+    # The dead-letter stream (created with one partition when missing); empty:
+    # "<stream>-<subscription>-DLQ", Pulsar's default name.
+    dead_letter_stream: str = ""
 
     def validate(self) -> None:
         require(self.initial_position in (EARLIEST, LATEST),
@@ -136,6 +144,10 @@ class ConsumerConfig(Config, frozen=True):
         require(self.ack_flush_ms >= 0, "ack_flush_ms must be >= 0")
         require(self.unacked_messages_max >= 1, "unacked_messages_max must be >= 1")
         require(self.lease_ttl_ms >= 500, "lease_ttl_ms must be >= 500")
+        require(self.dead_letter_max_redeliveries >= 0,
+                "dead_letter_max_redeliveries must be >= 0 (0: off)")
+        if self.dead_letter_stream:
+            check_name("dead-letter stream", self.dead_letter_stream)
 
 
 async def load_or_create_cursor(client: LedgerClient, record: StreamRecord, subscription: str,
@@ -196,6 +208,12 @@ class Consumer:
         self._redelivered: dict[tuple[int, Key], int] = {}  # redelivery counts
         # With ack_timeout_ms: unacknowledged deliveries in delivery order.
         self._delivered_at: dict[tuple[int, Key], tuple[float, Message]] = {}
+        self._dead_letters: DeadLetterSender | None = None
+        if config.dead_letter_max_redeliveries:
+            self._dead_letters = DeadLetterSender(
+                client, record.name,
+                dead_letter_stream_name(record.name, subscription, config.dead_letter_stream),
+                self._dead_lettered, self._unacked_here)
 
     @classmethod
     async def open(cls, client: LedgerClient, stream: str, subscription: str, *,
@@ -204,6 +222,8 @@ class Consumer:
         config.validate()
         check_name("subscription", subscription)
         record = await load_record(client.meta, stream)
+        if config.dead_letter_max_redeliveries:  # a bad name fails here, not at a dead letter
+            dead_letter_stream_name(record.name, subscription, config.dead_letter_stream)
         session_id = await client.meta.create_session(config.lease_ttl_ms)
         try:
             if config.subscription_type == FAILOVER:
@@ -448,6 +468,10 @@ class Consumer:
             slot = (message.partition, key)
             count = self._redelivered.get(slot, message.redelivery_count) + 1
             self._redelivered[slot] = count
+            if self._dead_letters is not None and count > self._config.dead_letter_max_redeliveries:
+                # Delivered 1 + max times: to the dead-letter stream, acknowledged once there.
+                self._dead_letters.put(msgspec.structs.replace(message, redelivery_count=count - 1))
+                continue
             again = msgspec.structs.replace(message, redelivery_count=count)
             if self._config.ack_timeout_ms:
                 self._delivered_at[slot] = (now, again)
@@ -470,6 +494,24 @@ class Consumer:
         due = (asyncio.get_running_loop().time()
                + self._config.negative_ack_redelivery_delay_ms / 1000)
         heapq.heappush(self._redeliver, (due, next(self._tie), message))
+
+    def _unacked_here(self, message: Message) -> bool:
+        """Delivered by this consumer and not acknowledged (its partition still
+        this consumer's)."""
+        tracker = self._trackers.get(message.partition)
+        return tracker is not None and tracker.is_unacked(message.seq_position.key)
+
+    async def _dead_lettered(self, message: Message) -> None:
+        """A dead letter is durable in the dead-letter stream: acknowledge it here
+        (unless acknowledged meanwhile, or its partition was handed over: the
+        next owner delivers it again)."""
+        if not self._unacked_here(message):
+            return
+        self._trackers[message.partition].ack(message.seq_position)
+        self._redelivered.pop((message.partition, message.seq_position.key), None)
+        self._metrics.dead_lettered_messages += 1
+        if self._config.ack_flush_ms == 0:
+            await self.flush_acks()
 
     def _forget(self, partition: int, up_to: Key | None = None) -> None:
         """Stop timing, counting and redelivering the partition's messages (only
@@ -652,6 +694,8 @@ class Consumer:
         self._closed = True
         if self._counted:
             self._metrics.consumers -= 1
+        if self._dead_letters is not None:
+            await self._dead_letters.close()
         for task in (self._balancer, self._flusher, self._keepalive):
             if task is not None:
                 task.cancel()

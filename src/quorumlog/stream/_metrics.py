@@ -56,6 +56,7 @@ class StreamMetrics:
     consumers: int = 0
     rollovers: int = 0
     redelivered_messages: int = 0  # consumers' negative acks and ack timeouts
+    dead_lettered_messages: int = 0  # sent to a dead-letter stream, then acknowledged
     backlog_entries: dict[str, int] = field(default_factory=dict)  # by subscription
 
 
@@ -130,6 +131,9 @@ class _StreamCollector(Collector):
         yield counter("quorumlog_stream_redelivered_messages", "Messages consumers delivered "
                       "again (negative acknowledgements, acknowledgement timeouts).",
                       "redelivered_messages")
+        yield counter("quorumlog_stream_dead_lettered_messages", "Messages consumers sent "
+                      "to the subscription's dead-letter stream after their last "
+                      "redelivery, then acknowledged.", "dead_lettered_messages")
         yield gauge("quorumlog_stream_producers", "Producers open in this process.",
                     "producers")
         yield gauge("quorumlog_stream_consumers", "Consumers open in this process.",
