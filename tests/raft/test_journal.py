@@ -17,8 +17,14 @@ import pytest
 from quorumlog import rpc
 from quorumlog.raft import ConfState, Entry, HardState, WalRaftStorage
 from quorumlog.raft._driver import HostConfig, RaftHost
-from quorumlog.raft._journal import JOURNAL_DIR_NAME, HostJournal, JournalRecord, PendingWrite
-from quorumlog.wal import WalConfig
+from quorumlog.raft._journal import (
+    JOURNAL_DIR_NAME,
+    HostJournal,
+    JournalRecord,
+    PendingWrite,
+    split_write,
+)
+from quorumlog.wal import WalConfig, WalEntry
 
 from .driver_support import EchoMachine
 
@@ -154,6 +160,62 @@ def test_a_checkpoint_lets_the_journal_shrink(tmp_path: Path) -> None:
     pending = journal.take_pending(1)
     assert pending is None or len(pending.entries) <= 4096 // 200 + 1
     journal.close()
+
+
+MIB = 1 << 20
+
+
+def test_a_write_larger_than_a_wal_record_is_journaled_in_pieces(tmp_path: Path) -> None:
+    """A follower catching up receives up to 64 MiB of entries in one pass; a WAL
+    record holds 16 MiB. Before the write was split, flush failed the node:
+    "WalEntry(index=2) has 31458... bytes of data; the limit is 16777200". The
+    write comes back whole after the group loses its unsynced tail, also when
+    its fold is carried through a checkpoint before the group opens."""
+    journal = HostJournal.open(tmp_path / JOURNAL_DIR_NAME, config=CONFIG)
+    storage = _open(tmp_path, journal, 1)
+    synced = _written_bytes(tmp_path / "g1")
+    entries = [Entry(term=2, index=n, data=bytes([n]) * MIB) for n in range(2, 32)]  # 30 MiB
+    storage.persist(HardState(term=2, vote=1, commit=31), entries, None, must_sync=True)
+    journal.flush(sync=True)
+    storage.close()
+    journal.close()
+    _lose_unsynced_tail(tmp_path / "g1", synced)
+
+    journal = HostJournal.open(tmp_path / JOURNAL_DIR_NAME, config=CONFIG)
+    journal.checkpoint()  # group 1 not open: its 30 MiB fold is carried, in pieces
+    journal.close()
+    journal = HostJournal.open(tmp_path / JOURNAL_DIR_NAME, config=CONFIG)
+    one = _open(tmp_path, journal, 1)
+    assert [e.data for e in one.entries(2, 32, 64 * MIB)] == [e.data for e in entries]
+    assert one.hard_state() == HardState(term=2, vote=1, commit=31)
+    one.close()
+    journal.close()
+
+
+def test_a_torn_split_write_leaves_a_prefix_of_its_entries_and_the_old_state() -> None:
+    """The pieces carry the reset first and the hard state last: replaying any
+    prefix of them gives a prefix of the write's entries and, until the last
+    piece, the hard state from before (never a commit past the entries)."""
+    entries = [WalEntry(index=n, data=b"e%d" % n + b"." * 90) for n in range(5, 25)]
+    records = split_write(7, 5, b"new-state", entries, entry_bytes_max=250)
+    assert len(records) == 10 and all(sum(len(d) for _, d in r.entries) <= 250
+                                      for r in records)  # 2 entries of 92-93 bytes each
+    assert [r.reset_index for r in records] == [5] + [0] * 9
+    assert [r.state for r in records] == [None] * 9 + [b"new-state"]
+    for kept in range(1, len(records) + 1):
+        fold = PendingWrite()
+        fold.fold(JournalRecord(7, 0, b"old-state", [(i, b"old") for i in range(1, 30)]))
+        for record in records[:kept]:
+            fold.fold(record)
+        got = [(e.index, e.data) for e in fold.entries]
+        assert got == [(e.index, e.data) for e in entries][:len(got)]
+        assert len(got) == sum(len(r.entries) for r in records[:kept])
+        assert fold.state == (b"new-state" if kept == len(records) else b"old-state")
+        assert fold.floor == 5
+    # One entry over the bound is a record of its own; an empty write is one record.
+    big = [WalEntry(index=1, data=b"x" * 300), WalEntry(index=2, data=b"y")]
+    assert [len(r.entries) for r in split_write(7, 0, None, big, entry_bytes_max=250)] == [1, 1]
+    assert split_write(7, 0, b"s", []) == [JournalRecord(7, 0, b"s", [])]
 
 
 def test_a_host_restarts_with_every_acknowledged_proposal_after_losing_tails(

@@ -6,8 +6,10 @@ test runs last (it restarts the killed node at the end).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,12 +19,15 @@ import pytest
 
 from inprocess_cli import run_cli, run_cli_process
 from quorumlog import node as cluster
+from quorumlog import rpc
 from quorumlog.table import (
+    VALUE_BYTES_MAX,
     BlockingTableClient,
     CheckType,
     KeyTooLargeError,
     Mutation,
     NotAnIntegerError,
+    TableClient,
     TableExistsError,
     UnknownTableError,
     ValueTooLargeError,
@@ -248,6 +253,51 @@ def test_cli_multi_record_ttl_count_and_check_commands(cluster_dir: Path) -> Non
         assert needle in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert ok("count", "shell", "h") == "3\n"
     ok("drop", "shell", "--yes")
+
+
+LARGEST_AT_ONCE = 40  # a leader's pass of 40 MiB for one group
+LARGEST_WHILE_DOWN = 60  # a follower comes back 60 MiB behind
+LARGEST_DEADLINE_S = 60.0
+
+
+def test_many_largest_values_at_once_and_a_follower_catching_up_on_them(
+        cluster_dir: Path, tables: BlockingTableClient) -> None:
+    """Values of the largest size, many at once, to one partition: a leader's
+    pass holds 40 MiB of one group, and a follower that was down catches up on
+    60 MiB at once. Before, each was one record of the node's Raft journal, over
+    the WAL's 16 MiB record limit: the leader's node failed ("WalEntry has
+    27252010 bytes of data; the limit is 16777200"), the retried writes failed
+    the next leader too, and a node that fell behind failed at every restart.
+
+    The follower's catch-up is checked by a write it must acknowledge: the other
+    follower is down by then, so the leader commits only with it."""
+    tables.create_table("largest", partitions=1, replicas=REPLICAS)
+    value = b"v" * VALUE_BYTES_MAX
+    meta = cluster.meta_addresses(cluster_dir)
+
+    async def set_all(keys: range) -> None:
+        async with TableClient(meta, deadline_s=LARGEST_DEADLINE_S) as client:
+            await asyncio.gather(*(client.set("largest", b"h%d" % i, b"s", value)
+                                   for i in keys))
+
+    rpc.run(set_all(range(LARGEST_AT_ONCE)))
+    tables.set("largest", b"warm", b"s", b"1")  # the client learns the leader
+    leader_address = tables._client._leaders[(tables.table_info("largest").record.table_id, 0)]
+    behind, other = [n for n in cluster.load(cluster_dir) if n.address != leader_address]
+    os.kill(behind.pid, signal.SIGKILL)
+    rpc.run(set_all(range(LARGEST_AT_ONCE, LARGEST_AT_ONCE + LARGEST_WHILE_DOWN)))
+    os.kill(other.pid, signal.SIGKILL)
+    try:
+        # Meta has a majority again once `behind` is back (the leader's node and it).
+        cluster.restart_node(cluster_dir, behind.id, serving_timeout_s=LARGEST_DEADLINE_S)
+        tables.set("largest", b"after", b"s", b"acknowledged by the caught-up follower")
+    finally:
+        cluster.restart_node(cluster_dir, other.id, serving_timeout_s=LARGEST_DEADLINE_S)
+    for node in cluster.load(cluster_dir):
+        assert b'"node_failed"' not in Path(node.log).read_bytes(), node
+    total = LARGEST_AT_ONCE + LARGEST_WHILE_DOWN
+    assert all(tables.get("largest", b"h%d" % i, b"s") == value for i in range(total))
+    tables.drop_table("largest")
 
 
 def test_leader_killed_while_writing_loses_no_acknowledged_write(

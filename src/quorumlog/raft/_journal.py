@@ -31,6 +31,19 @@ group; folds of groups not opened yet are carried into the next checkpoint.
 Journal records are WAL entries (``quorumlog.wal``: CRC-chained, torn tails
 repaired) whose index is the journal sequence and whose data is a msgpack
 :class:`JournalRecord`.
+
+**Record size.** A WAL record holds at most ``record_size_max_bytes`` (16 MiB),
+and one group's write of one pass can be far larger: a follower catching up
+receives up to ``max_inflight_bytes`` (64 MiB) of entries at once, a leader
+may take dozens of 1 MiB table writes in one pass. So a write is journaled as
+several records of at most ``RECORD_ENTRY_BYTES_MAX`` of entry data each (one
+entry alone when it is larger): the snapshot reset in the first, the hard
+state in the last. Folding them in order has the effect of the whole write;
+a crash that keeps only a prefix of them leaves a prefix of the write's
+entries and the previous hard state, as a torn write of the group's own WAL
+does (nothing of the pass was acknowledged before its sync). Before, such a
+write failed the whole node ("WalEntry has 27252010 bytes of data; the limit
+is 16777200"), and the retried writes then failed the next leader too.
 """
 
 from __future__ import annotations
@@ -52,6 +65,10 @@ JOURNAL_DIR_NAME = "journal"
 CHECKPOINT_BYTES_DEFAULT = 64 * 1024 * 1024
 """Journal bytes written between checkpoints: bounds replay work and disk use
 (a checkpoint costs one fdatasync per group written since the last one)."""
+
+RECORD_ENTRY_BYTES_MAX = 4 * 1024 * 1024
+"""Entry data per journal record (module doc, "Record size"); far below the WAL's
+record limit, so that one entry up to the group WAL's own limit still fits."""
 
 
 class JournalRecord(msgspec.Struct, frozen=True, array_like=True, gc=False):
@@ -96,10 +113,28 @@ class PendingWrite:
         if record.state is not None:
             self.state = record.state
 
-    def record(self, group_id: int) -> JournalRecord:
-        """The fold as one record (carried into a checkpoint)."""
-        return JournalRecord(group_id, self.floor, self.state,
-                             [(e.index, e.data) for e in self.entries])
+    def records(self, group_id: int) -> list[JournalRecord]:
+        """The fold as records (carried into a checkpoint)."""
+        return split_write(group_id, self.floor, self.state, self.entries)
+
+
+def split_write(group_id: int, reset_index: int, state: bytes | None,
+                entries: Iterable[WalEntry],
+                entry_bytes_max: int = RECORD_ENTRY_BYTES_MAX) -> list[JournalRecord]:
+    """One group's write as journal records of at most ``entry_bytes_max`` of
+    entry data each (an entry larger than that alone): the reset in the first,
+    the hard state in the last; at least one record."""
+    chunks: list[list[tuple[int, bytes]]] = [[]]
+    size = 0
+    for entry in entries:
+        if chunks[-1] and size + len(entry.data) > entry_bytes_max:
+            chunks.append([])
+            size = 0
+        chunks[-1].append((entry.index, entry.data))
+        size += len(entry.data)
+    last = len(chunks) - 1
+    return [JournalRecord(group_id, reset_index if n == 0 else 0, state if n == last else None,
+                          chunk) for n, chunk in enumerate(chunks)]
 
 
 class SyncableWal(Protocol):
@@ -156,11 +191,11 @@ class HostJournal:
     def add(self, group_id: int, wal: SyncableWal, reset_index: int, state: bytes | None,
             entries: Iterable[WalEntry]) -> None:
         """Journal one group's write of this pass (written by :meth:`flush`)."""
-        record = JournalRecord(group_id, reset_index, state, [(e.index, e.data) for e in entries])
-        data = _ENCODER.encode(record)
-        self._records.append(WalEntry(index=self._next, data=data))
-        self._next += 1
-        self._bytes_since_checkpoint += len(data)
+        for record in split_write(group_id, reset_index, state, entries):
+            data = _ENCODER.encode(record)
+            self._records.append(WalEntry(index=self._next, data=data))
+            self._next += 1
+            self._bytes_since_checkpoint += len(data)
         self._dirty[group_id] = wal
 
     def flush(self, *, sync: bool) -> None:
@@ -190,8 +225,9 @@ class HostJournal:
         covered = self._next - 1
         carried = []
         for group_id, write in sorted(self.pending.items()):
-            carried.append(WalEntry(index=self._next, data=_ENCODER.encode(write.record(group_id))))
-            self._next += 1
+            for record in write.records(group_id):
+                carried.append(WalEntry(index=self._next, data=_ENCODER.encode(record)))
+                self._next += 1
         self._wal.save(covered.to_bytes(8, "little"), carried, sync=True)
         self._checkpoint = covered
         self._bytes_since_checkpoint = 0
