@@ -360,6 +360,35 @@ def test_oversize_request_is_refused_locally_and_connection_survives() -> None:
     run(body())
 
 
+def test_an_answer_over_the_frame_limit_is_a_clear_error_and_the_server_goes_on() -> None:
+    """A handler whose answer will not fit a frame (a multi_get of many large
+    values) gets the caller a ResponseTooLargeError naming the sizes, logged as
+    a warning; before, a RemoteInternalError ("ValueError: response of ... >
+    max_frame_bytes") and an error with its traceback in the server's log."""
+    from structlog.testing import capture_logs
+
+    async def big(request: EchoRequest, ctx: rpc.RequestContext) -> Any:
+        return EchoResponse(n=request.n), bytes(request.n)
+
+    async def body() -> list[MutableMapping[str, Any]]:
+        server = await started({EchoRequest: big}, config=rpc.RpcConfig(max_frame_bytes=64 * 1024))
+        conn = await rpc.connect("127.0.0.1", server.port)
+        try:
+            expected = r"over the connection's limit of 65,536 \(max_frame_bytes\)"
+            with (capture_logs() as logs,
+                  pytest.raises(rpc.ResponseTooLargeError, match=expected) as caught):
+                await conn.call(EchoRequest(n=100_000))
+            assert isinstance(caught.value, UsageError) and not caught.value.retriable
+            assert (await conn.call(EchoRequest(n=1000))).n == 1000
+            return logs
+        finally:
+            await conn.close()
+            await server.close()
+
+    logs = run(body())
+    assert [(e["event"], e["log_level"]) for e in logs] == [("rpc_response_too_large", "warning")]
+
+
 def test_listening_on_a_taken_port_is_a_clear_error() -> None:
     async def body() -> None:
         first = await started()

@@ -73,6 +73,7 @@ from ._errors import (
     ConnectFailedError,
     ConnectionClosedError,
     RemoteInternalError,
+    ResponseTooLargeError,
     UnsupportedRequestError,
     register_error,
 )
@@ -114,6 +115,7 @@ __all__ = [
     "RemoteInternalError",
     "Request",
     "RequestContext",
+    "ResponseTooLargeError",
     "RpcConfig",
     "RpcSecurityConfig",
     "Server",

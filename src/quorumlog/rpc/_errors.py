@@ -57,6 +57,11 @@ class UnsupportedRequestError(UsageError):
     """The server has no handler for this request type."""
 
 
+class ResponseTooLargeError(UsageError):
+    """The answer to this request would be larger than the connection's frame
+    limit (``max_frame_bytes``): ask for less at once (fewer keys, smaller pages)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ErrorCode:
     code: int
@@ -107,6 +112,7 @@ for _code, _cls, _details in (
     (23, AuthenticationError, ()),
     (24, RemoteInternalError, ()),
     (25, UnsupportedRequestError, ()),
+    (26, ResponseTooLargeError, ()),
 ):
     register_error(_code, _cls, _details)
 

@@ -30,6 +30,7 @@ from ._config import RpcConfig, RpcSecurityConfig
 from ._errors import (
     AuthenticationError,
     RemoteInternalError,
+    ResponseTooLargeError,
     UnsupportedRequestError,
     error_to_wire,
 )
@@ -573,8 +574,11 @@ class _ServerProtocol(FramedProtocol):
         if len(frame) + payload_bytes > self._send_limit_bytes:
             size = len(frame) + payload_bytes
             limit = self._send_limit_bytes
-            too_large = ValueError(f"response of {size} bytes > max_frame_bytes {limit}")
-            self._send_internal_error(request_id, entry, too_large)
+            log().warning("rpc_response_too_large", request=entry.cls.__name__, peer=self.peer,
+                          request_id=request_id, bytes=size, limit=limit)
+            self._send_error(request_id, ResponseTooLargeError(
+                f"the answer to {entry.cls.__name__} would be {size:,} bytes, over the "
+                f"connection's limit of {limit:,} (max_frame_bytes); ask for less at once"))
             return
         self._send(frame, payload, payload_bytes)  # type: ignore[arg-type]
 

@@ -81,6 +81,9 @@ REPLACED_SUFFIX = ".replaced"
 KEY_FORMAT_VERSION = STORE_KEY_PREFIX + b"format_version"
 STORE_FORMAT_VERSION = 1
 SCAN_LIMIT_MAX = 10_000  # records one scan call returns at most; page for more
+# A scan page also ends once it holds this many bytes of keys and values (one
+# record at least): pages of large values would not fit an rpc frame (16 MiB).
+SCAN_PAGE_BYTES_MAX = 4 * 1024 * 1024
 INFO_LOG_FILES_MAX = 2
 _U64 = struct.Struct(">Q")
 # applied_decree, and the smallest timestamp of an entry with local writes
@@ -339,14 +342,16 @@ class TableStore:
             else:
                 low, start_inclusive = after, False
         items: list[ScanItem] = []
+        size = 0
         for key, record in self._live(low, high, now_s, reverse=reverse,
                                       start_inclusive=start_inclusive,
                                       stop_inclusive=stop_inclusive):
-            if len(items) == limit:
+            if len(items) == limit or size >= SCAN_PAGE_BYTES_MAX:
                 return ScanPage(items, next_after=_raw_key(items[-1]))
             hash_key, sort_key = decode_key(key)
             items.append(ScanItem(hash_key, sort_key, record.value, record.expire_ts_s,
                                   record.timetag))
+            size += len(key) + len(record.value)
         return ScanPage(items, next_after=None)
 
     def _live(self, low: bytes, high: bytes | None, now_s: int, *, reverse: bool,
