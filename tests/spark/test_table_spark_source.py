@@ -151,3 +151,25 @@ def test_stale_ok_reads_each_partition_from_a_follower(spark: Any, meta: list[st
     assert read == sorted(rows)
     served = {n: c - before[n] for n, c in _scans(cluster_dir).items() if c != before[n]}
     assert set(served) == {follower}, served
+
+
+LARGE_ROWS = 60
+LARGE_VALUE_BYTES = 500_000  # 30 MB under one hash key
+
+
+def test_large_values_under_one_hash_key_are_written_and_read_back(
+        spark: Any, meta: list[str]) -> None:
+    """60 values of 500 KB under one hash key. Before: the writer put up to 500
+    items in one multi_set (30 MB: "a proposal of ... bytes exceeds
+    max_entry_data_bytes", the job failed), and a read's scan page of 1,000
+    records did not fit an rpc frame. Now calls and pages end at 4 MiB."""
+    with BlockingTableClient(meta) as tables:
+        tables.create_table("sparkbig", partitions=2, replicas=3)
+    rows = [(b"one", b"s%02d" % i, bytes([i]) * LARGE_VALUE_BYTES) for i in range(LARGE_ROWS)]
+    frame = spark.createDataFrame(rows, "hash_key binary, sort_key binary, value binary")
+    (frame.coalesce(1).write.format("quorumlog.table").option("meta", ",".join(meta))
+     .option("table", "sparkbig").mode("append").save())
+    read = (spark.read.format("quorumlog.table").option("meta", ",".join(meta))
+            .option("table", "sparkbig").load())
+    got = sorted((r.sort_key, len(r.value), r.value[:1]) for r in read.collect())
+    assert got == [(b"s%02d" % i, LARGE_VALUE_BYTES, bytes([i])) for i in range(LARGE_ROWS)]

@@ -55,6 +55,10 @@ TABLE_ARROW_SCHEMA = pa.schema([
     ("timetag", pa.int64()), ("expire_ts", pa.int64())])
 PAGE_RECORDS_DEFAULT = 1000  # records per scan page = rows per Arrow batch
 WRITE_BATCH_ITEMS_MAX = 500  # sort keys of one multi_set call
+# Bytes of keys and values of one multi_set call (one item at least): a call is
+# one Raft entry, at most 8 MiB (max_entry_data_bytes); before, 500 values of
+# 100 KB under one hash key made a 50 MB call that failed the job.
+WRITE_BATCH_BYTES_MAX = 4 * 1024 * 1024
 WRITES_IN_FLIGHT_MAX = 16  # multi_set calls one task has outstanding
 WRITE_COLUMNS = {"hash_key", "sort_key", "value", "ttl_s"}
 _KEY_TYPES = {"binary", "string"}
@@ -341,9 +345,17 @@ async def _upsert(client: TableClient, table: str,
                   groups: dict[tuple[bytes, int], dict[bytes, bytes]]) -> None:
     calls: list[tuple[bytes, int, dict[bytes, bytes]]] = []
     for (hash_key, ttl_s), items in groups.items():
-        pairs = list(items.items())
-        for first in range(0, len(pairs), WRITE_BATCH_ITEMS_MAX):
-            calls.append((hash_key, ttl_s, dict(pairs[first:first + WRITE_BATCH_ITEMS_MAX])))
+        batch: dict[bytes, bytes] = {}
+        size = 0
+        for sort_key, value in items.items():
+            item_bytes = len(sort_key) + len(value)
+            if batch and (len(batch) == WRITE_BATCH_ITEMS_MAX
+                          or size + item_bytes > WRITE_BATCH_BYTES_MAX):
+                calls.append((hash_key, ttl_s, batch))
+                batch, size = {}, 0
+            batch[sort_key] = value
+            size += item_bytes
+        calls.append((hash_key, ttl_s, batch))
     limit = asyncio.Semaphore(WRITES_IN_FLIGHT_MAX)
 
     async def one(hash_key: bytes, ttl_s: int, items: dict[bytes, bytes]) -> None:
