@@ -280,6 +280,35 @@ def test_a_paused_duplication_holds_the_log_until_it_ships(clusters: Clusters) -
             time.sleep(POLL_INTERVAL_S)
 
 
+GROWN_KEYS = 40
+
+
+def test_records_grown_past_a_call_since_their_block_was_written_still_ship(
+        clusters: Clusters) -> None:
+    """A block ships the records its log entries touched as they are stored now.
+    While a duplication is paused, 40 sort keys of one hash key are set small,
+    then overwritten with 1 MiB values: the resumed shipper's first block (the
+    small sets) holds 40 MiB of one hash key. Before, that was one duplicate
+    call, over the rpc frame limit ("exceeds max_frame_bytes"), retried forever:
+    the duplication never converged. Calls now end at 4 MiB."""
+    big = b"b" * (1024 * 1024)
+    with BlockingTableClient(clusters.meta(clusters.one)) as one, \
+            BlockingTableClient(clusters.meta(clusters.two)) as two:
+        one.create_table("grown", partitions=1, replicas=3)
+        two.create_table("grown", partitions=1, replicas=3)
+        dup = one.add_dup("grown", "two")
+        one.update_dup("grown", dup.dup_id, state=DupState.PAUSE)
+        for i in range(GROWN_KEYS):
+            one.set("grown", b"h", b"s%02d" % i, b"small")
+        for i in range(GROWN_KEYS):
+            one.set("grown", b"h", b"s%02d" % i, big)
+        one.update_dup("grown", dup.dup_id, state=DupState.LOG)
+        converged = wait_converged(one, two, "grown", expect=GROWN_KEYS)
+        assert all(value == big for value, _ in converged.values())
+        one.drop_table("grown")
+        two.drop_table("grown")
+
+
 @pytest.mark.slow
 def test_checkpoint_copies_existing_records_then_the_log(clusters: Clusters) -> None:
     with BlockingTableClient(clusters.meta(clusters.one)) as one, \

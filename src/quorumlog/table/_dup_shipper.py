@@ -172,6 +172,30 @@ def block_of(entries: list[Entry], store: TableStore) -> Block:
     return block
 
 
+DUPLICATE_COMMAND_BYTES_MAX = 4 * 1024 * 1024
+"""Record bytes of one duplicate call (one record at least). A hash key's records
+in one block can add up past what the remote takes in one Raft entry (8 MiB,
+``max_entry_data_bytes``), which no retry would ever get through: they go as
+several calls (each record is applied last-writer-wins on its own)."""
+
+
+def split_duplicate(command: DuplicateCommand,
+                    bytes_max: int = DUPLICATE_COMMAND_BYTES_MAX) -> list[DuplicateCommand]:
+    """``command`` as commands of at most ``bytes_max`` of record bytes each."""
+    pieces: list[list[tuple[bytes, bytes, int, int]]] = [[]]
+    size = 0
+    for record in command.records:
+        record_bytes = len(record[0]) + len(record[1])
+        if pieces[-1] and size + record_bytes > bytes_max:
+            pieces.append([])
+            size = 0
+        pieces[-1].append(record)
+        size += record_bytes
+    if len(pieces) == 1:
+        return [command]
+    return [DuplicateCommand(command.hash_key, tuple(piece)) for piece in pieces]
+
+
 @dataclass(slots=True)
 class Shipper:
     """Ships one partition's log to one remote cluster while this node leads it."""
@@ -363,7 +387,8 @@ class Shipper:
                     backoff_ms = min(2 * backoff_ms, RETRY_BACKOFF_MS_MAX)
 
         shipping = asyncio.ensure_future(
-            asyncio.gather(*(one(command) for command in block.commands.values())))
+            asyncio.gather(*(one(piece) for command in block.commands.values()
+                             for piece in split_duplicate(command))))
         try:
             while not shipping.done():  # the lag stays visible while a block is stuck
                 await asyncio.wait({shipping}, timeout=self._report_interval_s())
