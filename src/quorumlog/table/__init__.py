@@ -56,6 +56,7 @@ from quorumlog.table._dup_shipper import (
 )
 from quorumlog.table._errors import (
     BadTableRequestError,
+    DiskInsufficientError,
     KeyTooLargeError,
     NonIdempotentWriteRefusedError,
     NotAnIntegerError,
@@ -137,6 +138,7 @@ __all__ = [
     "ClusterLoad",
     "CollectGarbage",
     "DeleteCommand",
+    "DiskInsufficientError",
     "Done",
     "DupProgress",
     "DupRecord",

@@ -27,6 +27,12 @@ class NotAnIntegerError(BadTableRequestError):
     integer compares of ``check_and_set``)."""
 
 
+class DiskInsufficientError(TableError):
+    """The partition leader's data disk is past ``[table]
+    disk_usage_threshold_fraction``: writes other than deletes are refused
+    until space frees (Pegasus's ERR_DISK_INSUFFICIENT; reads go on)."""
+
+
 class WriteOutcomeUnknownError(TableError):
     """A retried write whose first attempt may or may not have applied, and whose
     result the partition no longer keeps (the client had more than

@@ -19,6 +19,7 @@ from quorumlog.errors import TransientError
 from quorumlog.table._commands import WriteCommand, WriteResult
 from quorumlog.table._errors import (
     BadTableRequestError,
+    DiskInsufficientError,
     KeyTooLargeError,
     NotAnIntegerError,
     ScanContextExpiredError,
@@ -160,5 +161,6 @@ for _code, _cls in (
     (3008, NotEnoughTableNodesError),
     (3009, ScanContextExpiredError),
     (3010, ScanContextsFullError),
+    (3011, DiskInsufficientError),
 ):
     rpc.register_error(_code, _cls)

@@ -35,15 +35,19 @@ from quorumlog.raft import HostConfig, RaftHost, Role
 from quorumlog.table._commands import (
     NON_IDEMPOTENT_COMMANDS,
     NON_IDEMPOTENT_REFUSED,
+    DeleteCommand,
+    MultiDeleteCommand,
     Refused,
     TableEntry,
     WriteCommand,
     combine_entries,
     encode_entry,
 )
+from quorumlog.table._disk import DiskGuard
 from quorumlog.table._dup_gc import LedReplica, TombstoneCollector
 from quorumlog.table._dup_layout import TableFlags, parse_table_extras
 from quorumlog.table._dup_shipper import DupManager, DupSettings, HostedPartition
+from quorumlog.table._errors import DiskInsufficientError
 from quorumlog.table._heartbeat import (
     ChangeExecutor,
     ChangeOutcome,
@@ -105,6 +109,9 @@ WATCH_WAIT_MS = 10_000  # one long-poll of the /table watch
 RETRY_DELAY_S = 1.0  # after a failed registration or watch round
 
 
+DELETE_COMMANDS = (DeleteCommand, MultiDeleteCommand)  # taken while the disk is full
+
+
 class TableConfig(Config, frozen=True):
     """``[table]`` of a node config."""
 
@@ -159,6 +166,12 @@ class TableConfig(Config, frozen=True):
     # an unused one lives (each pins a RocksDB checkpoint of its replica).
     scan_contexts_max: int = SCAN_CONTEXTS_MAX_DEFAULT
     scan_context_idle_ms: int = SCAN_CONTEXT_IDLE_MS_DEFAULT
+    # A leader refuses writes (not deletes) while its data disk is used past
+    # the threshold, until below the low-water mark (table/_disk.py; the
+    # bookie's defaults); the disk is looked at at most this often.
+    disk_usage_threshold_fraction: float = 0.95
+    disk_usage_lwm_fraction: float = 0.90
+    disk_check_interval_ms: int = 100
 
     def validate(self) -> None:
         require(bool(self.zone), "[table] zone must not be empty")
@@ -187,6 +200,9 @@ class TableConfig(Config, frozen=True):
                 "[table] tombstone_gc_interval_ms must be >= 10")
         require(self.scan_contexts_max >= 1, "[table] scan_contexts_max must be >= 1")
         require(self.scan_context_idle_ms >= 1, "[table] scan_context_idle_ms must be >= 1")
+        require(0.0 < self.disk_usage_lwm_fraction < self.disk_usage_threshold_fraction <= 1.0,
+                "[table] need 0 < disk_usage_lwm_fraction < disk_usage_threshold_fraction <= 1")
+        require(self.disk_check_interval_ms >= 1, "[table] disk_check_interval_ms must be >= 1")
         self.scheduler_config().validate()
 
     def dup_settings(self) -> DupSettings:
@@ -231,6 +247,10 @@ class TableService:
         self.config.validate()
         self.data_dir = data_dir / "table"
         self._known_addresses: dict[int, str] = {node_id: address}
+        self.disk = DiskGuard(
+            data_dir, threshold_fraction=self.config.disk_usage_threshold_fraction,
+            lwm_fraction=self.config.disk_usage_lwm_fraction,
+            interval_s=self.config.disk_check_interval_ms / 1000)
         self.host = RaftHost(
             node_id, {node_id: address}, self.data_dir / "raft",
             config=HostConfig(
@@ -471,6 +491,9 @@ class TableService:
         task or coroutine per write: the hot path of every set)."""
         replica = self._replica(request.table_id, request.partition)
         self.host.require_leader(self.host.group(replica.group_id))
+        if self.disk.check() and not all(isinstance(c, DELETE_COMMANDS)
+                                         for c in request.commands):
+            raise DiskInsufficientError(self.disk.message())
         refusal = self._refuse_non_idempotent(replica.table, request.commands)
         if refusal is not None:
             return TableWriteResponse(results=[refusal] * len(request.commands))
