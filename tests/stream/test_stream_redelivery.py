@@ -298,6 +298,35 @@ def test_close_sends_the_dead_letters_queued_so_far(meta: list[str]) -> None:
     rpc.run(main())
 
 
+def test_a_message_the_dead_letter_stream_refuses_is_delivered_again(meta: list[str]) -> None:
+    """Properties at their 64 KiB limit leave no room for REAL_TOPIC and
+    ORIGIN_MESSAGE_ID: the dead-letter stream refuses the message for good
+    (MessageTooLargeError's kind, a UsageError). It must not be stuck
+    unacknowledged nor lost: it comes again as an ordinary redelivery."""
+    async def main() -> None:
+        async with await StreamClient.connect(meta) as client:
+            await client.create_stream("dlr", StreamConfig(writer_lease_ttl_ms=1000))
+            producer = await client.producer("dlr", config=ProducerConfig(batching=False))
+            await producer.send(b"m0", properties={"p": "x" * 65_530})  # 65,536 encoded
+            await producer.close()
+            consumer = await client.subscribe("dlr", "s", config=ConsumerConfig(
+                initial_position="earliest", ack_flush_ms=0,
+                negative_ack_redelivery_delay_ms=0, dead_letter_max_redeliveries=1))
+            counts = []
+            for _ in range(4):
+                message = await next_message(consumer)
+                counts.append(message.redelivery_count)
+                consumer.negative_ack(message)
+            assert counts == [0, 1, 2, 3]  # after 1: refused by the dead letters, then as usual
+            message = await next_message(consumer)
+            await consumer.ack(message)
+            await wait_all_acked(consumer)
+            await consumer.close()
+            await read_all(client, "dlr-s-DLQ", 0)
+
+    rpc.run(main())
+
+
 def test_failover_consumers_share_one_dead_letter_stream(meta: list[str]) -> None:
     """Two failover consumers of a 2-partition stream nack everything: each
     message reaches the dead-letter stream once, though the two consumers take

@@ -213,7 +213,10 @@ class Consumer:
             self._dead_letters = DeadLetterSender(
                 client, record.name,
                 dead_letter_stream_name(record.name, subscription, config.dead_letter_stream),
-                self._dead_lettered, self._unacked_here)
+                on_sent=self._dead_lettered, wanted=self._unacked_here,
+                on_refused=self._dead_letter_refused)
+        # Messages the dead-letter stream refused for good: delivered again as usual.
+        self._not_dead_letters: set[tuple[int, Key]] = set()
 
     @classmethod
     async def open(cls, client: LedgerClient, stream: str, subscription: str, *,
@@ -468,7 +471,9 @@ class Consumer:
             slot = (message.partition, key)
             count = self._redelivered.get(slot, message.redelivery_count) + 1
             self._redelivered[slot] = count
-            if self._dead_letters is not None and count > self._config.dead_letter_max_redeliveries:
+            if (self._dead_letters is not None
+                    and count > self._config.dead_letter_max_redeliveries
+                    and slot not in self._not_dead_letters):
                 # Delivered 1 + max times: to the dead-letter stream, acknowledged once there.
                 self._dead_letters.put(msgspec.structs.replace(message, redelivery_count=count - 1))
                 continue
@@ -501,6 +506,15 @@ class Consumer:
         tracker = self._trackers.get(message.partition)
         return tracker is not None and tracker.is_unacked(message.seq_position.key)
 
+    def _dead_letter_refused(self, message: Message) -> None:
+        """The dead-letter stream refused the message for good: deliver it again
+        now, and from then on as any redelivery (never lost, never stuck)."""
+        slot = (message.partition, message.seq_position.key)
+        self._not_dead_letters.add(slot)
+        self._redelivered[slot] = message.redelivery_count  # the delivery it did not get
+        heapq.heappush(self._redeliver, (asyncio.get_running_loop().time(), next(self._tie),
+                                         message))
+
     async def _dead_lettered(self, message: Message) -> None:
         """A dead letter is durable in the dead-letter stream: acknowledge it here
         (unless acknowledged meanwhile, or its partition was handed over: the
@@ -524,6 +538,7 @@ class Consumer:
             del self._delivered_at[slot]
         for slot in [s for s in self._redelivered if gone(s)]:
             del self._redelivered[slot]
+        self._not_dead_letters = {s for s in self._not_dead_letters if not gone(s)}
         if up_to is None:  # handed over or sought: its pending redeliveries go too
             self._redeliver = [item for item in self._redeliver
                                if item[2].partition != partition]
@@ -552,6 +567,7 @@ class Consumer:
             slot = (message.partition, message.seq_position.key)
             self._delivered_at.pop(slot, None)
             self._redelivered.pop(slot, None)
+            self._not_dead_letters.discard(slot)
         if self._config.ack_flush_ms == 0:
             await self.flush_acks()
 

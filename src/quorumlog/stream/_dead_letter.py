@@ -17,7 +17,11 @@ closes after ``DEAD_LETTER_IDLE_CLOSE_S`` without one, which releases the
 stream's writer lease for another consumer of the subscription (a failover
 member) that has dead letters of its own; that one waits for the lease up to
 the producer's ``lease_wait_ms``. A send that fails is retried with backoff
-through a new producer; the message stays unacknowledged meanwhile.
+through a new producer; the message stays unacknowledged meanwhile. A send
+the dead-letter stream refuses for good (a ``UsageError``: the message with
+the two added properties is over the entry or properties limit) is logged as
+``stream_dead_letter_refused`` and the message is handed back to the
+consumer, which delivers it again as an ordinary redelivery from then on.
 
 At-least-once, as in Pulsar: a consumer that stops (closed, crashed, or a
 failover hand-over) between the send and the persisted acknowledgement has
@@ -75,14 +79,16 @@ class DeadLetterSender:
     that ``wanted`` no longer accepts when its turn comes (acknowledged
     meanwhile, or its partition handed over) is not sent."""
 
-    def __init__(self, client: LedgerClient, stream: str, name: str,
+    def __init__(self, client: LedgerClient, stream: str, name: str, *,
                  on_sent: Callable[[Message], Awaitable[None]],
-                 wanted: Callable[[Message], bool]) -> None:
+                 wanted: Callable[[Message], bool],
+                 on_refused: Callable[[Message], None]) -> None:
         self._client = client
         self._stream = stream
         self.name = name
         self._on_sent = on_sent
         self._wanted = wanted
+        self._on_refused = on_refused
         self._queue: asyncio.Queue[Message] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._producer: Producer | None = None
@@ -118,14 +124,18 @@ class DeadLetterSender:
                     continue
                 try:
                     if self._wanted(message):
-                        await self._send(message)
-                        await self._on_sent(message)
+                        if await self._send(message):
+                            await self._on_sent(message)
+                        else:
+                            self._on_refused(message)
                 finally:
                     self._queue.task_done()
         finally:
             await self._close_producer()
 
-    async def _send(self, message: Message) -> None:
+    async def _send(self, message: Message) -> bool:
+        """True once the message is durable in the dead-letter stream; False when
+        that stream refuses it for good (or it is no longer wanted)."""
         backoff_s = RETRY_BACKOFF_S_MIN
         properties = {**message.properties, REAL_TOPIC: self._stream,
                       ORIGIN_MESSAGE_ID: origin_message_id(message)}
@@ -137,7 +147,12 @@ class DeadLetterSender:
                 log.info("stream_dead_lettered", stream=self._stream, dead_letter=self.name,
                          message=origin_message_id(message),
                          redeliveries=message.redelivery_count)
-                return
+                return True
+            except UsageError as exc:
+                log.error("stream_dead_letter_refused", stream=self._stream,
+                          dead_letter=self.name, message=origin_message_id(message),
+                          error=exc.message)
+                return False
             except QuorumlogError as exc:
                 log.warning("stream_dead_letter_failed", stream=self._stream,
                             dead_letter=self.name, message=origin_message_id(message),
@@ -145,6 +160,7 @@ class DeadLetterSender:
                 await self._close_producer()
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(2 * backoff_s, RETRY_BACKOFF_S_MAX)
+        return False
 
     async def _open(self) -> Producer:
         config = ProducerConfig(batching=False, backlog_interval_ms=0)
