@@ -17,6 +17,7 @@ import contextlib
 import os
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from unittest import mock
@@ -90,6 +91,7 @@ def test_writes_are_refused_before_the_disks_fill_and_taken_again_after(
             assert b'"node_failed"' not in Path(node.log).read_bytes(), node
         with pytest.raises(DiskInsufficientError):
             tables.multi_set("full", b"other", {b"a": b"1"})
+        assert "1.0" in _disk_full_gauges(directory).values(), _disk_full_gauges(directory)
         assert all(tables.get("full", key, b"s") == value for key in acked)
         tables.delete("full", acked[0], b"s")
         assert tables.get("full", acked[0], b"s") is None
@@ -103,3 +105,15 @@ def test_writes_are_refused_before_the_disks_fill_and_taken_again_after(
             assert time.monotonic() < deadline, "writes still refused after the disks grew"
             time.sleep(0.2)
         assert tables.get("full", b"after", b"s") == b"taken again"
+        assert set(_disk_full_gauges(directory).values()) == {"0.0"}
+
+
+def _disk_full_gauges(directory: Path) -> dict[str, str]:
+    """quorumlog_table_disk_full of every node, as its metrics endpoint shows it."""
+    gauges = {}
+    for node in cluster.load(directory):
+        with urllib.request.urlopen(f"http://{node.metrics}/metrics", timeout=10) as page:
+            for line in page.read().decode().splitlines():
+                if line.startswith("quorumlog_table_disk_full{"):
+                    gauges[line.split('node="')[1].split('"')[0]] = line.split()[-1]
+    return gauges

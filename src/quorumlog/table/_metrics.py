@@ -58,6 +58,8 @@ class _Node(Protocol):
 
     def group_counts(self) -> tuple[int, int]: ...
 
+    def disk_full(self) -> bool: ...
+
 
 _nodes: weakref.WeakSet[_Node] = weakref.WeakSet()
 _lock = threading.Lock()
@@ -156,6 +158,10 @@ class _TableCollector(Collector):
                                ["node"], [([n], hosted) for n, (hosted, _) in counts])
         yield rpc.gauge_family("quorumlog_table_groups_led", "Partition replicas led.",
                                ["node"], [([n], led) for n, (_, led) in counts])
+        yield rpc.gauge_family(
+            "quorumlog_table_disk_full", "1 while this node's partition leaders refuse writes "
+            "for a full data disk (disk_usage_threshold_fraction), else 0.", ["node"],
+            [([str(node.node_id)], int(node.disk_full())) for node in nodes])
 
 
 rpc.metrics_registry.register(_TableCollector())

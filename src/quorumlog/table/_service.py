@@ -298,6 +298,12 @@ class TableService:
     def hosts_group(self, group_id: int) -> bool:
         return group_id in self._replicas
 
+    def disk_full(self) -> bool:
+        """Whether writes are refused for the data disk, looked at again if the
+        last look is old (the metrics scrape: a node that stopped leading would
+        otherwise show its last verdict forever)."""
+        return self.disk.check()
+
     def group_counts(self) -> tuple[int, int]:
         """(replicas hosted, replicas led), for the metrics scrape thread."""
         replicas = list(self._replicas.values())
