@@ -155,11 +155,15 @@ def list_(
 ) -> None:
     """List keys under a prefix: value, version, size (-o wide|json|yaml for revisions
     and sessions; json and yaml carry whole values)."""
+    from quorumlog import rpc
     from quorumlog.meta import BlockingMetaClient
 
     fmt = output_format(output)
     with BlockingMetaClient(_members(members, directory)) as meta:
-        kvs = meta.list_keys(prefix, limit=limit)
+        try:
+            kvs = meta.list_keys(prefix, limit=limit)
+        except rpc.ResponseTooLargeError:  # large values: in pages that fit
+            kvs = meta.list_pages(prefix, limit=limit)
     rows = [_kv_row(kv, encoding) for kv in kvs]
     columns = (
         field("key", no_wrap=True), _value_column(encoding), field("version"),

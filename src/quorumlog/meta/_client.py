@@ -97,6 +97,18 @@ LEADER_HINT_HOLD_OFF_S = 30.0
 UNREACHABLE_EXTRA_MAX = 16
 
 
+LIST_PAGE_KEYS = 256
+"""Keys per page of :meth:`MetaClient.list_pages` (halved while a page is too large)."""
+
+
+def _prefix_end(prefix: str) -> str:
+    """The first key after every key that starts with ``prefix``."""
+    stripped = prefix.rstrip("\U0010ffff")
+    if not stripped:
+        return "\U0010ffff" * 4
+    return stripped[:-1] + chr(ord(stripped[-1]) + 1)
+
+
 class MetaClient:
     """asyncio client; use as ``async with MetaClient([...]) as meta:``."""
 
@@ -396,6 +408,34 @@ class MetaClient:
                                      serializable=serializable)
         return list(result.kvs)
 
+    async def list_pages(self, prefix: str, *, limit: int = 0,
+                         page_keys: int = LIST_PAGE_KEYS) -> list[KeyValue]:
+        """The keys under ``prefix`` like :meth:`list_keys`, fetched in pages that
+        fit an rpc frame (a page whose answer is too large is asked again at half
+        the size), for prefixes whose values add up past ``max_frame_bytes``.
+        Not one snapshot: each page is read at its own revision."""
+        out: list[KeyValue] = []
+        after: str | None = None
+        while not limit or len(out) < limit:
+            want = page_keys if not limit else min(page_keys, limit - len(out))
+            try:
+                if after is None:
+                    kvs = await self.list_keys(prefix, limit=want)
+                else:
+                    result, _ = await self.range(after + "\0", end=_prefix_end(prefix),
+                                                 limit=want)
+                    kvs = [kv for kv in result.kvs if kv.key.startswith(prefix)]
+            except rpc.ResponseTooLargeError:
+                if page_keys == 1:
+                    raise
+                page_keys = max(1, page_keys // 2)
+                continue
+            out.extend(kvs)
+            if len(kvs) < want:
+                break
+            after = kvs[-1].key
+        return out
+
     # ----- sessions, ids, compaction -----------------------------------------
 
     async def create_session(self, ttl_ms: int) -> int:
@@ -536,6 +576,9 @@ class BlockingMetaClient:
 
     def get(self, key: str, *, serializable: bool = False) -> KeyValue | None:
         return self._run(self._client.get(key, serializable=serializable))
+
+    def list_pages(self, prefix: str, *, limit: int = 0) -> list[KeyValue]:
+        return self._run(self._client.list_pages(prefix, limit=limit))
 
     def list_keys(
         self, prefix: str, *, limit: int = 0, serializable: bool = False
