@@ -116,3 +116,55 @@ def test_killed_bookie_is_replicated_away(four_nodes: Path) -> None:
     assert cli("recovery", "enable", "--dir", str(four_nodes)).returncode == 0
     rpc.run(_wait_replicated(meta_addresses, ledgers, victim))
     rpc.run(_check_full_quorum(meta_addresses, ledgers, victim))
+
+
+LARGE_ENTRIES = 36  # about 24 on each bookie of an ensemble of 3: 24 MB a copy
+LARGE_ENTRY_BYTES = 1_000_000
+
+
+def _large(ledger_id: int, entry_id: int) -> bytes:
+    return (b"%d:%d:" % (ledger_id, entry_id)).ljust(LARGE_ENTRY_BYTES, b"x")
+
+
+def test_ledgers_of_large_entries_are_replicated_away(four_nodes: Path) -> None:
+    """Entries of 1 MB: a worker's copy batch (up to 64 entries) must not become
+    one add request past the rpc frame limit (16 MiB). Before, it did: "
+    AddEntriesRequest of ... bytes exceeds max_frame_bytes", the task failed and
+    was retried forever, and the ledgers stayed under-replicated."""
+    infos = cluster.load(four_nodes)
+    victim_info = infos[3]
+    victim = victim_info.address
+    meta_addresses = cluster.meta_addresses(four_nodes)
+
+    async def write() -> list[int]:
+        async with LedgerClient.connect(meta_addresses) as client:
+            ids: list[int] = []
+            named = False
+            while len(ids) < 3 or not named:
+                assert len(ids) < 8, "random placement kept the victim out of 8 ledgers"
+                handle = await client.create_ledger(3, 2, 2, password=b"pw")
+                for e in range(LARGE_ENTRIES):
+                    await handle.append(_large(handle.id, e))
+                await handle.close()
+                ids.append(handle.id)
+                named = named or any(victim in f.bookies for f in handle.metadata.ensembles)
+            return ids
+
+    ledgers = rpc.run(write())
+    os.kill(victim_info.pid, signal.SIGKILL)
+    rpc.run(_wait_replicated(meta_addresses, ledgers, victim))
+
+    async def check() -> None:
+        async with LedgerClient.connect(meta_addresses) as client:
+            for ledger_id in ledgers:
+                handle = await client.open_ledger(ledger_id, password=b"pw")
+                assert all(victim not in f.bookies for f in handle.metadata.ensembles)
+                for entry_id in range(LARGE_ENTRIES):
+                    for bookie in handle.metadata.write_set_bookies(entry_id):
+                        reply = await client.context.bookies.read_entry(
+                            bookie, ledger_id, entry_id, timeout_s=5)
+                        assert reply.envelope
+                got = [e.payload async for e in handle.read(0, LARGE_ENTRIES - 1)]
+                assert got == [_large(ledger_id, e) for e in range(LARGE_ENTRIES)]
+
+    rpc.run(check())

@@ -68,6 +68,23 @@ from quorumlog.recovery._store import RecoveryMeta
 _log = get_logger(__name__)
 
 METADATA_CAS_ATTEMPTS_MAX = 16
+COPY_BATCH_BYTES_MAX = 8 * 1024 * 1024
+"""Envelope bytes a copy reads at once (``copy_batch_entries_max`` entries at
+most); its writes go in add requests of ``proto.ADD_BATCH_BYTES_MAX``."""
+
+
+def _byte_batches(items: list[tuple[int, bytes]]) -> list[list[tuple[int, bytes]]]:
+    """``(entry_id, envelope)`` pairs in runs of at most ``ADD_BATCH_BYTES_MAX``
+    bytes (an entry larger than that alone)."""
+    batches: list[list[tuple[int, bytes]]] = [[]]
+    size = 0
+    for item in items:
+        if batches[-1] and size + len(item[1]) > wire.ADD_BATCH_BYTES_MAX:
+            batches.append([])
+            size = 0
+        batches[-1].append(item)
+        size += len(item[1])
+    return batches
 """Compare-and-swap attempts on one ledger's metadata or task before the attempt fails."""
 
 
@@ -317,8 +334,10 @@ class ReplicationWorker:
         if self._config.copy_without_journal:
             flags |= wire.FLAG_NO_JOURNAL
         copied = 0
-        for start in range(0, len(entries), batch_max):
-            batch = entries[start:start + batch_max]
+        start = 0
+        count = 1  # entries read at once: grows once their size is known
+        while start < len(entries):
+            batch = entries[start:start + count]
             envelopes = await asyncio.gather(*(
                 self._read_verified(metadata, slot, entry_id, digest_key, avoid,
                                     own_copy=own_copy)
@@ -327,16 +346,22 @@ class ReplicationWorker:
             # Paced before the write: the worker's copies run concurrently and
             # share the rate, so none may write first and pay later.
             await self._throttle.spend(size)
-            results = await self._client.context.bookies.add_entries(
-                target, metadata.ledger_id, key, list(zip(batch, envelopes, strict=True)),
-                flags=flags, timeout_s=timeout_s)
-            for entry_id, error in zip(batch, results, strict=True):
-                if error is not None:
-                    raise QuorumlogError(
-                        f"ledger {metadata.ledger_id}: bookie {target} refused entry "
-                        f"{entry_id}: {error}")
+            # Add requests of at most ADD_BATCH_BYTES_MAX (a larger entry alone):
+            # before, a batch of 1 MB entries was one request over the rpc frame
+            # limit, refused on every retry, and the ledger stayed under-replicated.
+            for part in _byte_batches(list(zip(batch, envelopes, strict=True))):
+                results = await self._client.context.bookies.add_entries(
+                    target, metadata.ledger_id, key, part, flags=flags, timeout_s=timeout_s)
+                for (entry_id, _), error in zip(part, results, strict=True):
+                    if error is not None:
+                        raise QuorumlogError(
+                            f"ledger {metadata.ledger_id}: bookie {target} refused entry "
+                            f"{entry_id}: {error}")
             copied += size
             BYTES_COPIED.inc(size)
+            start += len(batch)
+            largest = max(len(e) for e in envelopes)
+            count = max(1, min(batch_max, COPY_BATCH_BYTES_MAX // largest))
         return copied
 
     async def _flush(self, ledger_id: int, entries: Sequence[int], target: str,
