@@ -23,6 +23,7 @@ import json
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,6 +53,25 @@ def _until_ok(c: NetnsCluster, *args: str) -> None:
     while (out := c.cli(*args)).returncode != 0:
         assert time.monotonic() < deadline, f"{args}: {out.stderr[-2000:]}"
         time.sleep(0.5)
+
+
+def _stop_writers(writers: dict[str, subprocess.Popen[str]],
+                  stop_file: Path) -> dict[str, dict[str, Any]]:
+    """Stop the dup-writers; each one's result line."""
+    stop_file.touch()
+    outcomes = {}
+    for tag, proc in writers.items():
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, stderr[-3000:]
+        outcomes[tag] = json.loads(stdout.splitlines()[-1])
+    return outcomes
+
+
+def _kill_writers(writers: dict[str, subprocess.Popen[str]]) -> None:
+    for proc in writers.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def _dump(c: NetnsCluster, members: str) -> dict[tuple[str, str], tuple[str, int]]:
@@ -92,17 +112,9 @@ def test_duplication_converges_after_a_partition_between_the_clusters(
         healed_at = time.monotonic()
         c.heal()
         time.sleep(AFTER_S)
-        stop_file.touch()
-        outcomes = {}
-        for tag, proc in writers.items():
-            stdout, stderr = proc.communicate(timeout=120)
-            assert proc.returncode == 0, stderr[-3000:]
-            outcomes[tag] = json.loads(stdout.splitlines()[-1])
+        outcomes = _stop_writers(writers, stop_file)
     finally:
-        for proc in writers.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        _kill_writers(writers)
 
     assert any(p["error"] and p["lag_ms"] > MARGIN_S * 1000 and p["pending_decrees"] > 0
                for p in stuck.values()), f"dup status in the cut shows no stuck shipper: {stuck}"
@@ -208,17 +220,9 @@ def test_duplication_between_three_node_clusters_through_leader_faults(
         c.start_node(receiver)
         killed = None
         time.sleep(AFTER_S)
-        stop_file.touch()
-        outcomes = {}
-        for tag, proc in writers.items():
-            stdout, stderr = proc.communicate(timeout=120)
-            assert proc.returncode == 0, stderr[-3000:]
-            outcomes[tag] = json.loads(stdout.splitlines()[-1])
+        outcomes = _stop_writers(writers, stop_file)
     finally:
-        for proc in writers.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        _kill_writers(writers)
         if killed is not None:
             c.start_node(killed)
 

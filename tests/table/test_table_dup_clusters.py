@@ -142,6 +142,15 @@ def wait_converged(a: BlockingTableClient, b: BlockingTableClient, table: str,
         time.sleep(POLL_INTERVAL_S)
 
 
+def _paused_dup(one: BlockingTableClient, two: BlockingTableClient, table: str) -> Any:
+    """``table`` (1 partition) on both clusters, duplicated one -> two, paused."""
+    one.create_table(table, partitions=1, replicas=3)
+    two.create_table(table, partitions=1, replicas=3)
+    dup = one.add_dup(table, "two")
+    one.update_dup(table, dup.dup_id, state=DupState.PAUSE)
+    return dup
+
+
 def test_two_way_duplication_converges(clusters: Clusters) -> None:
     with BlockingTableClient(clusters.meta(clusters.one)) as one, \
             BlockingTableClient(clusters.meta(clusters.two)) as two:
@@ -262,10 +271,7 @@ def test_a_paused_duplication_holds_the_log_until_it_ships(clusters: Clusters) -
     finds the log lost and has to resync the partition."""
     with BlockingTableClient(clusters.meta(clusters.one)) as one, \
             BlockingTableClient(clusters.meta(clusters.two)) as two:
-        one.create_table("held", partitions=1, replicas=3)
-        two.create_table("held", partitions=1, replicas=3)
-        dup = one.add_dup("held", "two")
-        one.update_dup("held", dup.dup_id, state=DupState.PAUSE)
+        dup = _paused_dup(one, two, "held")
 
         write_spread(one, "held", HELD_WRITES)
         one.update_dup("held", dup.dup_id, state=DupState.LOG)
@@ -294,10 +300,7 @@ def test_records_grown_past_a_call_since_their_block_was_written_still_ship(
     big = b"b" * (1024 * 1024)
     with BlockingTableClient(clusters.meta(clusters.one)) as one, \
             BlockingTableClient(clusters.meta(clusters.two)) as two:
-        one.create_table("grown", partitions=1, replicas=3)
-        two.create_table("grown", partitions=1, replicas=3)
-        dup = one.add_dup("grown", "two")
-        one.update_dup("grown", dup.dup_id, state=DupState.PAUSE)
+        dup = _paused_dup(one, two, "grown")
         for i in range(GROWN_KEYS):
             one.set("grown", b"h", b"s%02d" % i, b"small")
         for i in range(GROWN_KEYS):
