@@ -142,7 +142,12 @@ class TableClient:
                  deadline_s: float = OPERATION_DEADLINE_S,
                  request_timeout_s: float = REQUEST_TIMEOUT_S,
                  exactly_once: bool = True) -> None:
-        self.meta = MetaClient(meta_addresses)
+        # Layout lookups are part of an operation: the same deadline bounds them
+        # (before, a duplication shipper's remote client, 2-10 s, could hang in
+        # meta's own 20 s of retries while the remote was cut off, its error
+        # unrecorded).
+        self.meta = MetaClient(meta_addresses, deadline_s=deadline_s,
+                               request_timeout_s=request_timeout_s)
         self._meta_addresses = list(meta_addresses)
         self._exactly_once = exactly_once
         self._sessions: dict[tuple[int, int], _WriterSession] = {}
