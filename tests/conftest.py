@@ -24,8 +24,10 @@ SLOWEST_FIRST = (
     "tests/stream/test_stream_trimmer.py",  # 54
     "tests/table/test_table_rescheduling.py",  # 50
     "tests/stream/test_stream_compaction.py",  # 49
-    "tests/table/test_table_dup_clusters.py",  # 49
+    "tests/table/test_table_dup_clusters.py",  # 57 (2026-11-29)
+    "tests/table/test_table_cluster.py",  # 54 (2026-11-29)
     "tests/cluster/test_meta_cluster.py",  # 48
+    "tests/recovery/test_recovery_cluster.py",  # 46 (2026-11-29)
     "tests/meta/test_reads_cluster.py",  # 45
     "tests/netns/test_netns_jepsen.py",  # 44
     "tests/stream/test_stream_cluster.py",  # 43

@@ -118,7 +118,7 @@ def test_killed_bookie_is_replicated_away(four_nodes: Path) -> None:
     rpc.run(_check_full_quorum(meta_addresses, ledgers, victim))
 
 
-LARGE_ENTRIES = 36  # about 24 on each bookie of an ensemble of 3: 24 MB a copy
+LARGE_ENTRIES = 30  # about 20 on each bookie of an ensemble of 3: 20 MB a copy
 LARGE_ENTRY_BYTES = 1_000_000
 
 

@@ -255,16 +255,16 @@ def test_cli_multi_record_ttl_count_and_check_commands(cluster_dir: Path) -> Non
     ok("drop", "shell", "--yes")
 
 
-LARGEST_AT_ONCE = 40  # a leader's pass of 40 MiB for one group
-LARGEST_WHILE_DOWN = 60  # a follower comes back 60 MiB behind
+LARGEST_AT_ONCE = 30  # a leader's pass of up to 30 MiB for one group
+LARGEST_WHILE_DOWN = 40  # a follower comes back 40 MiB behind
 LARGEST_DEADLINE_S = 60.0
 
 
 def test_many_largest_values_written_at_once_caught_up_on_and_read_back(
         cluster_dir: Path, tables: BlockingTableClient) -> None:
     """Values of the largest size, many at once, to one partition: a leader's
-    pass holds 40 MiB of one group, and a follower that was down catches up on
-    60 MiB at once. Before, each was one record of the node's Raft journal, over
+    pass holds up to 30 MiB of one group, and a follower that was down catches
+    up on 40 MiB at once. Before, each was one record of the node's Raft journal, over
     the WAL's 16 MiB record limit: the leader's node failed ("WalEntry has
     27252010 bytes of data; the limit is 16777200"), the retried writes failed
     the next leader too, and a node that fell behind failed at every restart.
@@ -313,7 +313,7 @@ def test_many_largest_values_written_at_once_caught_up_on_and_read_back(
     tables.drop_table("largest")
 
 
-ROW_SORT_KEYS = 20  # 20 MiB under one hash key
+ROW_SORT_KEYS = 18  # 18 MiB under one hash key
 
 
 async def _set_row(meta: list[str], value: bytes, count: int) -> None:

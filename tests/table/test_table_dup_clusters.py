@@ -286,15 +286,15 @@ def test_a_paused_duplication_holds_the_log_until_it_ships(clusters: Clusters) -
             time.sleep(POLL_INTERVAL_S)
 
 
-GROWN_KEYS = 40
+GROWN_KEYS = 24
 
 
 def test_records_grown_past_a_call_since_their_block_was_written_still_ship(
         clusters: Clusters) -> None:
     """A block ships the records its log entries touched as they are stored now.
-    While a duplication is paused, 40 sort keys of one hash key are set small,
+    While a duplication is paused, 24 sort keys of one hash key are set small,
     then overwritten with 1 MiB values: the resumed shipper's first block (the
-    small sets) holds 40 MiB of one hash key. Before, that was one duplicate
+    small sets) holds 24 MiB of one hash key. Before, that was one duplicate
     call, over the rpc frame limit ("exceeds max_frame_bytes"), retried forever:
     the duplication never converged. Calls now end at 4 MiB."""
     big = b"b" * (1024 * 1024)
