@@ -69,6 +69,21 @@ async def wait_for(what: str, check: object) -> None:
     raise AssertionError(f"not within {DEADLINE_S} s: {what}")
 
 
+async def trimmer_holder(client: StreamClient) -> str:
+    """The address of the node holding the trimmer's lease, once one holds it
+    (a node takes it in the background after the cluster starts)."""
+    holder: list[str] = []
+
+    async def held() -> bool:
+        record = await client.ledger_client.meta.get(TRIMMER_KEY)
+        if record is not None:
+            holder.append(record.value.decode())
+        return bool(holder)
+
+    await wait_for("a node holding the trimmer's lease", held)
+    return holder[-1]
+
+
 def scrape(address: str, name: str) -> float:
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
         for line in response.read().decode().splitlines():
@@ -211,9 +226,8 @@ def test_an_offload_policy_offloads_in_the_background(directory: Path, tmp_path:
                              await read_all(client, "auto")], key=repr)
             assert len(before) == 40
             # No policy: a few rounds offload nothing.
-            holder = await client.ledger_client.meta.get(TRIMMER_KEY)
-            assert holder is not None
-            trimmer = next(n for n in nodes if n.address == holder.value.decode())
+            address = await trimmer_holder(client)
+            trimmer = next(n for n in nodes if n.address == address)
             rounds = scrape(trimmer.metrics, "quorumlog_stream_trimmer_rounds_total")
             await wait_for("two trimmer rounds", lambda: asyncio.to_thread(
                 lambda: scrape(trimmer.metrics, "quorumlog_stream_trimmer_rounds_total")
@@ -336,9 +350,8 @@ def test_a_compaction_threshold_compacts_in_the_background(directory: Path) -> N
             producer = await client.producer("changelog")
             for i in range(30):
                 await producer.send(b"v%d" % i, key=f"k{i % 5}")
-            holder = await client.ledger_client.meta.get(TRIMMER_KEY)
-            assert holder is not None
-            trimmer = next(n for n in nodes if n.address == holder.value.decode())
+            address = await trimmer_holder(client)
+            trimmer = next(n for n in nodes if n.address == address)
 
             def rounds() -> float:
                 return scrape(trimmer.metrics, "quorumlog_stream_trimmer_rounds_total")
