@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from quorumlog import node as cluster
-from quorumlog.meta import BlockingMetaClient
+from quorumlog.errors import QuorumlogError
+from quorumlog.meta import MEMBER_MARKER_NAME, BlockingMetaClient
 from quorumlog.raft import HostConfig
 from quorumlog.raft._driver import LogRateLimiter
 
@@ -118,3 +119,50 @@ def test_member_restored_from_an_older_copy_logs_rarely_and_the_documented_way_b
     with BlockingMetaClient([node.address]) as member:
         kv = member.get("/late/199", serializable=True)
     assert kv is not None and kv.value == b"y"
+
+
+def test_a_member_whose_raft_data_was_wiped_cannot_lose_an_acknowledged_write(
+        three_nodes: Path) -> None:
+    """Node 3 lags (stopped); a put is acknowledged by nodes 1 and 2; both stop and
+    node 2's Raft directory is deleted. Before the guard, nodes 2 and 3 started
+    alone elected node 3 with node 2's vote and the put was gone. Now node 2
+    refuses to start as its old self, as a founding member and as a joiner that is
+    still a voter, and the documented way back (remove, start, add as a learner,
+    promote) works."""
+    directory = three_nodes
+    wiped = next(info for info in cluster.load(directory) if info.id == 2)
+    raft_dir = Path(wiped.config).parent / "data" / "raft"
+    assert (raft_dir.parent / MEMBER_MARKER_NAME).exists()
+    addresses = cluster.meta_addresses(directory)
+    cluster.stop_node(directory, 3)
+    with BlockingMetaClient(addresses) as meta:
+        meta.put("/acked", b"by nodes 1 and 2")
+    cluster.stop_node(directory, 1)
+    cluster.stop_node(directory, 2)
+    shutil.rmtree(raft_dir)
+
+    with pytest.raises(QuorumlogError, match="ran meta on this data directory before"):
+        cluster.restart_node(directory, 2, serving_timeout_s=WAIT_S)
+    config = Path(wiped.config)
+    config.write_text(config.read_text().replace("bootstrap = true", "bootstrap = false"))
+    for node_id in (1, 3):  # together: alone, a member has no quorum for its bookie
+        cluster.restart_node(directory, node_id)
+    with pytest.raises(QuorumlogError, match="still counts it as a voter"):
+        cluster.restart_node(directory, 2, serving_timeout_s=WAIT_S)
+    restarted = {info.id: info for info in cluster.load(directory)}  # their new pids
+    for node_id in (1, 3):
+        cluster.wait_serving(restarted[node_id], WAIT_S)
+    with BlockingMetaClient(addresses) as meta:
+        kv = meta.get("/acked")
+    assert kv is not None and kv.value == b"by nodes 1 and 2"
+
+    where = ("--dir", str(directory))
+    cli("meta", "member", "remove", "2", *where)
+    cli("restart", "--node", "2", *where)
+    cli("meta", "member", "add", "2", wiped.address, "--learner", *where)
+    _wait(lambda: row(directory, 2)["applied_index"] >= row(directory, 1)["commit_index"],
+          "the learner to catch up", timeout_s=WAIT_S)
+    cli("meta", "member", "promote", "2", *where)
+    with BlockingMetaClient([wiped.address]) as member:
+        kv = member.get("/acked", serializable=True)
+    assert kv is not None and kv.value == b"by nodes 1 and 2"

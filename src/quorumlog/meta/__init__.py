@@ -43,6 +43,8 @@ from quorumlog.meta._commands import (
     TxnResult,
 )
 from quorumlog.meta._leases import LeaseKeeper
+from quorumlog.meta._member_guard import MetaDataLostError, check_member_data
+from quorumlog.meta._member_marker import MARKER_NAME as MEMBER_MARKER_NAME
 from quorumlog.meta._owned_session import OwnedSession, SessionMeta
 from quorumlog.meta._service import (
     LEASE_CLOCK_DRIFT_PERCENT,
@@ -60,6 +62,7 @@ __all__ = [
     "BUMP_REVISION_DEFAULT",
     "CLOSE_REVOKE_DEADLINE_S",
     "LEASE_CLOCK_DRIFT_PERCENT",
+    "MEMBER_MARKER_NAME",
     "READ_MODES",
     "BlockingMetaClient",
     "Compact",
@@ -78,6 +81,7 @@ __all__ = [
     "KeyValue",
     "LeaseKeeper",
     "MetaClient",
+    "MetaDataLostError",
     "MetaLimits",
     "MetaRequestFailedError",
     "MetaService",
@@ -101,6 +105,7 @@ __all__ = [
     "SessionResult",
     "Txn",
     "TxnResult",
+    "check_member_data",
     "read_snapshot_file",
     "restore_snapshot",
     "save_snapshot",

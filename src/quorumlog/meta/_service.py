@@ -35,6 +35,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import msgspec
@@ -57,6 +58,7 @@ from quorumlog.meta._commands import (
     Txn,
 )
 from quorumlog.meta._leases import LeaseKeeper
+from quorumlog.meta._member_marker import write_marker
 from quorumlog.meta._metrics import META_METRICS, register_member, unregister_member
 from quorumlog.meta._read_lease import ReadLease, lease_duration_s
 from quorumlog.meta._state import (
@@ -423,6 +425,9 @@ class MetaService:
         # follower per commit fewer (RaftConfig.broadcast_commit).
         self.host.add_group(META_GROUP_ID, voters, self.machine, broadcast_commit=False,
                             combine=combine_msgpack)
+        # From now on this data directory has held the group: if its Raft data is
+        # ever gone, the member must not come back as its old self (_member_guard).
+        write_marker(Path(self.host.data_dir), self.host.node_id)
         self._started = True
 
     def _require_started(self) -> None:

@@ -39,7 +39,7 @@ from quorumlog import rpc
 from quorumlog.bookie import BookieService, InvalidCookieError
 from quorumlog.errors import ConfigError
 from quorumlog.log import configure, get_logger
-from quorumlog.meta import MetaService
+from quorumlog.meta import MetaDataLostError, MetaService, check_member_data
 from quorumlog.node._config import NodeConfig, parse_address
 from quorumlog.node._health import Health, start_http
 from quorumlog.raft import HostConfig, RaftHost
@@ -318,6 +318,10 @@ async def _serve(cfg: NodeConfig, security: rpc.RpcSecurityConfig, health: Healt
 async def _start_roles(cfg: NodeConfig, roles: _Roles) -> None:
     if roles.host is not None and roles.meta is not None:
         assert cfg.meta is not None
+        # Before it hosts (and may vote in) the meta group: refuse to come back as its
+        # old self if its Raft data is gone (quorumlog.meta._member_guard).
+        await check_member_data(roles.host.data_dir, cfg.node.id, bootstrap=cfg.meta.bootstrap,
+                                members=cfg.meta.member_map())
         await roles.host.start()
         roles.meta.start(set(cfg.meta.member_map()) if cfg.meta.bootstrap else None)
     if roles.scheduler is not None:
@@ -381,6 +385,9 @@ def run_node(cfg: NodeConfig) -> None:
         rpc.run(serve(cfg))
     except PortInUseError as exc:
         print(f"error: node {cfg.node.id}: {exc.message}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_CONFIG) from None
+    except MetaDataLostError as exc:
+        print(f"error: {exc.message}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_CONFIG) from None
     except InvalidCookieError as exc:
         note = ""
