@@ -28,9 +28,12 @@ DEFAULT_SEEDS = range(0, 16)
 # so today they are only more seeds. ZONE_SEEDS failed without the zone spreading
 # (the first still does since removed members stay in records until applied).
 FOUND_BUG_SEEDS = (12, 17, 31, 48, 64, 1227, 88892615441718, 88892615442410, 5_000_546)
-ZONE_SEEDS = (84, 38, 94)
+ZONE_SEEDS = (24, 35, 75, 84, 38, 94)  # the first three since the wiped-disk fault
 # A new scheduler picked the only voter of a growing 1-voter group as the one to go.
 REPLICA_COUNT_SEEDS = (207215719920,)
+# A node's disk is wiped (TableSimConfig.wipe_probability): with its old replicas
+# opened empty, node 4 was elected without a committed write (the guard off).
+WIPE_SEEDS = (27,)
 LARGE_RANGE_START = 5_000_000
 LARGE_RANGE_SEEDS = 600
 
@@ -51,7 +54,7 @@ def test_table_seed_passes(seed: int) -> None:
 
 
 @pytest.mark.sim
-@pytest.mark.parametrize("seed", ZONE_SEEDS + REPLICA_COUNT_SEEDS)
+@pytest.mark.parametrize("seed", ZONE_SEEDS + REPLICA_COUNT_SEEDS + WIPE_SEEDS)
 def test_found_seed_passes(seed: int) -> None:
     assert run_table_seed(seed).passed, _explain(seed)
 
@@ -104,6 +107,23 @@ def test_same_seed_same_run_with_or_without_trace() -> None:
     assert first.fingerprint == again.fingerprint
     assert again.trace and not first.trace
     assert run_table_seed(7, keep_trace=True).trace_hash == again.trace_hash
+
+
+@pytest.mark.sim
+def test_a_wiped_node_that_hosts_its_old_replicas_loses_a_committed_write(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard off (``lost_replicas`` finds nothing): the wiped node opens its
+    old replicas empty and its vote elects a leader without a committed write."""
+    monkeypatch.setattr(_table_runner, "lost_replicas", lambda *_args: {})
+    result = run_table_seed(WIPE_SEEDS[0])
+    assert result.stats["wipes"] == 1
+    assert result.violation == "leader-completeness", result.detail
+
+
+@pytest.mark.sim
+def test_the_default_seeds_wipe_disks() -> None:
+    wiped = [s for s in DEFAULT_SEEDS if run_table_seed(s).stats["wipes"]]
+    assert len(wiped) >= 2, wiped
 
 
 @pytest.mark.sim

@@ -522,3 +522,58 @@ def test_a_refused_leader_transfer_holds_its_group_only_a_dead_interval() -> Non
     finished = [f for f in scheduler.recent if f.change == change]
     assert [f.outcome for f in finished] == ["timed_out"]
     assert CONFIG.node_dead_after_ms < CONFIG.change_timeout_ms
+
+
+class LosingCluster(Cluster):
+    """Nodes may lose their data: such a node reports the groups it was a voter of
+    as lost (not hosted) while it still is one, as TableService does."""
+
+    def __init__(self, nodes: list[int], groups: dict[int, list[int]]) -> None:
+        super().__init__(nodes, groups)
+        self.lost: dict[int, set[int]] = {}
+
+    def report(self, node: int) -> NodeReport:
+        lost = {g for g in self.lost.get(node, set()) if node in self.voters[g]}
+        self.lost[node] = lost
+        report = super().report(node)
+        groups = tuple(g for g in report.groups if g.group_id not in lost)
+        return NodeReport(node_id=node, address=report.address, zone=report.zone,
+                          disk_free_bytes=report.disk_free_bytes, groups=groups,
+                          lost_groups=tuple(sorted(lost)))
+
+
+def test_a_replica_lost_with_its_nodes_data_is_replaced_on_another_node() -> None:
+    cluster = LosingCluster([1, 2, 3, 4], {10: [1, 2, 3]})
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    scheduler.set_replicas_target(10, 3)
+    assert cluster.beat(scheduler, 0) == []
+    cluster.lost[3] = {10}
+    cluster.applied[10].pop(3)
+    done = run(cluster, scheduler, 200, 6)
+    assert [(c.kind, c.node_id, c.remove_node_id) for c in done] == [
+        (ChangeKind.ADD_LEARNER, 4, 0), (ChangeKind.PROMOTE, 4, 3)]
+    assert sorted(cluster.voters[10]) == [1, 2, 4]
+    assert "lost with its data" in done[0].reason
+
+
+def test_a_replica_lost_where_no_other_node_can_take_it_comes_back_as_a_learner() -> None:
+    """Three nodes, three replicas: the voter goes, and the replica count adds a
+    learner back on the same node, which opens it as a new replica."""
+    cluster = LosingCluster([1, 2, 3], {10: [1, 2, 3]})
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    scheduler.set_replicas_target(10, 3)
+    assert cluster.beat(scheduler, 0) == []
+    cluster.lost[3] = {10}
+    cluster.applied[10].pop(3)
+    done = run(cluster, scheduler, 200, 6)
+    assert [(c.kind, c.node_id, c.remove_node_id) for c in done] == [
+        (ChangeKind.REMOVE, 3, 0), (ChangeKind.ADD_LEARNER, 3, 0), (ChangeKind.PROMOTE, 3, 0)]
+    assert sorted(cluster.voters[10]) == [1, 2, 3] and cluster.lost[3] == set()
+
+
+def test_a_lost_replica_is_never_the_last_voter_removed() -> None:
+    cluster = LosingCluster([1], {10: [1]})
+    scheduler = Scheduler(CONFIG, started_ms=0)
+    scheduler.set_replicas_target(10, 1)
+    cluster.lost[1] = {10}
+    assert run(cluster, scheduler, 0, 5) == []  # no leader reports the group: no change

@@ -49,6 +49,9 @@ class TableSimConfig(Config, frozen=True):
     # at most one, so that no group can lose two replicas for good (a lost quorum is
     # not something a scheduler can repair).
     permanent_crashes: int = 1
+    # The permanent fault is then a wiped disk instead: the node restarts under its
+    # old id with its table Raft data gone (not in the dup mix).
+    wipe_probability: float = 0.3
     crash_probability_per_tick: float = 0.004
     temporary_crashed_nodes_max: int = 2
     downtime_ms_min: int = 50
@@ -113,7 +116,7 @@ class TableSimConfig(Config, frozen=True):
                      "failover_at_heal_probability", "compaction_probability_per_tick",
                      "dup_skip_mode_probability", "remote_outage_probability_per_tick",
                      "dup_delete_probability", "odd_size_group_probability",
-                     "dup_combine_probability"):
+                     "dup_combine_probability", "wipe_probability"):
             value = getattr(self, name)
             require(0.0 <= value <= 1.0, f"{name} must be a probability in [0, 1]")
         require(0 < self.remote_outage_ms_min <= self.remote_outage_ms_max,

@@ -97,6 +97,7 @@ from quorumlog.table import (
     conf_change_of,
     encode_entry,
     keeps_replica,
+    lost_replicas,
     place_replicas,
     report_of,
     updated_record,
@@ -180,6 +181,10 @@ class _TableNode:
     dead_for_good: bool = False
     replicas: dict[int, SimRaftHost] = field(default_factory=dict)  # group id -> replica
     running: dict[int, _Running] = field(default_factory=dict)  # group id -> change
+    # Its disk was wiped (TableService._data_lost): the groups it must not host
+    # (lost_replicas), decided at its first reconcile after the restart.
+    data_lost: bool = False
+    lost: dict[int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -203,6 +208,7 @@ class _Stats:
     events: int = 0
     crashes: int = 0
     restarts: int = 0
+    wipes: int = 0
     partitions: int = 0
     failovers: int = 0
     drains: int = 0
@@ -349,7 +355,8 @@ class TableSimulation:
         self.timers.schedule(config.table_heartbeat_interval_ms, self._sync_records)
         for _ in range(config.permanent_crashes):
             at = rng.randint(config.active_ms // 10, config.active_ms // 2)
-            self.timers.schedule(at, self._crash_for_good)
+            wipe = not config.dup and rng.random() < config.wipe_probability
+            self.timers.schedule(at, self._crash_and_wipe if wipe else self._crash_for_good)
         self.timers.schedule(config.active_ms, self._heal)
         if self.dup is not None:
             self.timers.schedule(config.dup_ship_interval_ms, self._ship_timer)
@@ -433,8 +440,11 @@ class TableSimulation:
         """``TableService._reconcile``: open what the records name, drop the rest."""
         if not node.up:
             return
+        if node.data_lost:
+            node.lost = lost_replicas(node.node_id, self.records, node.lost, node.replicas.keys())
+        lost = node.lost or {}
         for gid, record in sorted(self.records.items()):
-            if node.node_id in record.replicas and gid not in node.replicas:
+            if node.node_id in record.replicas and gid not in node.replicas and gid not in lost:
                 self._open_replica(node, gid, record)
         for gid in sorted(node.replicas):
             record, host = self.records[gid], node.replicas[gid]
@@ -506,7 +516,8 @@ class TableSimulation:
         self.stats.group_bytes_reported_max = max(
             [self.stats.group_bytes_reported_max, *(g.size_bytes for g in groups)])
         report = NodeReport(node_id=node.node_id, address=f"sim:{node.node_id}",
-                            zone=self.zone_of[node.node_id], disk_free_bytes=0, groups=groups)
+                            zone=self.zone_of[node.node_id], disk_free_bytes=0, groups=groups,
+                            lost_groups=tuple(sorted(node.lost or ())))
         self.stats.heartbeats += 1
         self.network.send(self.clock.now_ms, node.node_id, SCHEDULER_ENDPOINT,
                           _Heartbeat(report))
@@ -811,6 +822,29 @@ class TableSimulation:
             self._crash(node, "for good")
         node.dead_for_good = True
         self._trace(f"node {node.node_id} stays dead")
+
+    def _crash_and_wipe(self) -> None:
+        """The run's permanent fault as a wiped disk: a node (never a member of a
+        short group, as for ``_crash_for_good``) crashes, its table Raft data is
+        gone, and it restarts under its old id after a downtime."""
+        fragile = self._short_group_voters()
+        candidates = [n for _, n in sorted(self.nodes.items())
+                      if n.up and not n.dead_for_good and n.node_id not in fragile]
+        if not candidates:
+            self._trace(f"no node may be wiped: voters of short groups {sorted(fragile)}")
+            return
+        node = candidates[self._nemesis.randrange(len(candidates))]
+        self._crash(node, "its disk is wiped")
+        for gid in sorted(node.replicas):
+            node.replicas[gid].decommissioned = True
+            self.stats.replicas_dropped += 1
+        node.replicas.clear()
+        node.data_lost, node.lost = True, None
+        self.stats.wipes += 1
+        downtime = self._nemesis.randint(self.config.downtime_ms_min,
+                                         self.config.downtime_ms_max)
+        self.timers.schedule(self.clock.now_ms + downtime,
+                             functools.partial(self._restart, node))
 
     def _short_group_voters(self) -> set[int]:
         """Nodes that are members, in a record or in any replica's configuration,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import random
 import re
 import time
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import crc32c
@@ -102,6 +103,31 @@ def keeps_replica(node_id: int, record: PartitionRecord, *, group_epoch: int,
     """
     return node_id in record.replicas or (group_epoch > record.epoch
                                           and node_id in group_members)
+
+
+def lost_replicas(node_id: int, records: Mapping[int, PartitionRecord],
+                  lost: Mapping[int, int] | None, hosted: Collection[int]) -> dict[int, int]:
+    """The partition groups a node whose table Raft data is gone must not host,
+    each with the record epoch at which it was found lost.
+
+    Such a node (a wiped disk, restarted under its old id) that opened its old
+    replicas would start them empty, as a founding member's bootstrap or a
+    joiner's empty log, and its vote could elect a replica lacking writes it had
+    acknowledged (a real run lost an acknowledged set this way). At its first
+    reconcile (``lost`` None) every group whose record names it and that it does
+    not host is lost; a group stays lost while the node is one of its voters or
+    its record has not moved past the epoch it was lost at (a record lags its
+    group by a heartbeat: a "learner" there may be a voter already). The
+    scheduler replaces the lost voters (``NodeReport.lost_groups``); once a
+    later record no longer counts the node as a voter, a new assignment (a
+    learner) opens as a new replica that catches up from the leader.
+    """
+    if lost is None:
+        return {gid: record.epoch for gid, record in records.items()
+                if node_id in record.replicas and gid not in hosted}
+    return {gid: epoch for gid, epoch in lost.items()
+            if gid in records and (node_id in records[gid].members
+                                   or records[gid].epoch <= epoch)}
 
 
 @dataclass(frozen=True, slots=True)

@@ -104,6 +104,9 @@ class NodeReport(msgspec.Struct, frozen=True):
     zone: str
     disk_free_bytes: int
     groups: tuple[GroupReport, ...]
+    # Groups the node is a voter of but does not host because its table Raft data
+    # is gone (a wiped disk): the scheduler replaces those voters (policy 1).
+    lost_groups: tuple[int, ...] = ()
 
 
 class SchedulerConfig(Config, frozen=True):
@@ -189,6 +192,8 @@ class Scheduler:
         self.config = config
         self.started_ms = started_ms
         self.nodes: dict[int, NodeView] = {}
+        # node -> the groups it reports lost (NodeReport.lost_groups)
+        self.lost: dict[int, frozenset[int]] = {}
         self.groups: dict[int, GroupView] = {}
         self.pending: dict[int, PendingChange] = {}
         self.recent: list[FinishedChange] = []
@@ -206,6 +211,7 @@ class Scheduler:
         """Fold one node's heartbeat into the view."""
         self.nodes[report.node_id] = NodeView(report.node_id, report.address, report.zone,
                                               now_ms, report.disk_free_bytes)
+        self.lost[report.node_id] = frozenset(report.lost_groups)
         for g in report.groups:
             view = self.groups.setdefault(g.group_id, GroupView(g.group_id))
             view.applied[report.node_id] = g.applied_index
@@ -248,6 +254,11 @@ class Scheduler:
 
     def is_dead(self, node: int, now_ms: int) -> bool:
         return now_ms - self.last_seen_ms(node) >= self.config.node_dead_after_ms
+
+    def _gone(self, group: GroupView, node: int, now_ms: int) -> bool:
+        """A voter that cannot serve its group: its node is dead, or reports the
+        group lost with its data (``NodeReport.lost_groups``)."""
+        return self.is_dead(node, now_ms) or group.group_id in self.lost.get(node, ())
 
     def _replaceable(self, node: int, now_ms: int) -> bool:
         return now_ms - self.last_seen_ms(node) >= self.config.replace_dead_after_ms
@@ -343,6 +354,16 @@ class Scheduler:
         if dead:
             return self._add_learner(group, dead[0], now_ms,
                                      f"replace replica on dead node {dead[0]}")
+        lost = [v for v in group.voters if group.group_id in self.lost.get(v, ())]
+        if lost and lost[0] != group.leader:
+            reason = f"replace replica node {lost[0]} lost with its data"
+            change = self._add_learner(group, lost[0], now_ms, reason)
+            if change is not None or len(group.voters) < 2:
+                return change
+            # No other node can take it (every live node holds a replica already):
+            # the voter goes, and the replica count policy adds a learner back,
+            # maybe on that same node, where it opens as a new replica.
+            return self._change(group, ChangeKind.REMOVE, lost[0], reason=reason)
         if len(group.voters) < target:
             return self._add_learner(group, 0, now_ms,
                                      f"group has {len(group.voters)} of {target} replicas")
@@ -362,7 +383,7 @@ class Scheduler:
         most loaded node. The leader is live here (``_plan_group``), so a group of
         two or more voters always has a non-leader to remove."""
         reason = f"group has {len(group.voters)} voters, its table {target} replicas"
-        dead = [v for v in group.voters if self.is_dead(v, now_ms)]
+        dead = [v for v in group.voters if self._gone(group, v, now_ms)]
         if dead:
             return self._change(group, ChangeKind.REMOVE, dead[0], reason=reason)
         drained = [v for v in group.voters if v in self.draining]
@@ -371,7 +392,8 @@ class Scheduler:
             if victim != group.leader:
                 return self._change(group, ChangeKind.REMOVE, victim,
                                     reason=f"{reason}; drain node {victim}")
-            stay = [v for v in group.voters if v not in self.draining]
+            stay = [v for v in group.voters
+                    if v not in self.draining and not self._gone(group, v, now_ms)]
             if stay:
                 return self._change(group, ChangeKind.TRANSFER_LEADER, stay[0],
                                     reason=f"leader node {victim} is being drained")
@@ -402,14 +424,14 @@ class Scheduler:
                       else f"learner on node {learner} adds a replica")
             move = _Move(learner, victim, reason, now_ms)
             self._moves[group.group_id] = move
-        elif move.victim and not self.is_dead(move.victim, now_ms):
+        elif move.victim and not self._gone(group, move.victim, now_ms):
             # A voter died while a move (a balance) was under way: the learner replaces
             # the dead voter instead. Promoting it in place of a live voter would leave the
             # group with a dead voter and one live voter fewer (found by the simulator).
-            dead = [v for v in group.voters if self.is_dead(v, now_ms)]
+            dead = [v for v in group.voters if self._gone(group, v, now_ms)]
             if dead:
-                move = _Move(learner, dead[0], f"replace replica on dead node {dead[0]}",
-                             move.since_ms)
+                move = _Move(learner, dead[0], f"replace replica on node {dead[0]}, dead or "
+                             "lost with its data", move.since_ms)
                 self._moves[group.group_id] = move
         leader_applied = group.applied.get(group.leader, 0)
         # A learner that has not reported yet (its node opens the replica once the
@@ -430,7 +452,7 @@ class Scheduler:
                                 reason=f"learner on node {learner} did not catch up")
         if move.victim == group.leader:
             others = sorted((v for v in group.voters
-                             if v != move.victim and not self.is_dead(v, now_ms)),
+                             if v != move.victim and not self._gone(group, v, now_ms)),
                             key=lambda v: v in self.draining)
             if not others:
                 return None
@@ -446,7 +468,7 @@ class Scheduler:
         if (len(group.voters) < self.replicas_target.get(group.group_id, len(group.voters))
                 or len(group.voters) < 2):
             return 0
-        dead = [v for v in group.voters if self.is_dead(v, now_ms)]
+        dead = [v for v in group.voters if self._gone(group, v, now_ms)]
         if dead:
             return dead[0]
         drained = [v for v in group.voters if v in self.draining]
@@ -505,6 +527,7 @@ class Scheduler:
             if (high in group.voters and low not in group.voters and not group.learners
                     and len(group.voters) >= 2
                     and group.leader and not self.is_dead(group.leader, now_ms)
+                    and not any(self._gone(group, v, now_ms) for v in group.voters)
                     and not group.change_in_progress
                     and self._keeps_zones(group.voters, high, low)):
                 change = self._add_learner(group, high, now_ms,
@@ -530,7 +553,7 @@ class Scheduler:
             group = self.groups[gid]
             if (group.learners or not group.leader or group.change_in_progress
                     or len(group.voters) < 2
-                    or any(self.is_dead(v, now_ms) for v in group.voters)):
+                    or any(self._gone(group, v, now_ms) for v in group.voters)):
                 continue
             zones = [self._zone(v) for v in group.voters]
             if len(set(zones)) >= min(len(zones), len(live_zones)):
@@ -572,7 +595,8 @@ class Scheduler:
             for gid in sorted(self.groups):
                 group = self.groups[gid]
                 if (group.leader == high and low in group.voters
-                        and not group.change_in_progress):
+                        and not group.change_in_progress
+                        and gid not in self.lost.get(low, ())):
                     return self._change(group, ChangeKind.TRANSFER_LEADER, low,
                                         reason=f"balance leaders: node {high} to node {low}")
         return None

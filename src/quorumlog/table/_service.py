@@ -65,6 +65,7 @@ from quorumlog.table._layout import (
     encode,
     group_id_of,
     keeps_replica,
+    lost_replicas,
     parse_layouts,
     table_node_key,
 )
@@ -107,6 +108,8 @@ MIB = 1024 * 1024
 WAL_SEGMENT_MIN_BYTES = 64 * 1024  # [table] / [meta] WAL segment sizes
 WATCH_WAIT_MS = 10_000  # one long-poll of the /table watch
 RETRY_DELAY_S = 1.0  # after a failed registration or watch round
+TABLE_MARKER_NAME = "table-member.json"  # <data_dir>/: this node hosted table replicas
+LOST_LOG_INTERVAL_S = 10.0
 
 
 DELETE_COMMANDS = (DeleteCommand, MultiDeleteCommand)  # taken while the disk is full
@@ -246,6 +249,17 @@ class TableService:
         self.config = config or TableConfig()
         self.config.validate()
         self.data_dir = data_dir / "table"
+        # A node that hosted table replicas on this data directory before and whose
+        # table Raft data is gone (wiped, lost with a disk) must not host the replicas
+        # it was a voter of as their old selves: an empty log voting under its old id
+        # can elect a replica that lacks writes it had acknowledged (the meta member
+        # guard's case, quorumlog.meta). It reports them lost in its heartbeats; the
+        # scheduler replaces them (elsewhere, or removes the voter and adds it back
+        # here as a learner, which opens as a new replica and catches up).
+        self._marker = data_dir / TABLE_MARKER_NAME
+        self._data_lost = self._marker.exists() and not (self.data_dir / "raft").exists()
+        self._lost_groups: dict[int, int] | None = None  # gid -> record epoch when lost
+        self._lost_logged = 0.0
         self._known_addresses: dict[int, str] = {node_id: address}
         self.disk = DiskGuard(
             data_dir, threshold_fraction=self.config.disk_usage_threshold_fraction,
@@ -317,6 +331,17 @@ class TableService:
     async def start(self) -> None:
         register_node(self)
         await self.host.start()
+        if not self._marker.exists():
+            tmp = self._marker.with_suffix(".tmp")
+            tmp.write_text(f'{{"node_id": {self.node_id}}}\n')
+            tmp.replace(self._marker)
+        if self._data_lost:
+            _log.error("table_data_lost", node=self.node_id, marker=str(self._marker),
+                       raft_dir=str(self.data_dir / "raft"),
+                       error=("this node hosted table replicas on this data directory "
+                              "before, and its table Raft data is gone: the replicas it "
+                              "was a voter of are reported lost and replaced by the "
+                              "scheduler, not opened as their old selves"))
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._register_loop(), name="table-registration"),
                        loop.create_task(self._watch_loop(), name="table-watch"),
@@ -385,11 +410,14 @@ class TableService:
         records: dict[int, PartitionRecord] = {}
         for layout in layouts.values():
             for partition, record in enumerate(layout.partitions):
+                records[group_id_of(layout.record.table_id, partition)] = record
+        lost = self._replicas_lost(records)
+        for layout in layouts.values():
+            for partition, record in enumerate(layout.partitions):
                 gid = group_id_of(layout.record.table_id, partition)
-                records[gid] = record
                 if self.node_id in record.replicas:
                     wanted.add(gid)
-                    if gid not in self._replicas:
+                    if gid not in self._replicas and gid not in lost:
                         self._open_replica(layout, partition)
         gone = []
         for gid, replica in self._replicas.items():
@@ -419,6 +447,21 @@ class TableService:
             None, functools.partial(shutil.rmtree, directory, ignore_errors=True))
         del self._replicas[gid]
         _log.info("table_replica_removed", table=replica.table, group=gid)
+
+    def _replicas_lost(self, records: dict[int, PartitionRecord]) -> set[int]:
+        """The groups this node must not host (``lost_replicas``; ``_data_lost``)."""
+        if not self._data_lost:
+            return set()
+        self._lost_groups = lost_replicas(self.node_id, records, self._lost_groups,
+                                          self._replicas.keys())
+        if self._lost_groups:
+            now = time.monotonic()
+            if now - self._lost_logged >= LOST_LOG_INTERVAL_S:
+                self._lost_logged = now
+                _log.warning("table_replicas_lost", node=self.node_id,
+                             groups=[f"{g:016x}" for g in sorted(self._lost_groups)],
+                             reason="its table Raft data is gone; the scheduler replaces them")
+        return set(self._lost_groups)
 
     def _open_replica(self, layout: TableLayout, partition: int) -> None:
         gid = group_id_of(layout.record.table_id, partition)
@@ -469,7 +512,8 @@ class TableService:
             group_report(self.host, gid, replica.machine.store.path)
             for gid, replica in sorted(self._replicas.items()) if not replica.dropped)
         return NodeReport(node_id=self.node_id, address=self.address, zone=self.config.zone,
-                          disk_free_bytes=disk_free_bytes(self.data_dir), groups=groups)
+                          disk_free_bytes=disk_free_bytes(self.data_dir), groups=groups,
+                          lost_groups=tuple(sorted(self._lost_groups or ())))
 
     # ----- requests ---------------------------------------------------------------
 
