@@ -17,7 +17,8 @@ group's directory gone, the data was lost:
 
 - as a founding member (``[meta] bootstrap = true``) it refuses to start;
 - as a joining member (``bootstrap = false``, the documented way back) it
-  asks the other members and refuses while any of them still counts it as a
+  asks the other members before it hosts the group: it refuses when the
+  leader, or the other members for ``VOTER_CONFIRM_S``, still count it as a
   voter; once one answers that it is not (it was removed), it starts, to be
   added again as a learner.
 
@@ -44,6 +45,7 @@ _log = get_logger(__name__)
 PEER_TIMEOUT_S = 2.0
 RETRY_INTERVAL_S = 1.0
 WAIT_LOG_INTERVAL_S = 10.0
+VOTER_CONFIRM_S = 5.0  # followers saying "voter" this long without a leader saying so
 PROCEDURE = 'docs/meta.md, "A member whose data is lost, damaged or older"'
 
 
@@ -76,14 +78,20 @@ async def check_member_data(host_dir: Path, node_id: int, *, bootstrap: bool,
 
 async def _wait_until_not_a_voter(node_id: int, peers: Mapping[int, str],
                                   group_dir: Path) -> None:
+    """Return once a member answers that this node is not a voter; raise once the
+    leader, or the followers for VOTER_CONFIRM_S, say it still is (a follower may
+    not have applied a ``member remove`` committed a moment ago: meta followers
+    learn commits from the next message)."""
     pool = rpc.Pool()
     logged = 0.0
+    voter_since: float | None = None
     try:
         while True:
             answers = await asyncio.gather(
                 *(pool.call(address, MetaStatusRequest(), timeout_s=PEER_TIMEOUT_S)
                   for address in peers.values()), return_exceptions=True)
-            started = []
+            not_a_voter, counting = [], []
+            leader_counts = False
             for peer, answer in zip(peers, answers, strict=True):
                 if isinstance(answer, BaseException):
                     if not isinstance(answer, QuorumlogError):
@@ -92,19 +100,25 @@ async def _wait_until_not_a_voter(node_id: int, peers: Mapping[int, str],
                 if answer.role == "starting":
                     continue
                 if node_id in answer.voters:
-                    raise MetaDataLostError(
-                        f"node {node_id}'s meta Raft data ({group_dir}) is gone, and member "
-                        f"{peer} still counts it as a voter of the meta group: as it is, it "
-                        "could vote for a member that lacks writes it had acknowledged. "
-                        f"Remove it first (`quorumlog meta member remove {node_id}`), then "
-                        "start it and add it again as a learner "
-                        f"({PROCEDURE}).")
-                started.append(peer)
-            if started:
+                    counting.append(peer)
+                    leader_counts = leader_counts or answer.role == "leader"
+                else:
+                    not_a_voter.append(peer)
+            if not_a_voter:
                 _log.info("meta_member_rejoins_after_data_loss", node=node_id,
-                          not_a_voter_per=started)
+                          not_a_voter_per=not_a_voter)
                 return
             now = time.monotonic()
+            if counting and voter_since is None:
+                voter_since = now
+            if leader_counts or (voter_since is not None
+                                 and now - voter_since >= VOTER_CONFIRM_S):
+                raise MetaDataLostError(
+                    f"node {node_id}'s meta Raft data ({group_dir}) is gone, and member "
+                    f"{counting[0]} still counts it as a voter of the meta group: as it is, "
+                    "it could vote for a member that lacks writes it had acknowledged. "
+                    f"Remove it first (`quorumlog meta member remove {node_id}`), then "
+                    f"start it and add it again as a learner ({PROCEDURE}).")
             if now - logged >= WAIT_LOG_INTERVAL_S:
                 logged = now
                 _log.warning(
