@@ -32,6 +32,7 @@ SLOWEST_FIRST = (
     "tests/netns/test_netns_jepsen.py",  # 44
     "tests/stream/test_stream_cluster.py",  # 43
     "tests/stream/test_stream_offload.py",  # 42
+    "tests/cluster/test_stale_member.py",  # 45 (2026-11-29)
 )
 
 

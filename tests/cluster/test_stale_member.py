@@ -169,8 +169,12 @@ def test_a_member_whose_raft_data_was_wiped_cannot_lose_an_acknowledged_write(
     assert kv is not None and kv.value == b"by nodes 1 and 2"
 
 
+@pytest.mark.parametrize("marker", [
+    "kept",  # data/table deleted
+    pytest.param("lost", marks=pytest.mark.slow),  # data/table-member.json too
+])
 def test_a_table_replica_whose_data_was_wiped_is_replaced_and_no_acknowledged_write_is_lost(
-        three_nodes: Path) -> None:
+        three_nodes: Path, marker: str) -> None:
     """The same scenario for a table partition: node 2's data/table is deleted
     after a set acknowledged by nodes 1 and 2 while node 3 lagged. Node 2 must
     not host the partition as its old self (it would vote node 3 in without the
@@ -191,6 +195,8 @@ def test_a_table_replica_whose_data_was_wiped_is_replaced_and_no_acknowledged_wr
     cluster.stop_node(directory, 1)
     cluster.stop_node(directory, 2)
     shutil.rmtree(table_dir)
+    if marker == "lost":  # as with the whole disk; its records still name it a voter
+        (table_dir.parent / "table-member.json").unlink()
 
     for node_id in (2, 3):
         cluster.restart_node(directory, node_id)

@@ -31,9 +31,10 @@ FOUND_BUG_SEEDS = (12, 17, 31, 48, 64, 1227, 88892615441718, 88892615442410, 5_0
 ZONE_SEEDS = (24, 35, 75, 84, 38, 94)  # the first three since the wiped-disk fault
 # A new scheduler picked the only voter of a growing 1-voter group as the one to go.
 REPLICA_COUNT_SEEDS = (207215719920,)
-# A node's disk is wiped (TableSimConfig.wipe_probability): with its old replicas
-# opened empty, node 4 was elected without a committed write (the guard off).
-WIPE_SEEDS = (27,)
+# A node's disk is wiped (TableSimConfig.wipe_probability). The guard off: at 27
+# (odd: the whole data directory went) node 4 was elected without a committed
+# write; at 14 (even: the marker stayed) a wiped voter never caught up.
+WIPE_SEEDS = (27, 14)
 LARGE_RANGE_START = 5_000_000
 LARGE_RANGE_SEEDS = 600
 
@@ -117,6 +118,20 @@ def test_a_wiped_node_that_hosts_its_old_replicas_loses_a_committed_write(
     monkeypatch.setattr(_table_runner, "lost_replicas", lambda *_args: {})
     result = run_table_seed(WIPE_SEEDS[0])
     assert result.stats["wipes"] == 1
+    assert result.violation == "leader-completeness", result.detail
+    kept_marker = run_table_seed(WIPE_SEEDS[1])
+    assert kept_marker.stats["wipes"] == 1
+    assert kept_marker.violation == "liveness-replicas", kept_marker.detail
+    assert "has not applied" in kept_marker.detail
+
+
+@pytest.mark.sim
+def test_a_node_without_its_data_directory_must_tell_from_the_records(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole data directory gone (marker too): without ``voter_of`` the node
+    takes the records' assignments for a first start's."""
+    monkeypatch.setattr(_table_runner, "voter_of", lambda *_args: [])
+    result = run_table_seed(WIPE_SEEDS[0])
     assert result.violation == "leader-completeness", result.detail
 
 

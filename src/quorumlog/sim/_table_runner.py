@@ -101,6 +101,7 @@ from quorumlog.table import (
     place_replicas,
     report_of,
     updated_record,
+    voter_of,
 )
 
 SCHEDULER_ENDPOINT = 0
@@ -185,6 +186,9 @@ class _TableNode:
     # (lost_replicas), decided at its first reconcile after the restart.
     data_lost: bool = False
     lost: dict[int, int] | None = None
+    # Its whole data directory went, the marker too (TableService._nothing_on_disk):
+    # whether its data is lost is decided at its first reconcile (table.voter_of).
+    nothing_on_disk: bool = False
 
 
 @dataclass(slots=True)
@@ -440,6 +444,9 @@ class TableSimulation:
         """``TableService._reconcile``: open what the records name, drop the rest."""
         if not node.up:
             return
+        if node.nothing_on_disk:
+            node.nothing_on_disk = False
+            node.data_lost = bool(voter_of(node.node_id, self.records))
         if node.data_lost:
             node.lost = lost_replicas(node.node_id, self.records, node.lost, node.replicas.keys())
         lost = node.lost or {}
@@ -839,7 +846,12 @@ class TableSimulation:
             node.replicas[gid].decommissioned = True
             self.stats.replicas_dropped += 1
         node.replicas.clear()
-        node.data_lost, node.lost = True, None
+        # Even seeds keep the node's marker (only its table data went); odd ones lose
+        # the whole data directory, and the node must tell from the records.
+        if self.seed % 2 == 0:
+            node.data_lost, node.lost = True, None
+        else:
+            node.data_lost, node.lost, node.nothing_on_disk = False, None, True
         self.stats.wipes += 1
         downtime = self._nemesis.randint(self.config.downtime_ms_min,
                                          self.config.downtime_ms_max)

@@ -92,6 +92,7 @@ from quorumlog.table._layout import (
     partition_of,
     table_node_key,
     table_nodes,
+    voter_of,
 )
 from quorumlog.table._machine import PartitionMachine, observe_duplicates
 from quorumlog.table._messages import PartitionNotHostedError
@@ -220,4 +221,5 @@ __all__ = [
     "table_node_key",
     "table_nodes",
     "updated_record",
+    "voter_of",
 ]

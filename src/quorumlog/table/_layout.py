@@ -105,6 +105,14 @@ def keeps_replica(node_id: int, record: PartitionRecord, *, group_epoch: int,
                                           and node_id in group_members)
 
 
+def voter_of(node_id: int, records: Mapping[int, PartitionRecord]) -> list[int]:
+    """The groups whose records count ``node_id`` as a voter. At a node's first
+    reconcile with nothing on disk (no table data, no marker), any such group
+    means its data was lost with the disk: a node registers only after that
+    reconcile, and nothing is placed on a node never registered."""
+    return sorted(gid for gid, record in records.items() if node_id in record.members)
+
+
 def lost_replicas(node_id: int, records: Mapping[int, PartitionRecord],
                   lost: Mapping[int, int] | None, hosted: Collection[int]) -> dict[int, int]:
     """The partition groups a node whose table Raft data is gone must not host,

@@ -68,6 +68,7 @@ from quorumlog.table._layout import (
     lost_replicas,
     parse_layouts,
     table_node_key,
+    voter_of,
 )
 from quorumlog.table._machine import PartitionMachine, observe_duplicates
 from quorumlog.table._messages import (
@@ -257,7 +258,14 @@ class TableService:
         # scheduler replaces them (elsewhere, or removes the voter and adds it back
         # here as a learner, which opens as a new replica and catches up).
         self._marker = data_dir / TABLE_MARKER_NAME
-        self._data_lost = self._marker.exists() and not (self.data_dir / "raft").exists()
+        raft_data = (self.data_dir / "raft").exists()
+        self._data_lost = self._marker.exists() and not raft_data
+        # Nothing on disk at all: a first start, or the whole data directory lost
+        # (marker too). A node registers only after its first reconcile, and
+        # nothing is placed on a node never registered: records that already
+        # count it as a voter then mean its data is gone (_replicas_lost).
+        self._nothing_on_disk = not self._marker.exists() and not raft_data
+        self._reconciled = asyncio.Event()
         self._lost_groups: dict[int, int] | None = None  # gid -> record epoch when lost
         self._lost_logged = 0.0
         self._known_addresses: dict[int, str] = {node_id: address}
@@ -369,6 +377,7 @@ class TableService:
     # ----- registration and assignments -----------------------------------------
 
     async def _register_loop(self) -> None:
+        await self._reconciled.wait()  # see _nothing_on_disk
         ttl_ms = self.config.registration_ttl_ms
         record = encode(TableNodeRecord(self.node_id, self.address, self.config.zone))
         while True:
@@ -412,6 +421,7 @@ class TableService:
             for partition, record in enumerate(layout.partitions):
                 records[group_id_of(layout.record.table_id, partition)] = record
         lost = self._replicas_lost(records)
+        self._reconciled.set()
         for layout in layouts.values():
             for partition, record in enumerate(layout.partitions):
                 gid = group_id_of(layout.record.table_id, partition)
@@ -450,6 +460,16 @@ class TableService:
 
     def _replicas_lost(self, records: dict[int, PartitionRecord]) -> set[int]:
         """The groups this node must not host (``lost_replicas``; ``_data_lost``)."""
+        if self._nothing_on_disk:
+            self._nothing_on_disk = False
+            counted = voter_of(self.node_id, records)
+            if counted:
+                self._data_lost = True
+                _log.error("table_data_lost", node=self.node_id, data_dir=str(self.data_dir),
+                           voter_of=[f"{g:016x}" for g in counted],
+                           error=("this node's data directory is empty, yet partition "
+                                  "records count it as a voter: its data was lost with the "
+                                  "disk; the scheduler replaces those replicas"))
         if not self._data_lost:
             return set()
         self._lost_groups = lost_replicas(self.node_id, records, self._lost_groups,
