@@ -647,17 +647,18 @@ class TableSimulation:
         view = scheduler.groups.get(change.group_id)
         if not removed or view is None or removed not in view.voters:
             return
-        if scheduler.is_dead(removed, now):
+        gid = change.group_id
+        if scheduler.is_gone(gid, removed, now):  # dead, or its node lost the group's data
             return
         voters = set(view.voters) - {removed}
         if change.kind is ChangeKind.PROMOTE:
             voters.add(change.node_id)
-        dead = sorted(v for v in view.voters if v != removed and scheduler.is_dead(v, now))
+        dead = sorted(v for v in view.voters if v != removed and scheduler.is_gone(gid, v, now))
         if dead:
             fail("scheduler-removes-live-voter",
                  f"g{change.group_id}: {change.kind.value} removes live voter {removed} and "
-                 f"keeps voters {dead}, dead in the scheduler's own view")
-        alive = {v for v in voters if not scheduler.is_dead(v, now)}
+                 f"keeps voters {dead}, dead (or lost) in the scheduler's own view")
+        alive = {v for v in voters if not scheduler.is_gone(gid, v, now)}
         if len(alive) < len(voters) // 2 + 1:
             fail("scheduler-quorum",
                  f"g{change.group_id}: {change.kind.value} removes live voter {removed}, "

@@ -255,10 +255,13 @@ class Scheduler:
     def is_dead(self, node: int, now_ms: int) -> bool:
         return now_ms - self.last_seen_ms(node) >= self.config.node_dead_after_ms
 
-    def _gone(self, group: GroupView, node: int, now_ms: int) -> bool:
+    def is_gone(self, group_id: int, node: int, now_ms: int) -> bool:
         """A voter that cannot serve its group: its node is dead, or reports the
         group lost with its data (``NodeReport.lost_groups``)."""
-        return self.is_dead(node, now_ms) or group.group_id in self.lost.get(node, ())
+        return self.is_dead(node, now_ms) or group_id in self.lost.get(node, ())
+
+    def _gone(self, group: GroupView, node: int, now_ms: int) -> bool:
+        return self.is_gone(group.group_id, node, now_ms)
 
     def _replaceable(self, node: int, now_ms: int) -> bool:
         return now_ms - self.last_seen_ms(node) >= self.config.replace_dead_after_ms
