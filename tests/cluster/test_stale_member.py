@@ -19,7 +19,7 @@ import pytest
 
 from quorumlog import node as cluster
 from quorumlog.errors import QuorumlogError
-from quorumlog.meta import MEMBER_MARKER_NAME, BlockingMetaClient
+from quorumlog.meta import MEMBER_MARKER_NAME, MEMBER_RECORD_PREFIX, BlockingMetaClient
 from quorumlog.raft import HostConfig
 from quorumlog.raft._driver import LogRateLimiter
 from quorumlog.table import BlockingTableClient
@@ -223,3 +223,33 @@ def test_a_table_replica_whose_data_was_wiped_is_replaced_and_no_acknowledged_wr
     cluster.stop_node(directory, 1)  # node 2's new replica now completes the majority
     with BlockingTableClient(addresses) as tables:
         assert tables.get("wiped", b"h", b"s") == b"after"
+
+
+def test_a_member_whose_whole_data_directory_was_lost_refuses_to_start(
+        three_nodes: Path) -> None:
+    """The same scenario with node 2's whole data directory gone (a replaced disk):
+    no marker either, so only the cluster can tell. Node 3 holds node 2's record
+    (/meta/members/2) and still counts it as a voter: node 2 refuses to start."""
+    directory = three_nodes
+    addresses = cluster.meta_addresses(directory)
+    with BlockingMetaClient(addresses) as meta:
+        _wait(lambda: all(meta.get(f"{MEMBER_RECORD_PREFIX}{n}") is not None
+                          for n in (1, 2, 3)), "every member's record")
+    data_dir = Path(next(i for i in cluster.load(directory) if i.id == 2).config).parent / "data"
+    cluster.stop_node(directory, 3)
+    with BlockingMetaClient(addresses) as meta:
+        meta.put("/acked", b"by nodes 1 and 2")
+    cluster.stop_node(directory, 1)
+    cluster.stop_node(directory, 2)
+    shutil.rmtree(data_dir)
+
+    cluster.restart_node(directory, 3)
+    with pytest.raises(QuorumlogError, match="holds its record /meta/members/2"):
+        cluster.restart_node(directory, 2, serving_timeout_s=WAIT_S)
+    cluster.restart_node(directory, 1)
+    restarted = {info.id: info for info in cluster.load(directory)}
+    for node_id in (1, 3):
+        cluster.wait_serving(restarted[node_id], WAIT_S)
+    with BlockingMetaClient(addresses) as meta:
+        kv = meta.get("/acked")
+    assert kv is not None and kv.value == b"by nodes 1 and 2"

@@ -43,11 +43,17 @@ from quorumlog.meta._commands import (
     TxnResult,
 )
 from quorumlog.meta._leases import LeaseKeeper
-from quorumlog.meta._member_guard import MetaDataLostError, check_member_data
+from quorumlog.meta._member_guard import (
+    MEMBER_RECORD_PREFIX,
+    MetaDataLostError,
+    check_member_data,
+    publish_member_record,
+)
 from quorumlog.meta._member_marker import MARKER_NAME as MEMBER_MARKER_NAME
 from quorumlog.meta._owned_session import OwnedSession, SessionMeta
 from quorumlog.meta._service import (
     LEASE_CLOCK_DRIFT_PERCENT,
+    META_GROUP_ID,
     READ_MODES,
     MetaRequestFailedError,
     MetaService,
@@ -63,6 +69,8 @@ __all__ = [
     "CLOSE_REVOKE_DEADLINE_S",
     "LEASE_CLOCK_DRIFT_PERCENT",
     "MEMBER_MARKER_NAME",
+    "MEMBER_RECORD_PREFIX",
+    "META_GROUP_ID",
     "READ_MODES",
     "BlockingMetaClient",
     "Compact",
@@ -106,6 +114,7 @@ __all__ = [
     "Txn",
     "TxnResult",
     "check_member_data",
+    "publish_member_record",
     "read_snapshot_file",
     "restore_snapshot",
     "save_snapshot",

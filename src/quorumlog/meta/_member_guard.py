@@ -29,19 +29,26 @@ start; a node with a bookie then stops at the bookie's cookie check.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from quorumlog import rpc
 from quorumlog.errors import ConfigError, QuorumlogError
 from quorumlog.log import get_logger
+from quorumlog.meta._client import MetaClient
+from quorumlog.meta._commands import RangeOp
 from quorumlog.meta._member_marker import marker_path
-from quorumlog.meta._service import META_GROUP_ID, MetaStatusRequest
+from quorumlog.meta._service import META_GROUP_ID, MetaRangeRequest, MetaStatusRequest
 from quorumlog.raft import group_directory
 
 _log = get_logger(__name__)
 
+MEMBER_RECORD_PREFIX = "/meta/members/"
+# MetaStatusResponse.role of a member running this check with nothing on disk (a
+# first start of the whole cluster has every member here at once).
+FRESH_ROLE = "fresh"
 PEER_TIMEOUT_S = 2.0
 RETRY_INTERVAL_S = 1.0
 WAIT_LOG_INTERVAL_S = 10.0
@@ -53,14 +60,38 @@ class MetaDataLostError(ConfigError):
     """This node ran meta before, and its meta Raft data is gone."""
 
 
+def member_record_key(node_id: int) -> str:
+    """The persistent key a member writes once it hosts the meta group."""
+    return f"{MEMBER_RECORD_PREFIX}{node_id}"
+
+
+async def publish_member_record(meta_addresses: Sequence[str], node_id: int,
+                                address: str) -> None:
+    """Write ``/meta/members/<id>`` once (until it exists): the cluster's memory that
+    this node ran meta, which outlives its disk (``check_member_data``)."""
+    value = json.dumps({"node_id": node_id, "address": address, "since": time.strftime(
+        "%Y-%m-%dT%H:%M:%SZ", time.gmtime())}).encode()
+    async with MetaClient(list(meta_addresses)) as meta:
+        while True:
+            try:
+                if await meta.get(member_record_key(node_id)) is None:
+                    await meta.cas(member_record_key(node_id), 0, value)
+                _log.info("meta_member_recorded", node=node_id, key=member_record_key(node_id))
+                return
+            except QuorumlogError as exc:
+                _log.info("meta_member_record_retry", node=node_id, error=exc.message)
+                await asyncio.sleep(RETRY_INTERVAL_S)
+
+
 async def check_member_data(host_dir: Path, node_id: int, *, bootstrap: bool,
                             members: Mapping[int, str]) -> None:
     """Raise MetaDataLostError if starting this member could lose acknowledged writes."""
     marker = marker_path(host_dir)
     group_dir = group_directory(host_dir, META_GROUP_ID)
-    if not marker.exists() or group_dir.exists():
+    if group_dir.exists():
         return
-    if bootstrap:
+    had_data = marker.exists()
+    if had_data and bootstrap:
         raise MetaDataLostError(
             f"node {node_id} ran meta on this data directory before ({marker}), but its "
             f"meta Raft data ({group_dir}) is gone: wiped, lost or moved. Started as a "
@@ -73,58 +104,82 @@ async def check_member_data(host_dir: Path, node_id: int, *, bootstrap: bool,
     peers = {n: a for n, a in members.items() if n != node_id}
     if not peers:
         return
-    await _wait_until_not_a_voter(node_id, peers, group_dir)
+    # Nothing on disk and no marker: a first start, or the whole data directory
+    # lost. The record a member writes once it hosts the group tells; it is on a
+    # majority, so answers from this many other members include one that has it.
+    needed = len(members) - (len(members) // 2 + 1) + 1
+    await _ask_peers(node_id, peers, group_dir, had_data=had_data, needed=needed)
 
 
-async def _wait_until_not_a_voter(node_id: int, peers: Mapping[int, str],
-                                  group_dir: Path) -> None:
-    """Return once a member answers that this node is not a voter; raise once the
-    leader, or the followers for VOTER_CONFIRM_S, say it still is (a follower may
-    not have applied a ``member remove`` committed a moment ago: meta followers
-    learn commits from the next message)."""
+async def _ask_peers(node_id: int, peers: Mapping[int, str], group_dir: Path, *,
+                     had_data: bool, needed: int) -> None:
+    """Return once this member may host the group: a member answers that it is not
+    a voter (it was removed), or, with no sign that it ran meta before, ``needed``
+    members answered without its record. Raise once it is known to have run meta
+    and the leader, or the followers for VOTER_CONFIRM_S, still count it as a voter
+    (a follower may not have applied a ``member remove`` committed a moment ago:
+    meta followers learn commits from the next message)."""
     pool = rpc.Pool()
     logged = 0.0
     voter_since: float | None = None
+    record = MetaRangeRequest(op=RangeOp(key=member_record_key(node_id)), serializable=True)
     try:
         while True:
-            answers = await asyncio.gather(
-                *(pool.call(address, MetaStatusRequest(), timeout_s=PEER_TIMEOUT_S)
-                  for address in peers.values()), return_exceptions=True)
-            not_a_voter, counting = [], []
+            statuses, records = await asyncio.gather(
+                asyncio.gather(*(pool.call(a, MetaStatusRequest(), timeout_s=PEER_TIMEOUT_S)
+                                 for a in peers.values()), return_exceptions=True),
+                asyncio.gather(*(pool.call(a, record, timeout_s=PEER_TIMEOUT_S)
+                                 for a in peers.values()), return_exceptions=True))
+            not_a_voter, counting, answered, recorded = [], [], [], []
             leader_counts = False
-            for peer, answer in zip(peers, answers, strict=True):
-                if isinstance(answer, BaseException):
-                    if not isinstance(answer, QuorumlogError):
+            for peer, status, held in zip(peers, statuses, records, strict=True):
+                for answer in (status, held):
+                    if isinstance(answer, BaseException) and not isinstance(
+                            answer, QuorumlogError):
                         raise answer
+                if isinstance(status, BaseException) or status.role == "starting":
                     continue
-                if answer.role == "starting":
+                if status.role == FRESH_ROLE:  # as blank as this one: no record to hold
+                    answered.append(peer)
                     continue
-                if node_id in answer.voters:
+                if node_id in status.voters:
                     counting.append(peer)
-                    leader_counts = leader_counts or answer.role == "leader"
+                    leader_counts = leader_counts or status.role == "leader"
                 else:
                     not_a_voter.append(peer)
+                if not isinstance(held, BaseException):
+                    answered.append(peer)
+                    if held.result.kvs:
+                        recorded.append(peer)
             if not_a_voter:
-                _log.info("meta_member_rejoins_after_data_loss", node=node_id,
+                _log.info("meta_member_joins_without_data", node=node_id,
                           not_a_voter_per=not_a_voter)
                 return
+            known = had_data or bool(recorded)
+            if not known and len(answered) >= needed:
+                return  # a first start: no member holds its record
             now = time.monotonic()
-            if counting and voter_since is None:
+            if known and counting and voter_since is None:
                 voter_since = now
-            if leader_counts or (voter_since is not None
-                                 and now - voter_since >= VOTER_CONFIRM_S):
+            if known and counting and (leader_counts or (
+                    voter_since is not None and now - voter_since >= VOTER_CONFIRM_S)):
+                how = (f"its meta Raft data ({group_dir}) is gone" if had_data else
+                       f"member {recorded[0]} holds its record "
+                       f"{member_record_key(node_id)}: it ran meta before, yet its data "
+                       "directory holds no meta data (a replaced or wiped disk)")
                 raise MetaDataLostError(
-                    f"node {node_id}'s meta Raft data ({group_dir}) is gone, and member "
-                    f"{counting[0]} still counts it as a voter of the meta group: as it is, "
-                    "it could vote for a member that lacks writes it had acknowledged. "
-                    f"Remove it first (`quorumlog meta member remove {node_id}`), then "
-                    f"start it and add it again as a learner ({PROCEDURE}).")
+                    f"node {node_id}: {how}, and member {counting[0]} still counts it as a "
+                    "voter of the meta group: as it is, it could vote for a member that "
+                    "lacks writes it had acknowledged. Remove it first (`quorumlog meta "
+                    f"member remove {node_id}`), then start it with bootstrap = false in "
+                    f"[meta] and add it again as a learner ({PROCEDURE}).")
             if now - logged >= WAIT_LOG_INTERVAL_S:
                 logged = now
                 _log.warning(
                     "meta_member_waits_for_peers", node=node_id, peers=sorted(peers),
-                    reason=("its meta Raft data is gone: it joins only once a member "
-                            "answers that it is no longer a voter"))
+                    answered=answered, needed=needed,
+                    reason=("its data directory holds no meta data: it hosts the group once "
+                            "the other members tell it ran meta before or not"))
             await asyncio.sleep(RETRY_INTERVAL_S)
     finally:
         await pool.close()

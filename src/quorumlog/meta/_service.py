@@ -365,6 +365,9 @@ class MetaService:
         self.lease_reads = 0
         self.read_index_reads = 0
         self._started = False  # the Raft group is hosted (see start)
+        # The member guard runs with nothing of the group on disk (_member_guard):
+        # its status says "fresh", so that members starting together answer each other.
+        self.checking_fresh = False
         self._watches = _ParkedWatches()  # parked watch requests, by key
         self._apply_wakeup: asyncio.Future[None] | None = None  # lease reads wait on it
         self._expiry_task: asyncio.Task[None] | None = None
@@ -790,7 +793,8 @@ class MetaService:
     ) -> MetaStatusResponse:
         if not self._started:
             return MetaStatusResponse(
-                node_id=self.host.node_id, role="starting", term=0, leader=0, commit_index=0,
+                node_id=self.host.node_id, role="fresh" if self.checking_fresh else "starting",
+                term=0, leader=0, commit_index=0,
                 applied_index=0, revision=0, voters=[], read_mode=self.read_mode,
             )
         status = self.host.status()[0]

@@ -39,10 +39,16 @@ from quorumlog import rpc
 from quorumlog.bookie import BookieService, InvalidCookieError
 from quorumlog.errors import ConfigError
 from quorumlog.log import configure, get_logger
-from quorumlog.meta import MetaDataLostError, MetaService, check_member_data
+from quorumlog.meta import (
+    META_GROUP_ID,
+    MetaDataLostError,
+    MetaService,
+    check_member_data,
+    publish_member_record,
+)
 from quorumlog.node._config import NodeConfig, parse_address
 from quorumlog.node._health import Health, start_http
-from quorumlog.raft import HostConfig, RaftHost
+from quorumlog.raft import HostConfig, RaftHost, group_directory
 from quorumlog.recovery import RecoveryConfig, RecoveryService
 from quorumlog.stream import StreamTrimmer, TrimmerConfig
 from quorumlog.table import SchedulerService, TableConfig, TableService, is_table_group
@@ -130,6 +136,7 @@ class _Roles:
         self.recovery: RecoveryService | None = None
         self.trimmer: StreamTrimmer | None = None
         self.scheduler: SchedulerService | None = None
+        self.publish: asyncio.Task[None] | None = None  # publish_member_record
         if "meta" in cfg.node.roles:
             assert cfg.meta is not None  # NodeConfig.validate requires it
             self.host = RaftHost(
@@ -320,10 +327,16 @@ async def _start_roles(cfg: NodeConfig, roles: _Roles) -> None:
         assert cfg.meta is not None
         # Before it hosts (and may vote in) the meta group: refuse to come back as its
         # old self if its Raft data is gone (quorumlog.meta._member_guard).
+        fresh = not group_directory(roles.host.data_dir, META_GROUP_ID).exists()
+        roles.meta.checking_fresh = fresh
         await check_member_data(roles.host.data_dir, cfg.node.id, bootstrap=cfg.meta.bootstrap,
                                 members=cfg.meta.member_map())
+        roles.meta.checking_fresh = False
         await roles.host.start()
         roles.meta.start(set(cfg.meta.member_map()) if cfg.meta.bootstrap else None)
+        # The cluster's memory that this node ran meta, written once (_member_guard).
+        roles.publish = asyncio.get_running_loop().create_task(publish_member_record(
+            cfg.meta_addresses, cfg.node.id, cfg.node.advertise_address))
     if roles.scheduler is not None:
         roles.scheduler.start()
     if roles.bookie is not None:
@@ -342,6 +355,10 @@ async def _stop(server: rpc.Server, roles: _Roles) -> None:
     the rpc server stops (no new requests), then the bookie, the table role (its
     own Raft host), meta, the meta Raft host. Recovery and the trimmer stop first
     (their locks and leases go)."""
+    if roles.publish is not None:
+        roles.publish.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await roles.publish
     if roles.recovery is not None:
         await roles.recovery.close()
     if roles.trimmer is not None:
