@@ -122,6 +122,15 @@ def test_member_restored_from_an_older_copy_logs_rarely_and_the_documented_way_b
     assert kv is not None and kv.value == b"y"
 
 
+def _put_while_node_3_lags_then_stop(directory: Path, addresses: list[str]) -> None:
+    """Node 3 stops, /acked is acknowledged by nodes 1 and 2, then both stop."""
+    cluster.stop_node(directory, 3)
+    with BlockingMetaClient(addresses) as meta:
+        meta.put("/acked", b"by nodes 1 and 2")
+    cluster.stop_node(directory, 1)
+    cluster.stop_node(directory, 2)
+
+
 def test_a_member_whose_raft_data_was_wiped_cannot_lose_an_acknowledged_write(
         three_nodes: Path) -> None:
     """Node 3 lags (stopped); a put is acknowledged by nodes 1 and 2; both stop and
@@ -135,11 +144,7 @@ def test_a_member_whose_raft_data_was_wiped_cannot_lose_an_acknowledged_write(
     raft_dir = Path(wiped.config).parent / "data" / "raft"
     assert (raft_dir.parent / MEMBER_MARKER_NAME).exists()
     addresses = cluster.meta_addresses(directory)
-    cluster.stop_node(directory, 3)
-    with BlockingMetaClient(addresses) as meta:
-        meta.put("/acked", b"by nodes 1 and 2")
-    cluster.stop_node(directory, 1)
-    cluster.stop_node(directory, 2)
+    _put_while_node_3_lags_then_stop(directory, addresses)
     shutil.rmtree(raft_dir)
 
     with pytest.raises(QuorumlogError, match="ran meta on this data directory before"):
@@ -236,11 +241,7 @@ def test_a_member_whose_whole_data_directory_was_lost_refuses_to_start(
         _wait(lambda: all(meta.get(f"{MEMBER_RECORD_PREFIX}{n}") is not None
                           for n in (1, 2, 3)), "every member's record")
     data_dir = Path(next(i for i in cluster.load(directory) if i.id == 2).config).parent / "data"
-    cluster.stop_node(directory, 3)
-    with BlockingMetaClient(addresses) as meta:
-        meta.put("/acked", b"by nodes 1 and 2")
-    cluster.stop_node(directory, 1)
-    cluster.stop_node(directory, 2)
+    _put_while_node_3_lags_then_stop(directory, addresses)
     shutil.rmtree(data_dir)
 
     cluster.restart_node(directory, 3)

@@ -542,14 +542,19 @@ class LosingCluster(Cluster):
                           lost_groups=tuple(sorted(lost)))
 
 
-def test_a_replica_lost_with_its_nodes_data_is_replaced_on_another_node() -> None:
-    cluster = LosingCluster([1, 2, 3, 4], {10: [1, 2, 3]})
+def _node_3_loses_group_10(nodes: list[int]) -> tuple[LosingCluster, list[ScheduledChange]]:
+    """Group 10 on nodes 1-3; node 3 loses its data; the changes of 6 rounds."""
+    cluster = LosingCluster(nodes, {10: [1, 2, 3]})
     scheduler = Scheduler(CONFIG, started_ms=0)
     scheduler.set_replicas_target(10, 3)
     assert cluster.beat(scheduler, 0) == []
     cluster.lost[3] = {10}
     cluster.applied[10].pop(3)
-    done = run(cluster, scheduler, 200, 6)
+    return cluster, run(cluster, scheduler, 200, 6)
+
+
+def test_a_replica_lost_with_its_nodes_data_is_replaced_on_another_node() -> None:
+    cluster, done = _node_3_loses_group_10([1, 2, 3, 4])
     assert [(c.kind, c.node_id, c.remove_node_id) for c in done] == [
         (ChangeKind.ADD_LEARNER, 4, 0), (ChangeKind.PROMOTE, 4, 3)]
     assert sorted(cluster.voters[10]) == [1, 2, 4]
@@ -559,13 +564,7 @@ def test_a_replica_lost_with_its_nodes_data_is_replaced_on_another_node() -> Non
 def test_a_replica_lost_where_no_other_node_can_take_it_comes_back_as_a_learner() -> None:
     """Three nodes, three replicas: the voter goes, and the replica count adds a
     learner back on the same node, which opens it as a new replica."""
-    cluster = LosingCluster([1, 2, 3], {10: [1, 2, 3]})
-    scheduler = Scheduler(CONFIG, started_ms=0)
-    scheduler.set_replicas_target(10, 3)
-    assert cluster.beat(scheduler, 0) == []
-    cluster.lost[3] = {10}
-    cluster.applied[10].pop(3)
-    done = run(cluster, scheduler, 200, 6)
+    cluster, done = _node_3_loses_group_10([1, 2, 3])
     assert [(c.kind, c.node_id, c.remove_node_id) for c in done] == [
         (ChangeKind.REMOVE, 3, 0), (ChangeKind.ADD_LEARNER, 3, 0), (ChangeKind.PROMOTE, 3, 0)]
     assert sorted(cluster.voters[10]) == [1, 2, 3] and cluster.lost[3] == set()
