@@ -21,6 +21,7 @@ from quorumlog.sim import (
     table_config_for_mix,
 )
 from quorumlog.table import Scheduler
+from quorumlog.table import _layout as table_layout
 
 DEFAULT_SEEDS = range(0, 16)
 # These failed before their fixes in the world of their time; zones with several
@@ -115,7 +116,7 @@ def test_a_wiped_node_that_hosts_its_old_replicas_loses_a_committed_write(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The guard off (``lost_replicas`` finds nothing): the wiped node opens its
     old replicas empty and its vote elects a leader without a committed write."""
-    monkeypatch.setattr(_table_runner, "lost_replicas", lambda *_args: {})
+    monkeypatch.setattr(table_layout, "lost_replicas", lambda *_args: {})
     result = run_table_seed(WIPE_SEEDS[0])
     assert result.stats["wipes"] == 1
     assert result.violation == "leader-completeness", result.detail
@@ -130,7 +131,7 @@ def test_a_node_without_its_data_directory_must_tell_from_the_records(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole data directory gone (marker too): without ``voter_of`` the node
     takes the records' assignments for a first start's."""
-    monkeypatch.setattr(_table_runner, "voter_of", lambda *_args: [])
+    monkeypatch.setattr(table_layout, "voter_of", lambda *_args: [])
     result = run_table_seed(WIPE_SEEDS[0])
     assert result.violation == "leader-completeness", result.detail
 

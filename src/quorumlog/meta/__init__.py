@@ -50,6 +50,7 @@ from quorumlog.meta._member_guard import (
     publish_member_record,
 )
 from quorumlog.meta._member_marker import MARKER_NAME as MEMBER_MARKER_NAME
+from quorumlog.meta._member_marker import write_marker
 from quorumlog.meta._owned_session import OwnedSession, SessionMeta
 from quorumlog.meta._service import (
     LEASE_CLOCK_DRIFT_PERCENT,
@@ -118,4 +119,5 @@ __all__ = [
     "read_snapshot_file",
     "restore_snapshot",
     "save_snapshot",
+    "write_marker",
 ]

@@ -22,8 +22,11 @@ group's directory gone, the data was lost:
   voter; once one answers that it is not (it was removed), it starts, to be
   added again as a learner.
 
-A whole data directory lost (marker and all) cannot be told from a first
-start; a node with a bookie then stops at the bookie's cookie check.
+A whole data directory lost (marker and all, a replaced disk) looks like a
+first start on disk; the cluster remembers instead: each member writes
+``/meta/members/<id>`` once it hosts the group (``publish_member_record``),
+and a member with nothing on disk asks the others for it before it hosts the
+group (``_ask_peers``).
 """
 
 from __future__ import annotations

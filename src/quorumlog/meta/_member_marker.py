@@ -1,8 +1,10 @@
-"""The marker a meta member leaves next to its Raft directory (see _member_guard)."""
+"""The marker a member leaves in its data directory once it holds a role's data
+(meta: ``meta-member.json``, see _member_guard; tables: ``table-member.json``)."""
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -14,12 +16,20 @@ def marker_path(host_dir: Path) -> Path:
     return host_dir.parent / MARKER_NAME
 
 
-def write_marker(host_dir: Path, node_id: int) -> None:
-    """Record that this node hosts the meta group on this data directory (once)."""
-    path = marker_path(host_dir)
+def write_marker(path: Path, node_id: int) -> None:
+    """Write the marker ``path`` once, durably (temp file, fsync, rename, fsync the
+    directory): it is what tells a lost data directory from a first start."""
     if path.exists():
         return
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"node_id": node_id, "since": time.strftime(
-        "%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
+    with tmp.open("w") as f:
+        f.write(json.dumps({"node_id": node_id, "since": time.strftime(
+            "%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
     tmp.replace(path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

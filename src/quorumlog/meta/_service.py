@@ -58,7 +58,7 @@ from quorumlog.meta._commands import (
     Txn,
 )
 from quorumlog.meta._leases import LeaseKeeper
-from quorumlog.meta._member_marker import write_marker
+from quorumlog.meta._member_marker import marker_path, write_marker
 from quorumlog.meta._metrics import META_METRICS, register_member, unregister_member
 from quorumlog.meta._read_lease import ReadLease, lease_duration_s
 from quorumlog.meta._state import (
@@ -430,7 +430,7 @@ class MetaService:
                             combine=combine_msgpack)
         # From now on this data directory has held the group: if its Raft data is
         # ever gone, the member must not come back as its old self (_member_guard).
-        write_marker(Path(self.host.data_dir), self.host.node_id)
+        write_marker(marker_path(Path(self.host.data_dir)), self.host.node_id)
         self._started = True
 
     def _require_started(self) -> None:

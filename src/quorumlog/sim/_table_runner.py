@@ -85,6 +85,7 @@ from quorumlog.table import (
     ChangeOutcome,
     ClusterLoad,
     FailMode,
+    LostReplicas,
     NodeCandidate,
     NodeReport,
     PartitionRecord,
@@ -97,11 +98,9 @@ from quorumlog.table import (
     conf_change_of,
     encode_entry,
     keeps_replica,
-    lost_replicas,
     place_replicas,
     report_of,
     updated_record,
-    voter_of,
 )
 
 SCHEDULER_ENDPOINT = 0
@@ -182,13 +181,9 @@ class _TableNode:
     dead_for_good: bool = False
     replicas: dict[int, SimRaftHost] = field(default_factory=dict)  # group id -> replica
     running: dict[int, _Running] = field(default_factory=dict)  # group id -> change
-    # Its disk was wiped (TableService._data_lost): the groups it must not host
-    # (lost_replicas), decided at its first reconcile after the restart.
-    data_lost: bool = False
-    lost: dict[int, int] | None = None
-    # Its whole data directory went, the marker too (TableService._nothing_on_disk):
-    # whether its data is lost is decided at its first reconcile (table.voter_of).
-    nothing_on_disk: bool = False
+    # After its disk was wiped: what it decides about its old replicas, as
+    # TableService does (table.LostReplicas).
+    lost: LostReplicas | None = None
 
 
 @dataclass(slots=True)
@@ -444,12 +439,7 @@ class TableSimulation:
         """``TableService._reconcile``: open what the records name, drop the rest."""
         if not node.up:
             return
-        if node.nothing_on_disk:
-            node.nothing_on_disk = False
-            node.data_lost = bool(voter_of(node.node_id, self.records))
-        if node.data_lost:
-            node.lost = lost_replicas(node.node_id, self.records, node.lost, node.replicas.keys())
-        lost = node.lost or {}
+        lost = {} if node.lost is None else node.lost.update(self.records, node.replicas.keys())
         for gid, record in sorted(self.records.items()):
             if node.node_id in record.replicas and gid not in node.replicas and gid not in lost:
                 self._open_replica(node, gid, record)
@@ -524,7 +514,8 @@ class TableSimulation:
             [self.stats.group_bytes_reported_max, *(g.size_bytes for g in groups)])
         report = NodeReport(node_id=node.node_id, address=f"sim:{node.node_id}",
                             zone=self.zone_of[node.node_id], disk_free_bytes=0, groups=groups,
-                            lost_groups=tuple(sorted(node.lost or ())))
+                            lost_groups=tuple(sorted(
+                                node.lost.groups or () if node.lost is not None else ())))
         self.stats.heartbeats += 1
         self.network.send(self.clock.now_ms, node.node_id, SCHEDULER_ENDPOINT,
                           _Heartbeat(report))
@@ -849,10 +840,9 @@ class TableSimulation:
         node.replicas.clear()
         # Even seeds keep the node's marker (only its table data went); odd ones lose
         # the whole data directory, and the node must tell from the records.
-        if self.seed % 2 == 0:
-            node.data_lost, node.lost = True, None
-        else:
-            node.data_lost, node.lost, node.nothing_on_disk = False, None, True
+        marker_kept = self.seed % 2 == 0
+        node.lost = LostReplicas(node.node_id, data_lost=marker_kept,
+                                 nothing_on_disk=not marker_kept)
         self.stats.wipes += 1
         downtime = self._nemesis.randint(self.config.downtime_ms_min,
                                          self.config.downtime_ms_max)

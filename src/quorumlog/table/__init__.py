@@ -79,6 +79,7 @@ from quorumlog.table._heartbeat import (
     report_of,
 )
 from quorumlog.table._layout import (
+    LostReplicas,
     PartitionRecord,
     TableExistsError,
     TableLayout,
@@ -152,6 +153,7 @@ __all__ = [
     "IncrCommand",
     "IncrResult",
     "KeyTooLargeError",
+    "LostReplicas",
     "MultiDeleteCommand",
     "MultiSetCommand",
     "Mutation",

@@ -138,6 +138,32 @@ def lost_replicas(node_id: int, records: Mapping[int, PartitionRecord],
                                    or records[gid].epoch <= epoch)}
 
 
+@dataclass(slots=True)
+class LostReplicas:
+    """What a table node decides about its old replicas after a data loss, look by
+    look at the records (``TableService`` and the table simulator run this one).
+
+    ``data_lost``: its marker is there and its table Raft data is gone.
+    ``nothing_on_disk``: no marker and no data, a first start or a whole data
+    directory lost; the first look decides (``voter_of``)."""
+
+    node_id: int
+    data_lost: bool
+    nothing_on_disk: bool
+    groups: dict[int, int] | None = None  # lost_replicas: group id -> epoch when lost
+
+    def update(self, records: Mapping[int, PartitionRecord],
+               hosted: Collection[int]) -> dict[int, int]:
+        """The groups not to host now; the first call may find the data lost."""
+        if self.nothing_on_disk:
+            self.nothing_on_disk = False
+            self.data_lost = bool(voter_of(self.node_id, records))
+        if not self.data_lost:
+            return {}
+        self.groups = lost_replicas(self.node_id, records, self.groups, hosted)
+        return self.groups
+
+
 @dataclass(frozen=True, slots=True)
 class TableLayout:
     """A table's record and the members of each partition (index = partition)."""

@@ -30,7 +30,7 @@ from quorumlog import rpc
 from quorumlog.config import Config, require
 from quorumlog.errors import QuorumlogError
 from quorumlog.log import get_logger
-from quorumlog.meta import MetaClient
+from quorumlog.meta import MetaClient, write_marker
 from quorumlog.raft import HostConfig, RaftHost, Role
 from quorumlog.table._commands import (
     NON_IDEMPOTENT_COMMANDS,
@@ -58,6 +58,7 @@ from quorumlog.table._heartbeat import (
 from quorumlog.table._layout import (
     TABLE_NODES_PREFIX,
     TABLES_PREFIX,
+    LostReplicas,
     PartitionRecord,
     TableLayout,
     TableNodeRecord,
@@ -65,10 +66,8 @@ from quorumlog.table._layout import (
     encode,
     group_id_of,
     keeps_replica,
-    lost_replicas,
     parse_layouts,
     table_node_key,
-    voter_of,
 )
 from quorumlog.table._machine import PartitionMachine, observe_duplicates
 from quorumlog.table._messages import (
@@ -259,14 +258,13 @@ class TableService:
         # here as a learner, which opens as a new replica and catches up).
         self._marker = data_dir / TABLE_MARKER_NAME
         raft_data = (self.data_dir / "raft").exists()
-        self._data_lost = self._marker.exists() and not raft_data
-        # Nothing on disk at all: a first start, or the whole data directory lost
+        # Nothing on disk at all is a first start or the whole data directory lost
         # (marker too). A node registers only after its first reconcile, and
         # nothing is placed on a node never registered: records that already
-        # count it as a voter then mean its data is gone (_replicas_lost).
-        self._nothing_on_disk = not self._marker.exists() and not raft_data
+        # count it as a voter then mean its data is gone (LostReplicas).
+        self._lost = LostReplicas(node_id, data_lost=self._marker.exists() and not raft_data,
+                                  nothing_on_disk=not self._marker.exists() and not raft_data)
         self._reconciled = asyncio.Event()
-        self._lost_groups: dict[int, int] | None = None  # gid -> record epoch when lost
         self._lost_logged = 0.0
         self._known_addresses: dict[int, str] = {node_id: address}
         self.disk = DiskGuard(
@@ -339,11 +337,8 @@ class TableService:
     async def start(self) -> None:
         register_node(self)
         await self.host.start()
-        if not self._marker.exists():
-            tmp = self._marker.with_suffix(".tmp")
-            tmp.write_text(f'{{"node_id": {self.node_id}}}\n')
-            tmp.replace(self._marker)
-        if self._data_lost:
+        write_marker(self._marker, self.node_id)
+        if self._lost.data_lost:
             _log.error("table_data_lost", node=self.node_id, marker=str(self._marker),
                        raft_dir=str(self.data_dir / "raft"),
                        error=("this node hosted table replicas on this data directory "
@@ -459,29 +454,23 @@ class TableService:
         _log.info("table_replica_removed", table=replica.table, group=gid)
 
     def _replicas_lost(self, records: dict[int, PartitionRecord]) -> set[int]:
-        """The groups this node must not host (``lost_replicas``; ``_data_lost``)."""
-        if self._nothing_on_disk:
-            self._nothing_on_disk = False
-            counted = voter_of(self.node_id, records)
-            if counted:
-                self._data_lost = True
-                _log.error("table_data_lost", node=self.node_id, data_dir=str(self.data_dir),
-                           voter_of=[f"{g:016x}" for g in counted],
-                           error=("this node's data directory is empty, yet partition "
-                                  "records count it as a voter: its data was lost with the "
-                                  "disk; the scheduler replaces those replicas"))
-        if not self._data_lost:
-            return set()
-        self._lost_groups = lost_replicas(self.node_id, records, self._lost_groups,
-                                          self._replicas.keys())
-        if self._lost_groups:
+        """The groups this node must not host (``LostReplicas``)."""
+        first_look = self._lost.nothing_on_disk
+        lost = self._lost.update(records, self._replicas.keys())
+        if first_look and self._lost.data_lost:
+            _log.error("table_data_lost", node=self.node_id, data_dir=str(self.data_dir),
+                       voter_of=[f"{g:016x}" for g in sorted(lost)],
+                       error=("this node's data directory is empty, yet partition records "
+                              "count it as a voter: its data was lost with the disk; the "
+                              "scheduler replaces those replicas"))
+        if lost:
             now = time.monotonic()
             if now - self._lost_logged >= LOST_LOG_INTERVAL_S:
                 self._lost_logged = now
                 _log.warning("table_replicas_lost", node=self.node_id,
-                             groups=[f"{g:016x}" for g in sorted(self._lost_groups)],
+                             groups=[f"{g:016x}" for g in sorted(lost)],
                              reason="its table Raft data is gone; the scheduler replaces them")
-        return set(self._lost_groups)
+        return set(lost)
 
     def _open_replica(self, layout: TableLayout, partition: int) -> None:
         gid = group_id_of(layout.record.table_id, partition)
@@ -533,7 +522,7 @@ class TableService:
             for gid, replica in sorted(self._replicas.items()) if not replica.dropped)
         return NodeReport(node_id=self.node_id, address=self.address, zone=self.config.zone,
                           disk_free_bytes=disk_free_bytes(self.data_dir), groups=groups,
-                          lost_groups=tuple(sorted(self._lost_groups or ())))
+                          lost_groups=tuple(sorted(self._lost.groups or ())))
 
     # ----- requests ---------------------------------------------------------------
 
