@@ -229,6 +229,17 @@ def read_partition(partition: QuorumlogInputPartition) -> Iterator[pa.RecordBatc
             pending.cancel()
 
 
+def _read_planned(partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """A planned task's rows. A plan of no tasks (an empty stream, filters that
+    prune every ledger) reaches the executor as Spark's one placeholder
+    partition, ``InputPartition(None)``: it holds no rows."""
+    if isinstance(partition, QuorumlogInputPartition):
+        return read_partition(partition)
+    if getattr(partition, "value", None) is None:
+        return iter(())
+    raise UsageError(f"not a quorumlog stream partition: {partition!r}")
+
+
 def _read_view(partition: QuorumlogInputPartition,
                view: CompactionRecord) -> Iterator[pa.RecordBatch]:
     """readCompacted: the task's messages of the partition's compacted view, a
@@ -475,8 +486,7 @@ class QuorumlogReader(DataSourceReader):
         return _wrap(tasks, options, record)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, QuorumlogInputPartition)
-        return read_partition(partition)
+        return _read_planned(partition)
 
 
 async def _plan_compacted(client: LedgerClient, record: StreamRecord, options: SourceOptions,
@@ -663,8 +673,7 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return _wrap(_io.run(plan()), options, record)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, QuorumlogInputPartition)
-        return read_partition(partition)
+        return _read_planned(partition)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: positions are the state, kept by Spark's checkpoint."""

@@ -255,9 +255,11 @@ class TableReader(DataSourceReader):
                 for key in sorted(self.pushdown.hash_keys)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if not isinstance(partition, TablePartition):
-            raise UsageError(f"not a quorumlog table partition: {partition!r}")
-        return read_table_partition(self.options, partition)
+        if isinstance(partition, TablePartition):
+            return read_table_partition(self.options, partition)
+        if getattr(partition, "value", None) is None:  # Spark's placeholder for a plan of none
+            return iter(())
+        raise UsageError(f"not a quorumlog table partition: {partition!r}")
 
 
 def read_table_partition(options: TableOptions,
