@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import crc32c
+import quorumlog_native
 
 from quorumlog.bookie._config import FRAME_OVERHEAD_BYTES, LOG_HEADER_BYTES, LedgerStorageConfig
 from quorumlog.bookie._format import (
-    FRAME,
     FRAME_HEAD,
     LOCATION,
     Frame,
@@ -374,24 +374,9 @@ class EntryLogs:
                 f"({first.frame_bytes} bytes), the index says {ledger_id}:{entry_id} "
                 f"({location.frame_bytes} bytes)")
         out = [first.data]
-        view = memoryview(buf)
-        unpack, crc = FRAME.unpack_from, crc32c.crc32c
-        head, overhead, limit = FRAME_HEAD.size, FRAME_OVERHEAD_BYTES, len(buf) - FRAME.size
-        entry_max = self._config.entry_max_bytes
-        pos, expected = first.frame_bytes, entry_id + 1
-        room = data_bytes_max - len(first.data)
-        while len(out) < count_max and pos <= limit:
-            length, stored_ledger, stored_entry, stored_crc = unpack(buf, pos)
-            end = pos + overhead + length
-            room -= length
-            if (stored_ledger != ledger_id or stored_entry != expected or length > entry_max
-                    or end > len(buf) or room < 0):
-                break
-            data = buf[pos + overhead:end]
-            if crc(data, crc(view[pos:pos + head])) != stored_crc:
-                break
-            out.append(data)
-            pos, expected = end, expected + 1
+        out += quorumlog_native.frames_following(
+            buf, first.frame_bytes, ledger_id, entry_id + 1, count_max - 1,
+            data_bytes_max - len(first.data), self._config.entry_max_bytes)
         return out
 
     def decode_at(self, buf: bytes, pos: int, location: Location) -> Frame:

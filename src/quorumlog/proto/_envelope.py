@@ -28,7 +28,9 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import crc32c
+import quorumlog_native
 
+from quorumlog.errors import invariant
 from quorumlog.proto._errors import BadEnvelopeError, DigestMismatchError
 
 
@@ -111,9 +113,11 @@ def parse_envelope(data: bytes | memoryview) -> Envelope:
     return Envelope(ledger_id, entry_id, lac, kind, payload)
 
 
-_CRC32C_CODE = _DIGEST_CODES[DigestType.CRC32C]
-_CRC32C_START = ENVELOPE_HEADER.size + DIGEST_SIZES[DigestType.CRC32C]
-_CRC32C_HEAD = struct.Struct(">QQqIBI")  # header + CRC32C: one unpack per envelope
+# quorumlog_native's C loops hard-code this layout: header 29 bytes, CRC32C
+# digest (code 1) after it, payload from byte 33.
+invariant((ENVELOPE_HEADER.size, _DIGEST_CODES[DigestType.CRC32C],
+           DIGEST_SIZES[DigestType.CRC32C]) == (29, 1, 4),
+          "the envelope layout drifted from quorumlog_native's")
 
 
 def crc32c_batch_bounds(buffer: bytes | memoryview, sizes: Sequence[int], ledger_id: int,
@@ -122,34 +126,18 @@ def crc32c_batch_bounds(buffer: bytes | memoryview, sizes: Sequence[int], ledger
     bytes each) for entries ``first_entry_id, first_entry_id + 1, ...`` of
     ``ledger_id``: payload ``i`` is ``buffer[starts[i]:ends[i]]``.
 
-    Every check of :func:`decode_entry` is done inline in one pass over the
-    buffer, and nothing per entry outlives the loop (a batch read's hot path).
-    The bounds cover the longest valid prefix: they stop at the first envelope
-    that fails any check, so the caller can decode that one with
-    :func:`decode_entry` for the precise error.
+    Every check of :func:`decode_entry` is done in one C loop over the buffer
+    (``quorumlog_native.envelope_bounds``), and nothing per entry is built (a
+    batch read's hot path). The bounds cover the longest valid prefix: they
+    stop at the first envelope that fails any check, so the caller can decode
+    that one with :func:`decode_entry` for the precise error.
     """
-    view = memoryview(buffer)
-    total = len(view)
-    unpack = _CRC32C_HEAD.unpack_from
-    crc = crc32c.crc32c
-    header_bytes, start = ENVELOPE_HEADER.size, _CRC32C_START
-    starts: array.array[int] = array.array("q")
-    ends: array.array[int] = array.array("q")
-    position, entry_id = 0, first_entry_id
-    for size in sizes:
-        end = position + size
-        if size < start or end > total:
-            break
-        ledger, entry, lac, length, code, stored = unpack(view, position)
-        payload = position + start
-        if (ledger != ledger_id or entry != entry_id or code != _CRC32C_CODE or lac < -1
-                or length != size - start
-                or crc(view[payload:end], crc(view[position:position + header_bytes]))
-                != stored):
-            break
-        starts.append(payload)
-        ends.append(end)
-        position, entry_id = end, entry_id + 1
+    starts: array.array[int] = array.array("q", bytes(8 * len(sizes)))
+    ends: array.array[int] = array.array("q", bytes(8 * len(sizes)))
+    count, _ = quorumlog_native.envelope_bounds(buffer, sizes, ledger_id, first_entry_id,
+                                                starts, ends)
+    if count < len(sizes):
+        del starts[count:], ends[count:]
     return starts, ends
 
 
@@ -198,20 +186,4 @@ def crc32c_add_lacs(entries: Sequence[tuple[int, bytes]], ledger_id: int) -> lis
     the entry it is sent as. None where any check fails or the digest is not
     CRC32C: the caller parses that one with :func:`parse_envelope`, for the
     precise error or the envelope of another digest type."""
-    unpack = ENVELOPE_HEADER.unpack_from
-    crc = crc32c.crc32c
-    header_bytes, start = ENVELOPE_HEADER.size, _CRC32C_START
-    from_bytes = int.from_bytes
-    lacs: list[int | None] = []
-    for entry_id, data in entries:
-        size = len(data)
-        if size >= start:
-            ledger, entry, lac, length, code = unpack(data)
-            if (ledger == ledger_id and entry == entry_id and code == _CRC32C_CODE
-                    and lac >= -1 and size == start + length
-                    and crc(memoryview(data)[start:], crc(data[:header_bytes]))
-                    == from_bytes(data[header_bytes:start])):
-                lacs.append(lac)
-                continue
-        lacs.append(None)
-    return lacs
+    return quorumlog_native.add_lacs(entries, ledger_id)

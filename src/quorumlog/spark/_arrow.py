@@ -8,14 +8,13 @@ about 3x the rate of tuples).
 from __future__ import annotations
 
 import array
-import functools
 import itertools
-import struct
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import quorumlog_native
 
 from quorumlog.errors import UsageError, invariant
 from quorumlog.stream import (
@@ -172,18 +171,10 @@ def messages_of(batch: pa.RecordBatch, publish_ms: int
 
 # ----- columnar decode of entry buffers ------------------------------------------------------
 
-_MESSAGE_PUBLISH, _MESSAGE_KEY, _MESSAGE_PROPS, _MESSAGE_VALUE = 0, 2, 3, 4  # u32 word index
 ARROW_BUFFER_BYTES_MAX = 2**31 - 1  # int32 Arrow offsets address the joined chunk
-COLUMNAR_ROWS_PER_PASS_MIN = 256
-"""Batched entries are located by vector passes (one per batch index) when
-each pass covers at least this many messages on average; below that, the
-fixed cost of a pass (~20 Arrow calls) loses to a Python walk over the
-message headers (measured: 1,000 messages per entry, 64 entries a chunk)."""
-_MESSAGE_LENGTHS = struct.Struct("<8xiII")  # key, properties, value lengths of a message
-
-
 _I32 = pa.int32()
-_ZERO = pa.array([0], _I32)
+invariant((ENTRY_HEADER_BYTES, MESSAGE_HEADER_BYTES) == (8, 20),
+          "the stream entry layout drifted from quorumlog_native.stream_columns'")
 
 
 def _i32(value: int) -> pa.Scalar:
@@ -199,220 +190,60 @@ def _timestamps(publish_ms: pa.Array) -> pa.Array:
         pa.timestamp("us", tz="UTC"))
 
 
-def _int32(values: array.array[int]) -> pa.Array:
-    """An int32 Arrow array over an ``array("i")`` (no copy)."""
-    return pa.Array.from_buffers(pa.int32(), len(values), [None, pa.py_buffer(values)])
-
-
-def _arange(n: int) -> pa.Array:
-    """0 .. n-1 as int32, built in Arrow (``pa.array(range(n))`` walks Python ints)."""
-    return pc.subtract(pc.cumulative_sum(pa.repeat(_i32(1), n)), _i32(1))
-
-
-@functools.lru_cache(maxsize=32)
-def _stride_index(n: int, stride: int, word: int) -> pa.Array:
-    """word, word + stride, word + 2 * stride, ... (n of them)."""
-    return pc.add(pc.multiply(_arange(n), _i32(stride)), _i32(word))
-
-
-class _Words:
-    """n fixed-width headers of ``stride`` u32 words each, back to back."""
-
-    def __init__(self, words: pa.Array, n: int, stride: int) -> None:
-        self._words, self._n, self._stride = words, n, stride
-
-    def word(self, index: int) -> pa.Array:
-        """Word ``index`` of every header (u32)."""
-        return pc.take(self._words, _stride_index(self._n, self._stride, index))
-
-    def int64(self, index: int) -> pa.Array:
-        """The little-endian i64 in words ``index`` and ``index + 1`` of every header."""
-        low = self.word(index).cast(pa.int64())
-        high = self.word(index + 1).view(pa.int32()).cast(pa.int64())
-        return pc.add(pc.multiply(high, pa.scalar(1 << 32, pa.int64())), low)
-
-
-@functools.lru_cache(maxsize=8)
-def _interleave_index(n: int) -> tuple[pa.Array, pa.Array]:
-    """(take indices that interleave two n-long arrays a, b as a0 b0 a1 b1 ...,
-    the odd positions 1, 3, ... of a 2n-long array)."""
-    count = _arange(2 * n)
-    interleave = pc.add(pc.shift_right(count, _i32(1)),
-                        pc.multiply(pc.bit_wise_and(count, _i32(1)), _i32(n)))
-    odd = pc.add(pc.multiply(_arange(n), _i32(2)), _i32(1))
-    return interleave, odd
+def _int64_buffer(values: pa.Array) -> pa.Buffer:
+    """The bytes of an int64 array's values (its slice of the data buffer)."""
+    data = values.buffers()[1]
+    return data.slice(8 * values.offset, 8 * len(values))
 
 
 class EntryColumns:
     """Stream entries held in one buffer (payload ``i`` at ``starts[i]:ends[i]``,
-    entry ids ``first_entry_id + i``) decoded into Arrow columns by vector
-    operations: fixed-width header fields are gathered out of the buffer with
-    one take over a binary array of alternating gaps and fields, and read as
-    integer arrays; keys and values are binary arrays taken the same way.
-    Python touches messages only through the loop over batch indexes of
-    batched entries (one pass of vector work per batch index, not per
-    message) and for messages with properties."""
+    entry ids ``first_entry_id + i``) decoded into Arrow columns in one C pass
+    (``quorumlog_native.stream_columns``: every length checked against its
+    entry, keys and values copied into the columns' data buffers). Python
+    touches messages only for messages with properties."""
 
     def __init__(self, buffer: bytes | memoryview, starts: pa.Array, ends: pa.Array,
                  first_entry_id: int) -> None:
         invariant(len(buffer) <= ARROW_BUFFER_BYTES_MAX,
                   "an entry chunk is addressed with int32 Arrow offsets")
         self._raw = buffer
-        self._buffer = pa.py_buffer(buffer)
-        self.starts = starts.cast(pa.int32())
-        self.ends = ends.cast(pa.int32())
+        self.starts = starts.cast(pa.int64())
+        self.ends = ends.cast(pa.int64())
         self.first_entry_id = first_entry_id
-
-    def _slices(self, starts: pa.Array, lengths: pa.Array, valid: pa.Array | None) -> pa.Array:
-        """A binary array of ``buffer[start:start + length]`` per row (``starts``
-        ascending, the slices disjoint), null where ``valid`` is false: a
-        binary array over the whole buffer whose elements alternate between
-        the gaps and the slices, then a take of the slices (one copy each)."""
-        n = len(starts)
-        if not n:
-            return pa.array([], pa.binary())
-        interleave, odd = _interleave_index(n)
-        bounds = pc.take(pa.concat_arrays([starts, pc.add(starts, lengths)]), interleave)
-        spans = pa.Array.from_buffers(pa.binary(), 2 * n, [
-            None, pa.concat_arrays([_ZERO, bounds]).buffers()[1], self._buffer])
-        if valid is not None and not pc.all(valid).as_py():
-            odd = pc.if_else(valid, odd, pa.scalar(None, _I32))
-        return pc.take(spans, odd)
-
-    def _headers(self, positions: pa.Array, words: int) -> _Words:
-        """The ``words`` little-endian u32 words at each position (positions
-        ascending, the headers disjoint): one block copied out of the buffer."""
-        n = len(positions)
-        block = self._slices(positions, pa.repeat(_i32(4 * words), n), None)
-        data = block.buffers()[2] if n else pa.py_buffer(b"")
-        return _Words(pa.Array.from_buffers(pa.uint32(), n * words, [None, data]), n, words)
 
     def decode(self) -> dict[str, pa.Array] | None:
         """Columns entry_pos, batch_index, publish_time_ms, key, value and
-        props (start, length) per message in (entry, batch index) order; None
-        when any entry breaks the format (the caller then decodes entry by
-        entry for the precise error)."""
-        i32 = pa.int32()
-        sizes = pc.subtract(self.ends, self.starts)
-        if pc.any(pc.less(sizes, _i32(ENTRY_HEADER_BYTES))).as_py():
+        properties per message in (entry, batch index) order; None when any
+        entry breaks the format (the caller then decodes entry by entry for
+        the precise error)."""
+        out = quorumlog_native.stream_columns(
+            self._raw, _int64_buffer(self.starts), _int64_buffer(self.ends), ENTRY_PREFIX_WORD,
+            BATCH_MESSAGES_MAX)
+        if out is None:
             return None
-        entry_header = self._headers(self.starts, ENTRY_HEADER_BYTES // 4)
-        prefix = pa.scalar(ENTRY_PREFIX_WORD, pa.uint32())
-        if not pc.all(pc.equal(entry_header.word(0), prefix)).as_py():
-            return None
-        counts = entry_header.word(1)
-        low, high = pc.min_max(counts).values()
-        if low.as_py() < 1 or high.as_py() > BATCH_MESSAGES_MAX:
-            return None
-        counts = counts.cast(i32)
-        rows = pc.sum(counts).as_py()
-        located = (self._locate_by_passes(counts)
-                   if high.as_py() * COLUMNAR_ROWS_PER_PASS_MIN <= rows
-                   else self._locate_by_walk(counts))
-        if located is None:
-            return None
-        position, entry_pos, batch_index = located
-        entry_end = pc.take(self.ends, entry_pos)
-        header = self._headers(position, MESSAGE_HEADER_BYTES // 4)
-        key_length = header.word(_MESSAGE_KEY).view(i32)
-        props_length = header.word(_MESSAGE_PROPS).cast(i32)
-        value_length = header.word(_MESSAGE_VALUE).cast(i32)
-        if pc.min_max(key_length)["min"].as_py() < -1:
-            return None
-        key_start = pc.add(position, _i32(MESSAGE_HEADER_BYTES))
-        key_bytes = pc.max_element_wise(key_length, _i32(0))
-        props_start = pc.add(key_start, key_bytes)
-        value_start = pc.add(props_start, props_length)
-        if pc.any(pc.greater(pc.add(value_start, value_length), entry_end)).as_py():
-            return None
-        return {"entry_pos": entry_pos, "batch_index": batch_index,
-                "publish_time_ms": header.int64(_MESSAGE_PUBLISH), "key_start": key_start,
-                "key_length": key_bytes, "has_key": pc.greater_equal(key_length, _i32(0)),
-                "props_start": props_start, "props_length": props_length,
-                "value_start": value_start, "value_length": value_length}
+        (rows, entry_pos, batch_index, publish, key_valid, key_offsets, key_data, value_offsets,
+         value_data, props_start, props_length, props_any) = out
+        buffer = pa.py_buffer
+        props_lengths = pa.Array.from_buffers(_I32, rows, [None, buffer(props_length)])
+        return {
+            "entry_pos": pa.Array.from_buffers(_I32, rows, [None, buffer(entry_pos)]),
+            "batch_index": pa.Array.from_buffers(_I32, rows, [None, buffer(batch_index)]),
+            "publish_time_ms": pa.Array.from_buffers(pa.int64(), rows, [None, buffer(publish)]),
+            "key": pa.Array.from_buffers(pa.binary(), rows, [
+                buffer(key_valid), buffer(key_offsets), buffer(key_data)]),
+            "value": pa.Array.from_buffers(pa.binary(), rows, [
+                None, buffer(value_offsets), buffer(value_data)]),
+            "properties": self.properties(
+                pa.Array.from_buffers(_I32, rows, [None, buffer(props_start)]), props_lengths,
+                any_set=props_any),
+        }
 
-    def _locate_by_passes(self, counts: pa.Array
-                          ) -> tuple[pa.Array, pa.Array, pa.Array] | None:
-        """(message header position, entry index, batch index) of every message,
-        in order: pass ``k`` reads the header of message ``k`` of every entry
-        that has one, as vector operations over the entries."""
-        n = len(counts)
-        active, cursor, ends, left = _arange(n), pc.add(self.starts, _i32(ENTRY_HEADER_BYTES)), \
-            self.ends, counts
-        found: list[tuple[pa.Array, pa.Array, pa.Array]] = []
-        index = 0
-        while len(active):
-            if pc.any(pc.greater(pc.add(cursor, _i32(MESSAGE_HEADER_BYTES)), ends)).as_py():
-                return None
-            header = self._headers(cursor, MESSAGE_HEADER_BYTES // 4)
-            key_length = header.word(_MESSAGE_KEY).view(pa.int32())
-            if pc.min_max(key_length)["min"].as_py() < -1:
-                return None
-            props_length = header.word(_MESSAGE_PROPS)
-            value_length = header.word(_MESSAGE_VALUE)
-            end = pc.add(pc.add(pc.add(cursor, _i32(MESSAGE_HEADER_BYTES)),
-                                pc.max_element_wise(key_length, _i32(0))),
-                         pc.add(props_length.cast(pa.int64()), value_length.cast(pa.int64())))
-            found.append((cursor, active, pa.repeat(_i32(index), len(active))))
-            left = pc.subtract(left, _i32(1))
-            more = pc.greater(left, _i32(0))
-            if not pc.all(pc.or_(more, pc.equal(end, ends))).as_py():
-                return None  # a message runs past its entry, or bytes trail the last one
-            if pc.any(pc.greater(end, ends)).as_py():
-                return None
-            end = end.cast(pa.int32())
-            index += 1
-            if pc.all(more).as_py():
-                cursor = end
-            else:
-                active, cursor, ends, left = (pc.filter(a, more)
-                                              for a in (active, end, ends, left))
-        position, entry_pos, batch_index = (pa.concat_arrays([f[k] for f in found])
-                                            for k in range(3))
-        if len(found) > 1:  # passes ran batch index-major; positions ascend in row order
-            order = pc.sort_indices(position)
-            position, entry_pos, batch_index = (pc.take(a, order)
-                                                for a in (position, entry_pos, batch_index))
-        return position, entry_pos, batch_index
-
-    def _locate_by_walk(self, counts: pa.Array
-                        ) -> tuple[pa.Array, pa.Array, pa.Array] | None:
-        """As :meth:`_locate_by_passes` for entries holding many messages each:
-        one Python step per message that records only where its header is."""
-        lengths = _MESSAGE_LENGTHS.unpack_from
-        buffer = self._raw
-        positions: array.array[int] = array.array("i")
-        entry_pos: array.array[int] = array.array("i")
-        batch_index: array.array[int] = array.array("i")
-        append, header = positions.append, MESSAGE_HEADER_BYTES
-        # No bounds check per message: offsets only grow (by at least a
-        # header), so a message that runs past its entry leaves the entry's
-        # last offset past its end, which the check after the entry catches;
-        # a header past the whole buffer makes unpack_from raise, and an
-        # offset grown past int32 by garbage lengths makes append raise.
-        try:
-            for entry, (start, end, count) in enumerate(zip(
-                    self.starts.to_pylist(), self.ends.to_pylist(), counts.to_pylist(),
-                    strict=True)):
-                offset = start + ENTRY_HEADER_BYTES
-                for _ in range(count):
-                    append(offset)
-                    key_length, props_length, value_length = lengths(buffer, offset)
-                    offset += header + props_length + value_length + (
-                        key_length if key_length > 0 else 0)
-                if offset != end:
-                    return None
-                entry_pos.extend([entry] * count)
-                batch_index.extend(range(count))
-        except (struct.error, OverflowError):
-            return None
-        return _int32(positions), _int32(entry_pos), _int32(batch_index)
-
-    def properties(self, starts: pa.Array, lengths: pa.Array) -> pa.Array:
+    def properties(self, starts: pa.Array, lengths: pa.Array, *, any_set: bool) -> pa.Array:
         """The properties column: empty maps unless some message has properties
         (then decoded one message at a time, as the row decoder does)."""
         n = len(starts)
-        if not pc.any(pc.greater(lengths, _i32(0))).as_py():
+        if not any_set:
             empty = pa.array([], pa.string())
             return pa.MapArray.from_arrays(pa.repeat(_i32(0), n + 1), empty, empty)
         view = memoryview(self._raw)
@@ -446,9 +277,9 @@ def record_batch_of_entries(stream: str, partition: int, ledger_id: int, columns
                pa.scalar(columns.first_entry_id, pa.int64())),
         decoded["batch_index"],
         _timestamps(publish_ms),
-        columns._slices(decoded["key_start"], decoded["key_length"], decoded["has_key"]),
-        columns._slices(decoded["value_start"], decoded["value_length"], None),
-        columns.properties(decoded["props_start"], decoded["props_length"]),
+        decoded["key"],
+        decoded["value"],
+        decoded["properties"],
     ], schema=ARROW_SCHEMA)
     mask: pa.Array | None = None
 
