@@ -52,8 +52,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from quorumlog import chunks, rpc
 from quorumlog import proto as wire
-from quorumlog import rpc
 from quorumlog.errors import QuorumlogError, UsageError, invariant
 from quorumlog.ledger._bookie_client import BookieOutcome, outcome_of
 from quorumlog.ledger._context import LedgerContext
@@ -171,20 +171,10 @@ def _batches(queue: list[_Queued]) -> list[list[_Queued]]:
             ordered = [by_entry[entry_id] for entry_id in sorted(by_entry)]
             break
         previous = queued[0].entry_id
-    batches: list[list[_Queued]] = []
-    batch: list[_Queued] = []
-    batch_bytes = 0
-    for queued in ordered:
-        size = len(queued[2])
-        if batch and (len(batch) >= wire.ADD_BATCH_ENTRIES_MAX
-                      or batch_bytes + size > wire.ADD_BATCH_BYTES_MAX):
-            batches.append(batch)
-            batch, batch_bytes = [], 0
-        batch.append(queued)
-        batch_bytes += size
-    if batch:
-        batches.append(batch)
-    return batches
+    if not ordered:
+        return []
+    return chunks.by_size(ordered, lambda queued: len(queued[2]), wire.ADD_BATCH_BYTES_MAX,
+                          wire.ADD_BATCH_ENTRIES_MAX)
 
 
 class WriteHandle:

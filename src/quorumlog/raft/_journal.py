@@ -54,6 +54,7 @@ from typing import Protocol
 
 import msgspec
 
+from quorumlog import chunks
 from quorumlog.errors import CorruptionError, invariant
 from quorumlog.wal import Wal, WalConfig, WalEntry
 
@@ -124,17 +125,11 @@ def split_write(group_id: int, reset_index: int, state: bytes | None,
     """One group's write as journal records of at most ``entry_bytes_max`` of
     entry data each (an entry larger than that alone): the reset in the first,
     the hard state in the last; at least one record."""
-    chunks: list[list[tuple[int, bytes]]] = [[]]
-    size = 0
-    for entry in entries:
-        if chunks[-1] and size + len(entry.data) > entry_bytes_max:
-            chunks.append([])
-            size = 0
-        chunks[-1].append((entry.index, entry.data))
-        size += len(entry.data)
-    last = len(chunks) - 1
+    runs = chunks.by_size(((entry.index, entry.data) for entry in entries),
+                          lambda item: len(item[1]), entry_bytes_max)
+    last = len(runs) - 1
     return [JournalRecord(group_id, reset_index if n == 0 else 0, state if n == last else None,
-                          chunk) for n, chunk in enumerate(chunks)]
+                          run) for n, run in enumerate(runs)]
 
 
 class SyncableWal(Protocol):

@@ -41,6 +41,7 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
+from quorumlog import chunks
 from quorumlog import proto as wire
 from quorumlog.clock import SYSTEM_CLOCK, Clock
 from quorumlog.errors import QuorumlogError, invariant
@@ -76,15 +77,7 @@ most); its writes go in add requests of ``proto.ADD_BATCH_BYTES_MAX``."""
 def _byte_batches(items: list[tuple[int, bytes]]) -> list[list[tuple[int, bytes]]]:
     """``(entry_id, envelope)`` pairs in runs of at most ``ADD_BATCH_BYTES_MAX``
     bytes (an entry larger than that alone)."""
-    batches: list[list[tuple[int, bytes]]] = [[]]
-    size = 0
-    for item in items:
-        if batches[-1] and size + len(item[1]) > wire.ADD_BATCH_BYTES_MAX:
-            batches.append([])
-            size = 0
-        batches[-1].append(item)
-        size += len(item[1])
-    return batches
+    return chunks.by_size(items, lambda item: len(item[1]), wire.ADD_BATCH_BYTES_MAX)
 """Compare-and-swap attempts on one ledger's metadata or task before the attempt fails."""
 
 

@@ -44,6 +44,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from quorumlog import chunks
 from quorumlog.errors import UsageError
 from quorumlog.spark import _io
 from quorumlog.table import SCAN_LIMIT_MAX, TableClient, partition_of
@@ -347,17 +348,9 @@ async def _upsert(client: TableClient, table: str,
                   groups: dict[tuple[bytes, int], dict[bytes, bytes]]) -> None:
     calls: list[tuple[bytes, int, dict[bytes, bytes]]] = []
     for (hash_key, ttl_s), items in groups.items():
-        batch: dict[bytes, bytes] = {}
-        size = 0
-        for sort_key, value in items.items():
-            item_bytes = len(sort_key) + len(value)
-            if batch and (len(batch) == WRITE_BATCH_ITEMS_MAX
-                          or size + item_bytes > WRITE_BATCH_BYTES_MAX):
-                calls.append((hash_key, ttl_s, batch))
-                batch, size = {}, 0
-            batch[sort_key] = value
-            size += item_bytes
-        calls.append((hash_key, ttl_s, batch))
+        calls += [(hash_key, ttl_s, dict(run)) for run in chunks.by_size(
+            items.items(), lambda item: len(item[0]) + len(item[1]), WRITE_BATCH_BYTES_MAX,
+            WRITE_BATCH_ITEMS_MAX)]
     limit = asyncio.Semaphore(WRITES_IN_FLIGHT_MAX)
 
     async def one(hash_key: bytes, ttl_s: int, items: dict[bytes, bytes]) -> None:

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from quorumlog import chunks
 from quorumlog.errors import QuorumlogError, UsageError
 from quorumlog.log import get_logger
 from quorumlog.meta import Compare, CompareOp, CompareTarget, MetaClient, PutOp
@@ -182,15 +183,8 @@ several calls (each record is applied last-writer-wins on its own)."""
 def split_duplicate(command: DuplicateCommand,
                     bytes_max: int = DUPLICATE_COMMAND_BYTES_MAX) -> list[DuplicateCommand]:
     """``command`` as commands of at most ``bytes_max`` of record bytes each."""
-    pieces: list[list[tuple[bytes, bytes, int, int]]] = [[]]
-    size = 0
-    for record in command.records:
-        record_bytes = len(record[0]) + len(record[1])
-        if pieces[-1] and size + record_bytes > bytes_max:
-            pieces.append([])
-            size = 0
-        pieces[-1].append(record)
-        size += record_bytes
+    pieces = chunks.by_size(command.records, lambda record: len(record[0]) + len(record[1]),
+                            bytes_max)
     if len(pieces) == 1:
         return [command]
     return [DuplicateCommand(command.hash_key, tuple(piece)) for piece in pieces]
