@@ -153,6 +153,32 @@ get_u64(PyObject *obj, uint64_t *out, const char *name)
     return 0;
 }
 
+/* The longest valid prefix of envelopes back to back (sizes[i] bytes each):
+ * writes their payload bounds, returns how many. */
+static Py_ssize_t
+walk_envelopes(const unsigned char *base, Py_ssize_t total, const Py_ssize_t *sizes,
+               Py_ssize_t n, uint64_t ledger_id, uint64_t entry_id, int64_t *out_starts,
+               int64_t *out_ends, long long *payload_out)
+{
+    Py_ssize_t position = 0, count = 0;
+    long long payload = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t size = sizes[i];
+        if (size < ENV_START || size > total - position)
+            break;
+        if (envelope_lac(base + position, size, ledger_id, entry_id) == INT64_MIN)
+            break;
+        out_starts[count] = position + ENV_START;
+        out_ends[count] = position + size;
+        payload += size - ENV_START;
+        count++;
+        position += size;
+        entry_id++;
+    }
+    *payload_out = payload;
+    return count;
+}
+
 PyDoc_STRVAR(envelope_bounds_doc,
 "envelope_bounds(buffer, sizes, ledger_id, first_entry_id, starts, ends) -> (count, payload_bytes)\n\n"
 "Check CRC32C envelopes back to back in buffer (sizes[i] bytes each) as entries\n"
@@ -196,26 +222,26 @@ envelope_bounds(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "starts and ends must hold len(sizes) int64 items");
         goto done;
     }
-    const unsigned char *base = buf.buf;
-    Py_ssize_t total = buf.len, position = 0, count = 0;
-    long long payload = 0;
-    int64_t *out_starts = starts.buf, *out_ends = ends.buf;
+    Py_ssize_t *size_of = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n > 0 ? n : 1));
+    if (size_of == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
     PyObject **items = PySequence_Fast_ITEMS(sizes);
     for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t size = PyLong_AsSsize_t(items[i]);
-        if (size == -1 && PyErr_Occurred())
+        size_of[i] = PyLong_AsSsize_t(items[i]);
+        if (size_of[i] == -1 && PyErr_Occurred()) {
+            PyMem_Free(size_of);
             goto done;
-        if (size < ENV_START || size > total - position)
-            break;
-        if (envelope_lac(base + position, size, ledger_id, entry_id) == INT64_MIN)
-            break;
-        out_starts[count] = position + ENV_START;
-        out_ends[count] = position + size;
-        payload += size - ENV_START;
-        count++;
-        position += size;
-        entry_id++;
+        }
     }
+    Py_ssize_t count;
+    long long payload;
+    Py_BEGIN_ALLOW_THREADS  /* the walk touches only the held buffers */
+    count = walk_envelopes(buf.buf, buf.len, size_of, n, ledger_id, entry_id, starts.buf,
+                           ends.buf, &payload);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(size_of);
     result = Py_BuildValue("nL", count, payload);
 done:
     PyBuffer_Release(&ends);
@@ -398,76 +424,59 @@ PyDoc_STRVAR(stream_columns_doc,
 "None when any entry breaks the format (a wrong prefix word, a count outside\n"
 "[1, count_max], a length running past its entry, bytes after the last message).");
 
-static PyObject *
-stream_columns(PyObject *self, PyObject *args)
+/* Pass 1 of stream_columns: check every entry; count rows, key and value bytes.
+ * 0, or -1 when an entry breaks the format. Touches no Python object. */
+static int
+scan_entries(const unsigned char *base, Py_ssize_t total, const int64_t *starts,
+             const int64_t *ends, Py_ssize_t n, uint32_t prefix_word, Py_ssize_t count_max,
+             Py_ssize_t *rows_out, Py_ssize_t *key_out, Py_ssize_t *value_out)
 {
-    Py_buffer buf, starts_buf, ends_buf;
-    unsigned int prefix_word;
-    Py_ssize_t count_max;
-    if (!PyArg_ParseTuple(args, "y*y*y*In:stream_columns", &buf, &starts_buf, &ends_buf,
-                          &prefix_word, &count_max))
-        return NULL;
-    PyObject *result = NULL;
-    PyObject *cols[11] = {NULL};
-    const unsigned char *base = buf.buf;
-    Py_ssize_t total = buf.len, n = starts_buf.len / 8;
-    if (ends_buf.len / 8 != n) {
-        PyErr_SetString(PyExc_ValueError, "starts and ends differ in length");
-        goto done;
-    }
-    const int64_t *starts = starts_buf.buf, *ends = ends_buf.buf;
-    /* Pass 1: check every entry, count rows and key / value bytes. */
     Py_ssize_t rows = 0, key_bytes = 0, value_bytes = 0;
     for (Py_ssize_t e = 0; e < n; e++) {
         int64_t start = starts[e], end = ends[e];
         if (start < 0 || end > total || end - start < SENTRY_HEADER)
-            goto bad;
+            return -1;
         const unsigned char *p = base + start;
         uint32_t count = le32(p + 4);
         if (le32(p) != prefix_word || count < 1 || (Py_ssize_t)count > count_max)
-            goto bad;
+            return -1;
         int64_t offset = start + SENTRY_HEADER;
         for (uint32_t k = 0; k < count; k++) {
             if (end - offset < SMESSAGE_HEADER)
-                goto bad;
+                return -1;
             const unsigned char *m = base + offset;
             int32_t key_length = (int32_t)le32(m + 8);
             if (key_length < -1)
-                goto bad;
+                return -1;
             int64_t body = (int64_t)(key_length > 0 ? key_length : 0) + le32(m + 12)
                 + le32(m + 16);
             if (body > end - offset - SMESSAGE_HEADER)
-                goto bad;
+                return -1;
             key_bytes += key_length > 0 ? key_length : 0;
             value_bytes += le32(m + 16);
             offset += SMESSAGE_HEADER + body;
         }
         if (offset != end)
-            goto bad;
+            return -1;
         rows += count;
     }
-    if (rows > INT32_MAX || key_bytes > INT32_MAX || value_bytes > INT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "a chunk too large for int32 Arrow offsets");
-        goto done;
-    }
-    /* Pass 2: fill the columns. */
-    Py_ssize_t sizes[11] = {4 * rows, 4 * rows, 8 * rows, (rows + 7) / 8, 4 * (rows + 1),
-                            key_bytes, 4 * (rows + 1), value_bytes, 4 * rows, 4 * rows, 0};
-    for (int c = 0; c < 10; c++) {
-        if ((cols[c] = PyBytes_FromStringAndSize(NULL, sizes[c])) == NULL)
-            goto done;
-    }
-    unsigned char *entry_pos = (unsigned char *)PyBytes_AS_STRING(cols[0]);
-    unsigned char *batch_index = (unsigned char *)PyBytes_AS_STRING(cols[1]);
-    unsigned char *publish = (unsigned char *)PyBytes_AS_STRING(cols[2]);
-    unsigned char *key_valid = (unsigned char *)PyBytes_AS_STRING(cols[3]);
-    unsigned char *key_offsets = (unsigned char *)PyBytes_AS_STRING(cols[4]);
-    unsigned char *key_data = (unsigned char *)PyBytes_AS_STRING(cols[5]);
-    unsigned char *value_offsets = (unsigned char *)PyBytes_AS_STRING(cols[6]);
-    unsigned char *value_data = (unsigned char *)PyBytes_AS_STRING(cols[7]);
-    unsigned char *props_start = (unsigned char *)PyBytes_AS_STRING(cols[8]);
-    unsigned char *props_length = (unsigned char *)PyBytes_AS_STRING(cols[9]);
-    memset(key_valid, 0, (size_t)sizes[3]);
+    *rows_out = rows;
+    *key_out = key_bytes;
+    *value_out = value_bytes;
+    return 0;
+}
+
+/* Pass 2 of stream_columns: write the column buffers (out[0..9], sized by the
+ * caller from pass 1's counts); returns whether any message has properties. */
+static int
+fill_columns(const unsigned char *base, const int64_t *starts, Py_ssize_t n,
+             unsigned char *const out[10], size_t key_valid_bytes)
+{
+    unsigned char *entry_pos = out[0], *batch_index = out[1], *publish = out[2];
+    unsigned char *key_valid = out[3], *key_offsets = out[4], *key_data = out[5];
+    unsigned char *value_offsets = out[6], *value_data = out[7];
+    unsigned char *props_start = out[8], *props_length = out[9];
+    memset(key_valid, 0, key_valid_bytes);
     int props_any = 0;
     int32_t key_at = 0, value_at = 0;
     Py_ssize_t row = 0;
@@ -503,15 +512,61 @@ stream_columns(PyObject *self, PyObject *args)
             offset = at + value_length;
         }
     }
+    return props_any;
+}
+
+static PyObject *
+stream_columns(PyObject *self, PyObject *args)
+{
+    Py_buffer buf, starts_buf, ends_buf;
+    unsigned int prefix_word;
+    Py_ssize_t count_max;
+    if (!PyArg_ParseTuple(args, "y*y*y*In:stream_columns", &buf, &starts_buf, &ends_buf,
+                          &prefix_word, &count_max))
+        return NULL;
+    PyObject *result = NULL;
+    PyObject *cols[11] = {NULL};
+    Py_ssize_t n = starts_buf.len / 8;
+    if (ends_buf.len / 8 != n) {
+        PyErr_SetString(PyExc_ValueError, "starts and ends differ in length");
+        goto done;
+    }
+    const unsigned char *base = buf.buf;
+    const int64_t *starts = starts_buf.buf, *ends = ends_buf.buf;
+    Py_ssize_t rows = 0, key_bytes = 0, value_bytes = 0;
+    int scanned;
+    /* The passes touch only the held buffers: other threads (the I/O loop
+     * receiving the next chunk) run meanwhile. */
+    Py_BEGIN_ALLOW_THREADS
+    scanned = scan_entries(base, buf.len, starts, ends, n, prefix_word, count_max, &rows,
+                           &key_bytes, &value_bytes);
+    Py_END_ALLOW_THREADS
+    if (scanned < 0) {
+        result = Py_None;
+        Py_INCREF(result);
+        goto done;
+    }
+    if (rows > INT32_MAX || key_bytes > INT32_MAX || value_bytes > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "a chunk too large for int32 Arrow offsets");
+        goto done;
+    }
+    Py_ssize_t sizes[10] = {4 * rows, 4 * rows, 8 * rows, (rows + 7) / 8, 4 * (rows + 1),
+                            key_bytes, 4 * (rows + 1), value_bytes, 4 * rows, 4 * rows};
+    unsigned char *out[10];
+    for (int c = 0; c < 10; c++) {
+        if ((cols[c] = PyBytes_FromStringAndSize(NULL, sizes[c])) == NULL)
+            goto done;
+        out[c] = (unsigned char *)PyBytes_AS_STRING(cols[c]);
+    }
+    int props_any;
+    Py_BEGIN_ALLOW_THREADS
+    props_any = fill_columns(base, starts, n, out, (size_t)sizes[3]);
+    Py_END_ALLOW_THREADS
     cols[10] = PyBool_FromLong(props_any);
     result = Py_BuildValue("nNNNNNNNNNNN", rows, cols[0], cols[1], cols[2], cols[3], cols[4],
                            cols[5], cols[6], cols[7], cols[8], cols[9], cols[10]);
     for (int c = 0; c < 11; c++)
         cols[c] = NULL;  /* stolen by "N" (or freed with the tuple on failure) */
-    goto done;
-bad:
-    result = Py_None;
-    Py_INCREF(result);
 done:
     for (int c = 0; c < 11; c++)
         Py_XDECREF(cols[c]);
@@ -555,7 +610,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "quorumlog_native._walk",
-    "quorumlog's C loops over many entries a call.", -1, methods,
+    "quorumlog's C loops over many entries a call.", -1, methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC
