@@ -19,9 +19,7 @@ import quorumlog_native
 from quorumlog.errors import UsageError, invariant
 from quorumlog.stream import (
     BATCH_MESSAGES_MAX,
-    ENTRY_HEADER_BYTES,
     ENTRY_PREFIX_WORD,
-    MESSAGE_HEADER_BYTES,
     ColumnSink,
     Message,
     OutgoingMessage,
@@ -173,8 +171,6 @@ def messages_of(batch: pa.RecordBatch, publish_ms: int
 
 ARROW_BUFFER_BYTES_MAX = 2**31 - 1  # int32 Arrow offsets address the joined chunk
 _I32 = pa.int32()
-invariant((ENTRY_HEADER_BYTES, MESSAGE_HEADER_BYTES) == (8, 20),
-          "the stream entry layout drifted from quorumlog_native.stream_columns'")
 
 
 def _i32(value: int) -> pa.Scalar:

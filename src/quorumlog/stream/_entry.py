@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from quorumlog.errors import UsageError
+from quorumlog.errors import UsageError, invariant
 from quorumlog.stream._errors import MessageFormatError
 
 MAGIC = b"QS"
@@ -35,6 +35,8 @@ MESSAGE_HEADER_BYTES = _MESSAGE_HEADER.size  # 20
 ENTRY_PREFIX_WORD = int.from_bytes(MAGIC + bytes((FORMAT_VERSION, 0)), "little")
 """The first 4 bytes of every entry (magic, version, flags) as a little-endian
 u32: what a columnar decoder compares in one vector operation."""
+invariant((ENTRY_HEADER_BYTES, MESSAGE_HEADER_BYTES) == (8, 20),
+          "the stream entry layout drifted from quorumlog_native.stream_columns'")
 BATCH_MESSAGES_MAX = 100_000  # a decoder refuses entries claiming more (bounds the work)
 KEY_MAX_BYTES = 64 * 1024  # keys route and index; large data belongs in the value
 PROPERTIES_MAX_BYTES = 64 * 1024

@@ -19,14 +19,18 @@ from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import msgspec
+import quorumlog_native
 
 from quorumlog.errors import QuorumlogError, UsageError
-from quorumlog.ledger import LedgerClient
+from quorumlog.ledger import EntryBatch, LedgerClient
 from quorumlog.log import get_logger
 from quorumlog.stream._entry import (
+    BATCH_MESSAGES_MAX,
+    ENTRY_PREFIX_WORD,
     ColumnSink,
     decode_entry,
     decode_entry_columns,
+    decode_properties,
     first_publish_time_ms,
 )
 from quorumlog.stream._errors import BadPositionError, DataLossError, MessageFormatError
@@ -140,6 +144,57 @@ def decode_messages(stream: str, partition: int, info: LedgerInfo, entries: list
             append(Message(stream, partition, Position(ledger_id, entry_id, message.batch_index),
                            seq, message.publish_time_ms, message.key, message.properties,
                            message.value, count))
+    return out
+
+
+def decode_batch_messages(stream: str, partition: int, info: LedgerInfo,
+                          batches: list[EntryBatch], *, start: SeqPosition | None,
+                          skip_before_ms: int) -> list[Message]:
+    """:func:`decode_messages` of entry batches read in bulk: each batch's
+    entries are checked and cut into columns in one C pass
+    (``quorumlog_native.stream_columns``), and Python only builds the
+    messages. A batch that breaks the format goes through
+    :func:`decode_messages`, which raises MessageFormatError naming the entry."""
+    out: list[Message] = []
+    append = out.append
+    ledger_id, seq = info.ledger_id, info.seq
+    for batch in batches:
+        columns = quorumlog_native.stream_columns(batch.buffer, batch.starts, batch.ends,
+                                                  ENTRY_PREFIX_WORD, BATCH_MESSAGES_MAX)
+        if columns is None:
+            out += decode_messages(stream, partition, info, batch.entries(), start=start,
+                                   skip_before_ms=skip_before_ms)
+            continue
+        (rows, entry_pos, batch_index, publish, key_valid, key_offsets, key_data,
+         value_offsets, value_data, props_start, props_length, props_any) = columns
+        entries = memoryview(entry_pos).cast("i").tolist()
+        indexes = memoryview(batch_index).cast("i").tolist()
+        publish_ms = memoryview(publish).cast("q").tolist()
+        key_at = memoryview(key_offsets).cast("i").tolist()
+        value_at = memoryview(value_offsets).cast("i").tolist()
+        props_at = memoryview(props_start).cast("i").tolist() if props_any else None
+        props_bytes = memoryview(props_length).cast("i").tolist() if props_any else None
+        sizes = [0] * len(batch)
+        for entry in entries:
+            sizes[entry] += 1
+        first = batch.first_entry_id
+        view = memoryview(batch.buffer)
+        for row in range(rows):
+            entry_id, index = first + entries[row], indexes[row]
+            if start is not None and (seq, entry_id, index) < start.key:
+                continue
+            if publish_ms[row] < skip_before_ms:
+                continue
+            key = (key_data[key_at[row]:key_at[row + 1]]
+                   if key_valid[row >> 3] >> (row & 7) & 1 else None)
+            properties: dict[str, str] = {}
+            if props_bytes is not None and props_at is not None and props_bytes[row]:
+                at = props_at[row]
+                properties = decode_properties(view[at:at + props_bytes[row]])
+            append(Message(stream, partition, Position(ledger_id, entry_id, index), seq,
+                           publish_ms[row], key, properties,
+                           value_data[value_at[row]:value_at[row + 1]],
+                           sizes[entries[row]]))
     return out
 
 
@@ -431,7 +486,7 @@ class PartitionReader:
     async def _read(self, info: LedgerInfo, last: int) -> list[Message]:
         handle = await self._handles.get(info)
         try:
-            entries = await handle.read_batch(self._entry, last)
+            batches = await handle.read_batch_raw(self._entry, last)
         except QuorumlogError:
             # A handle opened on the bookies before the ledger was offloaded, whose
             # bookie copy was deleted since (the deletion lag passed mid-read):
@@ -442,13 +497,14 @@ class PartitionReader:
             handle = await self._handles.get(info)
             if not isinstance(handle, OffloadedLedger):
                 raise
-            entries = await handle.read_batch(self._entry, last)
-        if not entries:
+            batches = await handle.read_batch_raw(self._entry, last)
+        batches = [batch for batch in batches if len(batch)]
+        if not batches:
             raise QuorumlogError(f"ledger {info.ledger_id}: empty read of entries "
                                  f"{self._entry}..{last}", retriable=True)
-        messages = decode_messages(self.stream, self.partition, info, entries,
-                                   start=self._start, skip_before_ms=self._skip_before_ms)
-        self._entry = int(entries[-1].entry_id) + 1
+        messages = decode_batch_messages(self.stream, self.partition, info, batches,
+                                         start=self._start, skip_before_ms=self._skip_before_ms)
+        self._entry = batches[-1].last_entry_id + 1
         self._after_read(messages)
         return messages
 
