@@ -43,9 +43,11 @@ _FRAME_CRC_COVERED_BYTES = 20
 FRAME_HEAD = struct.Struct(">IQQ")
 ENTRY_KEY = _ENTRY_KEY
 LOCATION = _LOCATION
-FRAME = _FRAME  # a whole frame header: length, ledger, entry, crc32c (batch reads)
 invariant(FRAME_HEAD.size == _FRAME_CRC_COVERED_BYTES, "frame head size drifted")
 invariant(_FRAME.size == FRAME_OVERHEAD_BYTES, "frame header size drifted from the config")
+# quorumlog_native.frames_following (the batch reads' walk) hard-codes this layout.
+invariant((FRAME_HEAD.size, _FRAME.size) == (20, 24),
+          "the frame layout drifted from quorumlog_native.frames_following'")
 invariant(_LOG_HEADER.size == LOG_HEADER_BYTES, "log header size drifted from the config")
 
 
