@@ -113,9 +113,10 @@ def test_batch_bounds_stop_where_the_per_entry_decoder_stops(seed: int, count: i
     if lie and count:  # a size that disagrees with the buffer (a bookie's bug or a cut answer)
         index = random.Random(seed).randrange(count)
         sizes[index] += random.Random(seed).choice([-1, 1, 40])
-    starts, ends = crc32c_batch_bounds(buffer, sizes, LEDGER, first)
+    starts, ends, payload_bytes = crc32c_batch_bounds(buffer, sizes, LEDGER, first)
     expected = _python_prefix(buffer, sizes, first)
     assert len(starts) == len(ends) == expected
+    assert payload_bytes == sum(ends) - sum(starts)
     if bad is not None and not lie:
         assert expected == bad  # every damage is caught (a bit flip by the CRC)
     position = 0

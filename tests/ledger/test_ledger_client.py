@@ -596,8 +596,8 @@ def test_crc32c_batch_fast_path_agrees_with_decode_entry() -> None:
 
     def payloads(batch: list[bytes], skip: int = 0) -> list[bytes]:
         buffer = b"x" * skip + b"".join(batch)
-        starts, ends = crc32c_batch_bounds(memoryview(buffer)[skip:], [len(e) for e in batch],
-                                           5, 10)
+        starts, ends, _ = crc32c_batch_bounds(memoryview(buffer)[skip:],
+                                              [len(e) for e in batch], 5, 10)
         return [buffer[skip + s:skip + e] for s, e in zip(starts, ends, strict=True)]
 
     good = [encode_entry(5, 10 + i, 9 + i, b"payload-%d" % i, digest=crc) for i in range(20)]

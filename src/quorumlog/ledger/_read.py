@@ -76,10 +76,11 @@ class EntryReader:
         the caller reads the rest from another replica."""
         sizes = reply.sizes[:count]
         if self._digest is DigestType.CRC32C:
-            starts, ends = crc32c_batch_bounds(reply.buffer, sizes, self._ledger_id,
-                                               first_entry_id)
+            starts, ends, payload_bytes = crc32c_batch_bounds(reply.buffer, sizes,
+                                                              self._ledger_id, first_entry_id)
         else:
             starts, ends = self._verify_keyed(reply.buffer, sizes, first_entry_id)
+            payload_bytes = sum(ends) - sum(starts)
         batch = EntryBatch(self._ledger_id, first_entry_id, reply.buffer, starts, ends)
         if len(batch) < len(sizes):
             bad = len(batch)
@@ -92,7 +93,7 @@ class EntryReader:
                                       ledger=self._ledger_id, entry=first_entry_id + bad,
                                       error=str(exc))
         LEDGER_METRICS.read_entries += len(batch)
-        LEDGER_METRICS.read_bytes += batch.payload_bytes
+        LEDGER_METRICS.read_bytes += payload_bytes
         return batch
 
     def _verify_keyed(self, buffer: bytes | memoryview, sizes: list[int],

@@ -121,10 +121,12 @@ invariant((ENVELOPE_HEADER.size, _DIGEST_CODES[DigestType.CRC32C],
 
 
 def crc32c_batch_bounds(buffer: bytes | memoryview, sizes: Sequence[int], ledger_id: int,
-                        first_entry_id: int) -> tuple[array.array[int], array.array[int]]:
+                        first_entry_id: int
+                        ) -> tuple[array.array[int], array.array[int], int]:
     """Payload bounds of CRC32C envelopes back to back in ``buffer`` (``sizes[i]``
     bytes each) for entries ``first_entry_id, first_entry_id + 1, ...`` of
-    ``ledger_id``: payload ``i`` is ``buffer[starts[i]:ends[i]]``.
+    ``ledger_id``: payload ``i`` is ``buffer[starts[i]:ends[i]]``; and the
+    payload bytes of them all (summed in the same pass).
 
     Every check of :func:`decode_entry` is done in one C loop over the buffer
     (``quorumlog_native.envelope_bounds``), and nothing per entry is built (a
@@ -134,11 +136,11 @@ def crc32c_batch_bounds(buffer: bytes | memoryview, sizes: Sequence[int], ledger
     """
     starts: array.array[int] = array.array("q", bytes(8 * len(sizes)))
     ends: array.array[int] = array.array("q", bytes(8 * len(sizes)))
-    count, _ = quorumlog_native.envelope_bounds(buffer, sizes, ledger_id, first_entry_id,
-                                                starts, ends)
+    count, payload_bytes = quorumlog_native.envelope_bounds(buffer, sizes, ledger_id,
+                                                            first_entry_id, starts, ends)
     if count < len(sizes):
         del starts[count:], ends[count:]
-    return starts, ends
+    return starts, ends, payload_bytes
 
 
 def decode_entry(
