@@ -95,27 +95,32 @@ crc32c_extend(uint32_t value, const unsigned char *p, size_t n)
     return ~crc_soft(crc, p, n);
 }
 
+/* Unsigned integers stored big-endian (envelopes, frames) or little-endian
+ * (stream entries) at p. */
 static inline uint64_t
-be64(const unsigned char *p)
+load64(const unsigned char *p, int big_endian)
 {
     uint64_t v;
     memcpy(&v, p, 8);
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    v = __builtin_bswap64(v);
-#endif
+    if (big_endian == (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__))
+        v = __builtin_bswap64(v);
     return v;
 }
 
 static inline uint32_t
-be32(const unsigned char *p)
+load32(const unsigned char *p, int big_endian)
 {
     uint32_t v;
     memcpy(&v, p, 4);
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    v = __builtin_bswap32(v);
-#endif
+    if (big_endian == (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__))
+        v = __builtin_bswap32(v);
     return v;
 }
+
+#define be64(p) load64((p), 1)
+#define be32(p) load32((p), 1)
+#define le64(p) load64((p), 0)
+#define le32(p) load32((p), 0)
 
 /* ---------------------------------------------------------- the envelope */
 
@@ -386,28 +391,6 @@ done:
  *            | value_length u32 | key | props | value          (little-endian) */
 #define SENTRY_HEADER 8
 #define SMESSAGE_HEADER 20
-
-static inline uint32_t
-le32(const unsigned char *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    v = __builtin_bswap32(v);
-#endif
-    return v;
-}
-
-static inline uint64_t
-le64(const unsigned char *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    v = __builtin_bswap64(v);
-#endif
-    return v;
-}
 
 static inline void
 put_i32(unsigned char *out, Py_ssize_t index, int32_t value)
