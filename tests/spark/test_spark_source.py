@@ -148,8 +148,9 @@ def test_batch_read_equals_produced_across_ledgers_and_takeover(spark: Any,
     only_p1 = frame.filter("partition = 1").collect()
     assert {bytes(r["value"]) for r in only_p1} == {m.value for m in produced
                                                     if m.partition == 1}
-    # Filters that prune every ledger plan no task: Spark reads its placeholder
-    # partition, which holds no rows (it failed the query before).
+    # Filters that prune every ledger plan no task: Spark reads the empty
+    # InputPartition(None) it substitutes, which holds no rows (it failed the
+    # query before).
     assert frame.filter("partition = 99").count() == 0
     assert frame.filter("ledger_id = -5").collect() == []
     run(meta, lambda client: client.create_stream("events-empty", config()))

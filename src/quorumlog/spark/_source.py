@@ -231,8 +231,9 @@ def read_partition(partition: QuorumlogInputPartition) -> Iterator[pa.RecordBatc
 
 def _read_planned(partition: InputPartition) -> Iterator[pa.RecordBatch]:
     """A planned task's rows. A plan of no tasks (an empty stream, filters that
-    prune every ledger) reaches the executor as Spark's one placeholder
-    partition, ``InputPartition(None)``: it holds no rows."""
+    prune every ledger) reaches the executor as the one empty partition Spark
+    substitutes, ``InputPartition(None)`` (pyspark's plan_data_source_read):
+    it holds no rows."""
     if isinstance(partition, QuorumlogInputPartition):
         return read_partition(partition)
     if getattr(partition, "value", None) is None:

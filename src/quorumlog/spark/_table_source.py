@@ -258,7 +258,7 @@ class TableReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, TablePartition):
             return read_table_partition(self.options, partition)
-        if getattr(partition, "value", None) is None:  # Spark's placeholder for a plan of none
+        if getattr(partition, "value", None) is None:  # Spark's InputPartition(None): no task
             return iter(())
         raise UsageError(f"not a quorumlog table partition: {partition!r}")
 
