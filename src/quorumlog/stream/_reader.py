@@ -27,9 +27,7 @@ from quorumlog.log import get_logger
 from quorumlog.stream._entry import (
     BATCH_MESSAGES_MAX,
     ENTRY_PREFIX_WORD,
-    ColumnSink,
     decode_entry,
-    decode_entry_columns,
     decode_properties,
     first_publish_time_ms,
 )
@@ -708,9 +706,3 @@ class Reader:
     @property
     def partition_readers(self) -> list[PartitionReader]:
         return list(self._parts)
-
-
-def columns_of_entries(info: LedgerInfo, entries: list[Any], sink: ColumnSink) -> None:
-    """Decode entries column-wise into ``sink`` (entry_index = entry id)."""
-    for entry in entries:
-        decode_entry_columns(bytes(entry.payload), sink, int(entry.entry_id))
