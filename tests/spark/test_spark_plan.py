@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from quorumlog.errors import UsageError
 from quorumlog.spark._options import parse, parse_time_ms
@@ -10,6 +14,7 @@ from quorumlog.spark._plan import (
     Pruning,
     advance,
     check_start,
+    group_tasks,
     offset_json,
     parse_offset,
     plan_partition,
@@ -57,6 +62,28 @@ def test_plan_covers_range_in_chunks_never_past_lac() -> None:
     # "latest" of the open ledger is LAC + 1: a wider end still stops at the LAC.
     wide = plan_partition("s", 0, pl, sp(3, 0), sp(3, 50), open_lac=4, max_entries=100)
     assert [(t.first_entry, t.last_entry) for t in wide] == [(0, 4)]
+
+
+@given(st.lists(st.lists(st.integers(0, 30), max_size=8), max_size=4), st.integers(1, 40))
+def test_tasks_group_into_spark_partitions_of_one_stream_partition_in_order(
+        ledgers: list[list[int]], max_entries: int) -> None:
+    """Grouping keeps every range once, in plan order; a group holds ranges of
+    one stream partition, at most max_entries entries together; and adjacent
+    groups of one partition could not have been one (each is as full as the
+    next range allows)."""
+    tasks = [task for partition, sizes in enumerate(ledgers)
+             for task in plan_partition("s", partition, listing(sizes), sp(0, 0),
+                                        sp(len(sizes), 0), open_lac=None,
+                                        max_entries=max_entries)]
+    groups = group_tasks(tasks, max_entries)
+    assert [task for group in groups for task in group] == tasks
+    for group in groups:
+        assert group and len({task.partition for task in group}) == 1
+        assert sum(task.entries for task in group) <= max_entries
+    for before, after in itertools.pairwise(groups):
+        if before[0].partition == after[0].partition:
+            assert sum(task.entries for task in before) + after[0].entries > max_entries
+    assert group_tasks([], max_entries) == []
 
 
 def test_plan_batch_boundaries_and_pruning() -> None:

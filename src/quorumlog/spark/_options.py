@@ -16,7 +16,12 @@ from pathlib import Path
 from quorumlog.errors import UsageError
 from quorumlog.stream import EARLIEST, LATEST, BadPositionError, check_name
 
-MAX_ROWS_PER_PARTITION_DEFAULT = 200_000
+# Entries a Spark task reads at most (across ledger boundaries: group_tasks).
+# A task costs Spark about 0.1 s of CPU before its first row (JVM and Python
+# worker, Spark 4.3 local mode), what ~100,000 one-message entries cost to
+# read: 1M entries keeps that under a tenth, about the rows of one of Spark's
+# own 128 MiB file splits at 100 B messages (docs/spark.md, "Tasks").
+MAX_ROWS_PER_PARTITION_DEFAULT = 1_000_000
 # Rows per Arrow batch handed to Spark: the JVM pays per batch, and 32,768 rows
 # cost it 0.69-0.87 us a row against 1.04-1.15 with 8,192 (issue 17, batched
 # entries, same session and data, load 7.8); ~5 MB a batch of 100 B messages.

@@ -6,6 +6,7 @@ import array
 import concurrent.futures
 import dataclasses
 import datetime
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +39,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from quorumlog.errors import UsageError
-from quorumlog.ledger import EntryBatch, LedgerClient
+from quorumlog.ledger import EntryBatch, LedgerClient, ReadHandle
 from quorumlog.log import get_logger
 from quorumlog.spark import _io
 from quorumlog.spark._arrow import (
@@ -56,6 +57,7 @@ from quorumlog.spark._plan import (
     ReadTask,
     advance,
     check_start,
+    group_tasks,
     ledger_end,
     offset_json,
     parse_offset,
@@ -177,56 +179,86 @@ def _check_write(schema: StructType, overwrite: bool) -> None:
 
 
 class QuorumlogInputPartition(InputPartition):
-    """One task's read: a ReadTask plus what the executor needs to do it."""
+    """One Spark task's read: its ReadTasks (consecutive ranges of one stream
+    partition, ``group_tasks``) plus what the executor needs to do them."""
 
-    def __init__(self, task: ReadTask, meta: tuple[str, ...], password: bytes,
+    def __init__(self, tasks: tuple[ReadTask, ...], meta: tuple[str, ...], password: bytes,
                  batch_rows: int) -> None:
-        super().__init__(task)
-        self.task = task
+        super().__init__(tasks)
+        self.tasks = tasks
         self.meta = meta
         self.password = password
         self.batch_rows = batch_rows
 
 
 def read_partition(partition: QuorumlogInputPartition) -> Iterator[pa.RecordBatch]:
-    """Read one task's entries straight from the bookies (never past the LAC),
-    or from the ledger's Parquet copy when it was offloaded.
+    """Read one Spark task's ranges in order: from the bookies (never past the
+    LAC seen at planning), from a ledger's Parquet copy when it was offloaded,
+    or from a compacted view."""
+    for on_bookies, run in itertools.groupby(
+            partition.tasks, key=lambda task: task.view is None and task.offload is None):
+        if on_bookies:
+            yield from _read_bookies(partition, list(run))
+            continue
+        for task in run:
+            if task.view is not None:
+                yield from _read_view(partition, task, task.view)
+            elif task.offload is not None:
+                yield from _read_offloaded(partition, task, task.offload)
 
-    The next chunk is read on the I/O loop while this thread decodes the
-    current one into Arrow, so the network and the decode overlap."""
-    task = partition.task
-    if task.view is not None:
-        yield from _read_view(partition, task.view)
-        return
-    if task.offload is not None:
-        yield from _read_offloaded(partition, task.offload)
-        return
+
+def _read_bookies(partition: QuorumlogInputPartition,
+                  tasks: list[ReadTask]) -> Iterator[pa.RecordBatch]:
+    """Consecutive ranges read straight from the bookies, a chunk at a time.
+
+    The next chunk (of this range or the next one, whose ledger it opens) is
+    read on the I/O loop while this thread decodes the current one into
+    Arrow, so the network and the decode overlap across ranges too."""
     client = _io.ledger_client(partition.meta)
-    handle = _io.run(client.open_ledger(task.ledger_id, password=partition.password,
-                                        recovery=False))
-    chunk = READ_CHUNK_ENTRIES_FIRST
-    last = min(task.last_entry, task.first_entry + chunk - 1)
-    pending: concurrent.futures.Future[list[EntryBatch]] | None = _io.submit(
-        handle.read_batch_raw(task.first_entry, last))
+    handles: dict[int, ReadHandle] = {}
+
+    async def fetch(task: ReadTask, first: int, last: int) -> list[EntryBatch]:
+        handle = handles.get(task.ledger_id)
+        if handle is None:
+            handle = await client.open_ledger(task.ledger_id, password=partition.password,
+                                              recovery=False)
+            handles[task.ledger_id] = handle
+        return await handle.read_batch_raw(first, last)
+
+    chunk = READ_CHUNK_ENTRIES_FIRST  # before the entry size is known
+    position = (0, tasks[0].first_entry)  # (index in tasks, next entry to read)
+
+    def submit() -> tuple[ReadTask, concurrent.futures.Future[list[EntryBatch]]] | None:
+        nonlocal position
+        index, first = position
+        while first > tasks[index].last_entry:
+            index += 1
+            if index == len(tasks):
+                return None
+            first = tasks[index].first_entry
+        task = tasks[index]
+        last = min(task.last_entry, first + chunk - 1)
+        position = (index, last + 1)
+        return task, _io.submit(fetch(task, first, last))
+
+    pending = submit()
     try:
         while pending is not None:
-            batches = pending.result(_io.CALL_TIMEOUT_S)
+            task, future = pending
+            batches = future.result(_io.CALL_TIMEOUT_S)
             entries = sum(map(len, batches))
             # The bytes the chunk's entries span (envelope headers included):
             # O(1) per batch, where payload_bytes sums every bound.
             size = sum(batch.ends[-1] - batch.starts[0] for batch in batches if len(batch))
             average = max(1, size // max(1, entries))
             chunk = max(1, min(READ_CHUNK_ENTRIES_MAX, READ_CHUNK_BYTES // average))
-            first, pending = last + 1, None
-            if first <= task.last_entry:
-                last = min(task.last_entry, first + chunk - 1)
-                pending = _io.submit(handle.read_batch_raw(first, last))
+            pending = submit()
             batch = _decode_chunk(task, batches)
             for offset in range(0, batch.num_rows, partition.batch_rows):
                 yield batch.slice(offset, partition.batch_rows)
     finally:
         if pending is not None:
-            pending.cancel()
+            pending[1].cancel()
 
 
 def _read_planned(partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -241,12 +273,11 @@ def _read_planned(partition: InputPartition) -> Iterator[pa.RecordBatch]:
     raise UsageError(f"not a quorumlog stream partition: {partition!r}")
 
 
-def _read_view(partition: QuorumlogInputPartition,
+def _read_view(partition: QuorumlogInputPartition, task: ReadTask,
                view: CompactionRecord) -> Iterator[pa.RecordBatch]:
     """readCompacted: the task's messages of the partition's compacted view, a
     chunk of the compacted ledger at a time (a newer compaction that replaced
     it meanwhile is read on, never past the planned ``view_to``)."""
-    task = partition.task
     client = _io.ledger_client(partition.meta)
     record = _io.run(load_record(client.meta, task.stream))
     start = SeqPosition(*task.view_from, 0)
@@ -270,11 +301,10 @@ def _read_view(partition: QuorumlogInputPartition,
         _io.run(chunks.aclose())
 
 
-def _read_offloaded(partition: QuorumlogInputPartition,
+def _read_offloaded(partition: QuorumlogInputPartition, task: ReadTask,
                     offload: OffloadRecord) -> Iterator[pa.RecordBatch]:
     """A task's entries from the ledger's Parquet file, a row group at a time
     (the file's page checksums and metadata are checked as it is read)."""
-    task = partition.task
     ledger = OffloadedLedger(offload, task.stream)
     first = task.first_entry
     while first <= task.last_entry:
@@ -347,8 +377,9 @@ def _decode_chunk(task: ReadTask, batches: list[EntryBatch]) -> pa.RecordBatch:
 
 def _wrap(tasks: list[ReadTask], options: SourceOptions, record: StreamRecord
           ) -> list[QuorumlogInputPartition]:
-    return [QuorumlogInputPartition(t, options.meta, record.password, options.arrow_batch_rows)
-            for t in tasks]
+    return [QuorumlogInputPartition(group, options.meta, record.password,
+                                    options.arrow_batch_rows)
+            for group in group_tasks(tasks, options.max_rows_per_partition)]
 
 
 @dataclass
@@ -483,8 +514,10 @@ class QuorumlogReader(DataSourceReader):
 
         _io.ledger_client(options.meta)
         tasks = _io.run(plan())
-        log.info("spark_read_planned", stream=record.name, tasks=len(tasks))
-        return _wrap(tasks, options, record)
+        partitions = _wrap(tasks, options, record)
+        log.info("spark_read_planned", stream=record.name, ranges=len(tasks),
+                 tasks=len(partitions))
+        return partitions
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read_planned(partition)
