@@ -11,8 +11,11 @@ Measured in one run, on a fresh local cluster (3 node processes on 127.0.0.1):
    from Parquet files in the same run, for a stream of one message per entry
    and for one filled by the batching producer (issue 17's targets: one per
    entry >= 0.5 of Parquet; batched >= 1M rows/s). Both are forced through
-   Spark's ``noop`` sink, so every column is materialized. The last lines are
-   ``TARGET name: value (goal) ok|MISS``.
+   Spark's ``noop`` sink, so every column is materialized. Each stream is read
+   twice: through the Python source (``format("quorumlog")``) and, when the
+   session has ``jvm/build/quorumlog-spark.jar``, through the JVM reader
+   (``quorumlog.spark.read_stream``). The last lines are
+   ``TARGET name (reader): value (goal) ok|MISS``.
 
     ./scripts/uv run --frozen python bench/spark_bench.py            # 1M entries
     ./scripts/uv run --frozen python bench/spark_bench.py --quick    # 100k, short
@@ -163,11 +166,13 @@ def cpu_seconds(node_pids: list[int]) -> dict[str, float]:
 
 def spark_read(meta: list[str], streams: list[str], rows: int, workdir: Path,
                node_pids: list[int], repeats: int = 2
-               ) -> dict[str, tuple[float, float, dict[str, float]]]:
+               ) -> dict[str, tuple[float, float, dict[str, float], float | None]]:
     """Per stream: (seconds to read it through Spark, seconds to read the same
     rows from Parquet, CPU µs per row of each process group in the fastest
-    Spark read), each the best of ``repeats`` runs into the noop sink."""
-    from quorumlog.spark import local_session
+    Spark read, seconds to read it with the JVM reader or None without it),
+    each the best of ``repeats`` runs into the noop sink."""
+    from quorumlog.spark import local_session, read_stream
+    from quorumlog.spark._jvm import jvm_available
 
     spark = local_session("local[2]", "quorumlog-bench",
                           **{"spark.ui.showConsoleProgress": "false"})
@@ -199,10 +204,19 @@ def spark_read(meta: list[str], streams: list[str], rows: int, workdir: Path,
             assert counted == rows, f"Spark read {counted} rows of {stream}, expected {rows}"
             stream_s, cpu = timed(lambda s=stream: load(s))
             parquet_s, parquet_cpu = timed(lambda p=parquet: spark.read.parquet(p))
+            jvm_s: float | None = None
+            if jvm_available(spark):
+                jvm_frame = read_stream(spark, jvm=True, meta=",".join(meta), stream=stream)
+                assert jvm_frame.count() == rows, f"the JVM reader read {stream} short"
+                jvm_s, jvm_cpu = timed(lambda s=stream: read_stream(
+                    spark, jvm=True, meta=",".join(meta), stream=s))
             print(f"  {stream}: CPU µs/row nodes {cpu['nodes']:.2f}, JVM {cpu['jvm']:.2f}, "
                   f"Python workers {cpu['python']:.2f} (parquet: JVM "
                   f"{parquet_cpu['jvm']:.2f}); load average {os.getloadavg()[0]:.1f}")
-            results[stream] = (stream_s, parquet_s, cpu)
+            if jvm_s is not None:
+                print(f"  {stream}, JVM reader: CPU µs/row nodes {jvm_cpu['nodes']:.2f}, "
+                      f"JVM {jvm_cpu['jvm']:.2f}, Python workers {jvm_cpu['python']:.2f}")
+            results[stream] = (stream_s, parquet_s, cpu, jvm_s)
         return results
     finally:
         spark.stop()
@@ -248,19 +262,29 @@ def main() -> int:
                             args.repeats)
         lines = []
         for stream, label in ((single, "one message per entry"), (batched, "batched entries")):
-            stream_s, parquet_s, _ = result[stream]
+            stream_s, parquet_s, _, jvm_s = result[stream]
             stream_rate, parquet_rate = entries / stream_s, entries / parquet_s
             print(f"spark read of {entries} rows, {label}: stream {stream_s:.2f} s "
                   f"({stream_rate:,.0f} rows/s), parquet {parquet_s:.2f} s "
                   f"({parquet_rate:,.0f} rows/s): stream/parquet = "
                   f"{stream_rate / parquet_rate:.2f}")
-            if stream == single:
-                ratio = stream_rate / parquet_rate
-                lines.append(target("spark read one message per entry / parquet", ratio, 0.5,
-                                    f"{ratio:.2f}", ">= 0.50"))
-            else:
-                lines.append(target("spark read batched entries", stream_rate, 1_000_000,
-                                    f"{stream_rate:,.0f} rows/s", ">= 1,000,000 rows/s"))
+            if jvm_s is not None:
+                print(f"spark read of {entries} rows, {label}, JVM reader (read_stream): "
+                      f"{jvm_s:.2f} s ({entries / jvm_s:,.0f} rows/s): stream/parquet = "
+                      f"{parquet_s / jvm_s:.2f}")
+            for reader, seconds in (("Python source", stream_s), ("JVM reader", jvm_s)):
+                if seconds is None:
+                    lines.append(f"TARGET ({reader}): not built (jvm/build.sh)")
+                    continue
+                rate = entries / seconds
+                if stream == single:
+                    ratio = rate / parquet_rate
+                    lines.append(target(f"spark read one message per entry / parquet "
+                                        f"({reader})", ratio, 0.5, f"{ratio:.2f}", ">= 0.50"))
+                else:
+                    lines.append(target(f"spark read batched entries ({reader})", rate,
+                                        1_000_000, f"{rate:,.0f} rows/s",
+                                        ">= 1,000,000 rows/s"))
         print(f"load average {os.getloadavg()[0]:.1f} (1 min)")
         for line in lines:
             print(line)

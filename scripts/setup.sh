@@ -8,6 +8,12 @@
 # script checks for it and says so when it is missing (the Spark tests skip
 # without it; nothing else needs Java).
 #
+# With the spark extra and a JDK (javac, jar), this also builds the Spark JVM
+# reader (jvm/build.sh -> jvm/build/quorumlog-spark.jar, compiled against the
+# jars pyspark ships; quorumlog.spark.read_stream, docs/spark.md) when its
+# sources changed; without javac, read_stream uses the Python source and its
+# tests skip with a reason.
+#
 # The network-namespace tests (tests/netns/) drop packets between namespaces with
 # nft: as root with apt-get, this installs Debian's nftables when `nft` is
 # missing; otherwise those tests skip with a reason.
@@ -68,3 +74,14 @@ if [ "${QUORUMLOG_SPARK:-1}" != "0" ]; then
   fi
 fi
 ./scripts/uv sync --frozen "${extras[@]}"
+if [ "${QUORUMLOG_SPARK:-1}" != "0" ]; then
+  if command -v javac >/dev/null 2>&1 && command -v jar >/dev/null 2>&1; then
+    built=jvm/build/quorumlog-spark.jar
+    if [ ! -f "$built" ] || [ -n "$(find jvm/src jvm/build.sh -newer "$built" -print -quit)" ]; then
+      PYTHON=.venv/bin/python ./jvm/build.sh >/dev/null
+    fi
+  else
+    echo "setup: no 'javac'/'jar' on PATH: the Spark JVM reader (jvm/) is not built;" \
+         "read_stream reads through the Python source (Debian: openjdk-17-jdk-headless)" >&2
+  fi
+fi

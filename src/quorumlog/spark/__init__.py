@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["ARROW_SCHEMA", "PUSHDOWN_SETTING", "SCHEMA_DDL", "AuditResult", "OffloadResult",
-           "QuorumlogDataSource", "audit", "local_session", "offload", "register"]
+           "QuorumlogDataSource", "audit", "jar_path", "local_session", "offload",
+           "read_stream", "register"]
 
 
 def __getattr__(name: str) -> Any:
@@ -31,6 +32,10 @@ def __getattr__(name: str) -> Any:
         from quorumlog.spark import _audit
 
         return getattr(_audit, name)
+    if name in ("read_stream", "jar_path"):
+        from quorumlog.spark import _jvm
+
+        return getattr(_jvm, name)
     if name in ("offload", "OffloadResult"):
         from quorumlog.spark import _offload
 
@@ -88,9 +93,18 @@ def local_session(master: str = "local[2]", app_name: str = "quorumlog", **conf:
                .config("spark.sql.shuffle.partitions", "4")
                .config(PUSHDOWN_SETTING, "true")
                .config("spark.sql.session.timeZone", "UTC"))
+    jar = _jvm_jar()
+    if jar is not None and "spark.jars" not in conf:  # the JVM reader (read_stream)
+        builder = builder.config("spark.jars", str(jar))
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
+
+
+def _jvm_jar() -> Any:
+    from quorumlog.spark._jvm import jar_path
+
+    return jar_path()

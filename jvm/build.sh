@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Builds jvm/build/quorumlog-spark.jar against the jars PySpark ships (no Maven).
+# PYTHON: the interpreter whose pyspark to compile against.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+python="${PYTHON:-$here/../.venv/bin/python}"
+jars="$("$python" -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')"
+[ -d "$jars" ] || { echo "build.sh: no pyspark jars at $jars" >&2; exit 1; }
+classes="$(mktemp -d)"
+trap 'rm -rf "$classes"' EXIT
+javac --release 17 -Xlint:all,-serial,-processing,-path -Werror -cp "$jars/*" -d "$classes" \
+    "$here"/src/io/quorumlog/spark/*.java
+mkdir -p "$classes/META-INF/services" "$here/build"
+echo io.quorumlog.spark.StreamSource \
+    > "$classes/META-INF/services/org.apache.spark.sql.sources.DataSourceRegister"
+jar --create --file "$here/build/quorumlog-spark.jar" -C "$classes" .
+echo "$here/build/quorumlog-spark.jar"
