@@ -74,13 +74,14 @@ async def read_stats(meta: list[str]) -> list[dict[str, object]]:
 def spark_job(meta: list[str], parquet: Path) -> tuple[int, float, int, str]:
     from pyspark.sql import functions as F  # noqa: N812
 
-    from quorumlog.spark import local_session, offload
+    from quorumlog.spark import local_session, offload, read_stream
 
     spark = local_session("local[2]", "quorumlog-example")
     try:
         started = time.perf_counter()
-        events = (spark.read.format("quorumlog").option("meta", ",".join(meta))
-                  .option("stream", "events").load())
+        # The JVM reader when the jar was built (scripts/setup.sh with a JDK),
+        # else the Python source: the same rows (docs/spark.md).
+        events = read_stream(spark, meta=",".join(meta), stream="events")
         schema = "user string, action string, amount double, n long"
         parsed = events.select(F.from_json(F.col("value").cast("string"), schema).alias("e"),
                                "publish_time").select("e.*", "publish_time")
