@@ -94,8 +94,9 @@ def local_session(master: str = "local[2]", app_name: str = "quorumlog", **conf:
                .config(PUSHDOWN_SETTING, "true")
                .config("spark.sql.session.timeZone", "UTC"))
     jar = _jvm_jar()
-    if jar is not None and "spark.jars" not in conf:  # the JVM reader (read_stream)
-        builder = builder.config("spark.jars", str(jar))
+    if jar is not None:  # the JVM reader (read_stream), beside the caller's jars
+        jars = conf.get("spark.jars")
+        conf = {**conf, "spark.jars": f"{jars},{jar}" if jars else str(jar)}
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -132,8 +132,9 @@ def read_stream(spark: Any, *, jvm: bool | None = None, **options: str) -> Any:
 
     ``jvm=None`` (default) picks the JVM reader when it can and says why not
     in the log; ``True`` requires it (UsageError naming why it cannot);
-    ``False`` always reads through the Python source. Filters are not pushed
-    into the JVM reader's plan: give positions and times as options."""
+    ``False`` always reads through the Python source. Filters on partition,
+    ledger_id, entry_id and publish_time narrow the JVM reader's ranges as
+    they narrow the Python source's tasks."""
     if jvm is not False:
         plan, why = (jvm_plan(options) if jvm_available(spark)
                      else (None, f"the session has no {JVM_CLASS} (spark.jars: "

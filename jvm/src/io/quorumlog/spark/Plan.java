@@ -59,7 +59,7 @@ final class Plan {
     final Settings settings;
     final List<Partition> partitions;
 
-    private Plan(Settings settings, List<Partition> partitions) {
+    Plan(Settings settings, List<Partition> partitions) {
         this.settings = settings;
         this.partitions = partitions;
     }

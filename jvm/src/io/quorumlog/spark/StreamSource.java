@@ -2,6 +2,7 @@ package io.quorumlog.spark;
 
 import java.util.Arrays;
 import java.util.EnumSet;
+import java.util.List;
 import java.util.Map;
 import java.util.Set;
 import org.apache.spark.sql.catalyst.InternalRow;
@@ -17,7 +18,9 @@ import org.apache.spark.sql.connector.read.PartitionReader;
 import org.apache.spark.sql.connector.read.PartitionReaderFactory;
 import org.apache.spark.sql.connector.read.Scan;
 import org.apache.spark.sql.connector.read.ScanBuilder;
+import org.apache.spark.sql.connector.read.SupportsPushDownFilters;
 import org.apache.spark.sql.sources.DataSourceRegister;
+import org.apache.spark.sql.sources.Filter;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
@@ -85,17 +88,41 @@ public final class StreamSource implements TableProvider, DataSourceRegister {
 
         @Override
         public ScanBuilder newScanBuilder(CaseInsensitiveStringMap options) {
-            return new StreamScan(plan);
+            return new StreamScanBuilder(plan);
         }
     }
 
-    /** Builder, scan and batch in one: the plan fixes everything, nothing is pushed down. */
-    private record StreamScan(Plan plan) implements ScanBuilder, Scan, Batch {
-        @Override
-        public Scan build() {
-            return this;
+    /**
+     * Narrows the plan by the filters Spark pushes ({@link Pushdown}) and hands
+     * them all back: Spark still filters every row, the plan only reads less.
+     */
+    private static final class StreamScanBuilder implements SupportsPushDownFilters {
+        private final Plan plan;
+        private Pushdown pushdown = new Pushdown(new Filter[0]);
+
+        StreamScanBuilder(Plan plan) {
+            this.plan = plan;
         }
 
+        @Override
+        public Filter[] pushFilters(Filter[] filters) {
+            pushdown = new Pushdown(filters);
+            return filters;
+        }
+
+        @Override
+        public Filter[] pushedFilters() {
+            return pushdown.used().toArray(new Filter[0]);
+        }
+
+        @Override
+        public Scan build() {
+            return new StreamScan(pushdown.narrow(plan), pushdown.used());
+        }
+    }
+
+    /** Scan and batch in one: the (narrowed) plan fixes everything. */
+    private record StreamScan(Plan plan, List<Filter> pushed) implements Scan, Batch {
         @Override
         public StructType readSchema() {
             return SCHEMA;
@@ -103,7 +130,8 @@ public final class StreamSource implements TableProvider, DataSourceRegister {
 
         @Override
         public String description() {
-            return "quorumlog.jvm (" + plan.partitions.size() + " partitions)";
+            return "quorumlog.jvm (" + plan.partitions.size() + " partitions"
+                    + (pushed.isEmpty() ? ")" : ", pushed " + pushed + ")");
         }
 
         @Override
