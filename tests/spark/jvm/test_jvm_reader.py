@@ -13,78 +13,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import shutil
 import struct
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-pytest.importorskip("pyspark", reason="pyspark is not installed (the spark extra)")
-if shutil.which("java") is None:
-    pytest.skip("no java on PATH: Spark needs Java 17+", allow_module_level=True)
+from .support import rows, run, skip_without_the_reader
 
-from quorumlog import node as cluster
-from quorumlog import rpc
-from quorumlog.errors import UsageError
-from quorumlog.proto import DigestType, ReadBatchResponse
-from quorumlog.spark import jar_path
-from quorumlog.stream import ProducerConfig, RolloverPolicy, StreamClient, StreamConfig
+skip_without_the_reader()
 
-if jar_path() is None:
-    pytest.skip("the JVM reader is not built (jvm/build.sh; scripts/setup.sh runs it when "
-                "javac is on PATH)", allow_module_level=True)
-
-from quorumlog.spark._jvm import jvm_available, jvm_plan, read_stream
+from quorumlog import node as cluster  # noqa: E402
+from quorumlog.errors import UsageError  # noqa: E402
+from quorumlog.proto import DigestType, ReadBatchResponse  # noqa: E402
+from quorumlog.spark._jvm import jvm_available, jvm_plan, read_stream  # noqa: E402
+from quorumlog.stream import (  # noqa: E402
+    ProducerConfig,
+    RolloverPolicy,
+    StreamClient,
+    StreamConfig,
+)
 
 HEADER = struct.Struct("<IBBHQI")  # the rpc frame's header (rpc/_frame.py)
 READ_BATCH_RESPONSE = ReadBatchResponse.type_id
-COLUMNS = ("stream", "partition", "ledger_id", "entry_id", "batch_index", "publish_time",
-           "key", "value", "properties")
-
-
-@pytest.fixture(scope="module")
-def cluster_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    directory = tmp_path_factory.mktemp("spark-jvm") / "cluster"
-    with cluster.running(directory, 3):
-        yield directory
-
-
-@pytest.fixture(scope="module")
-def meta(cluster_dir: Path) -> list[str]:
-    return cluster.meta_addresses(cluster_dir)
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    from quorumlog.spark import local_session
-
-    session = local_session("local[2]", "quorumlog-jvm-tests")
-    try:
-        yield session
-    finally:
-        session.stop()
-
-
-def run(meta: list[str], body: Any) -> Any:
-    async def main() -> Any:
-        async with await StreamClient.connect(meta) as client:
-            return await body(client)
-
-    return rpc.run(main())
-
-
-def rows(frame: Any) -> list[tuple[Any, ...]]:
-    def cell(value: Any) -> Any:
-        if isinstance(value, bytearray):
-            return bytes(value)
-        if isinstance(value, dict):
-            return tuple(sorted(value.items()))
-        return value
-
-    return sorted(tuple(cell(row[name]) for name in COLUMNS) for row in frame.collect())
 
 
 def both(spark: Any, meta: list[str], **options: str) -> tuple[list[Any], list[Any]]:
@@ -92,7 +44,6 @@ def both(spark: Any, meta: list[str], **options: str) -> tuple[list[Any], list[A
     jvm = read_stream(spark, jvm=True, **options)
     python = read_stream(spark, jvm=False, **options)
     return rows(jvm), rows(python)
-
 
 def fill(meta: list[str], stream: str, *, digest: DigestType = DigestType.CRC32C) -> list[Any]:
     async def body(client: StreamClient) -> list[Any]:
