@@ -9,12 +9,13 @@ DataSource V2 in Java that reads planned entry ranges straight from the
 bookies (batch reads, envelope digests checked, entries decoded into column
 vectors). Planning stays here: :func:`jvm_plan` runs the Python source's own
 planner (positions, times, LAC of open ledgers) and hands the JVM the ranges
-with each ledger's fragments and digest as a JSON option.
+with each ledger's fragments, write quorum and digest as a JSON option.
+Ledgers whose ensemble is wider than their write quorum (striped) are read
+entry by entry from each entry's write set, as the Python reader does.
 
-The JVM reader covers the common layout only; a read it does not cover goes
-to the Python source (``read_stream`` logs why): ledgers whose ensemble is
-wider than their write quorum (striped: the Python reader reads those entry
-by entry), offloaded ledgers (Parquet copies) and compacted views.
+A read the JVM reader does not cover goes to the Python source
+(``read_stream`` logs why): offloaded ledgers (Parquet copies) and compacted
+views.
 """
 
 from __future__ import annotations
@@ -91,10 +92,6 @@ def jvm_plan(options: Mapping[str, str]) -> tuple[str | None, str]:
                 handle = _io.run(client.open_ledger(task.ledger_id, password=record.password,
                                                     recovery=False))
                 metadata = ledgers[task.ledger_id] = handle.metadata
-            if metadata.ensemble_size != metadata.write_quorum:
-                return None, (f"ledger {task.ledger_id} is striped (ensemble "
-                              f"{metadata.ensemble_size} > write quorum "
-                              f"{metadata.write_quorum})")
             ranges.append(_range(task, metadata, record.password))
         partitions.append({"ranges": ranges})
     config = LedgerClientConfig()
@@ -119,6 +116,7 @@ def _range(task: ReadTask, metadata: LedgerMetadata, password: bytes) -> dict[st
         "publish_min_ms": task.publish_min_ms, "publish_max_ms": task.publish_max_ms,
         "digest": metadata.digest.value,
         "mac_key_hex": mac_key(password).hex() if hmac else "",
+        "write_quorum": metadata.write_quorum,
         "fragments": [{"first_entry": fragment.first_entry_id,
                        "bookies": list(fragment.bookies)}
                       for fragment in metadata.ensembles],
@@ -134,7 +132,9 @@ def read_stream(spark: Any, *, jvm: bool | None = None, **options: str) -> Any:
     in the log; ``True`` requires it (UsageError naming why it cannot);
     ``False`` always reads through the Python source. Filters on partition,
     ledger_id, entry_id and publish_time narrow the JVM reader's ranges as
-    they narrow the Python source's tasks."""
+    they narrow the Python source's tasks. The JVM reader reads striped
+    ledgers too (entry by entry, from each entry's write set); offloaded
+    ledgers and ``readCompacted`` go to the Python source."""
     if jvm is not False:
         plan, why = (jvm_plan(options) if jvm_available(spark)
                      else (None, f"the session has no {JVM_CLASS} (spark.jars: "

@@ -5,7 +5,9 @@ column, across ledgers, producer batches, keys and properties, positions
 inside batches and publish times. Then what it must refuse: a digest that
 does not match (a wrong HMAC key in the plan, a digest type the ledger does
 not have), a range past what the bookies hold, a malformed plan; and a read
-while a bookie of the ensemble is down goes to the other replica.
+while a bookie of the ensemble is down goes to the other replica. Striped
+ledgers (ensemble 3, write quorum 2) are read entry by entry, with a bookie
+down too.
 """
 
 from __future__ import annotations
@@ -45,9 +47,10 @@ def both(spark: Any, meta: list[str], **options: str) -> tuple[list[Any], list[A
     python = read_stream(spark, jvm=False, **options)
     return rows(jvm), rows(python)
 
-def fill(meta: list[str], stream: str, *, digest: DigestType = DigestType.CRC32C) -> list[Any]:
+def fill(meta: list[str], stream: str, *, digest: DigestType = DigestType.CRC32C,
+         config: StreamConfig | None = None) -> list[Any]:
     async def body(client: StreamClient) -> list[Any]:
-        await client.create_stream(stream, StreamConfig(
+        await client.create_stream(stream, config or StreamConfig(
             partitions=2, digest=digest, rollover=RolloverPolicy(max_entries=7, min_time_ms=0)))
         single = await client.producer(stream)
         for i in range(60):
@@ -173,6 +176,55 @@ def test_the_jvm_reader_reads_from_the_other_replica_while_a_bookie_is_down(
             cluster.restart_node(cluster_dir, victim, serving_timeout_s=60)
 
 
+def test_the_jvm_reader_reads_striped_ledgers_entry_by_entry(
+        spark: Any, meta: list[str], cluster_dir: Path) -> None:
+    produced = fill(meta, "jvm-striped", config=StreamConfig(
+        partitions=2, ensemble_size=3, write_quorum=2, ack_quorum=2,
+        rollover=RolloverPolicy(max_entries=7, min_time_ms=0)))
+    assert len(produced) == 460
+    options = {"meta": ",".join(meta), "stream": "jvm-striped"}
+    plan, why = jvm_plan(options)
+    assert plan is not None, why
+    ranges = [r for p in json.loads(plan)["partitions"] for r in p["ranges"]]
+    assert len({r["ledger_id"] for r in ranges}) >= 8
+    assert all(r["write_quorum"] == 2 for r in ranges)
+    assert all(len(f["bookies"]) == 3 for r in ranges for f in r["fragments"])
+    jvm, python = both(spark, meta, stream="jvm-striped")
+    assert len(jvm) == 460 and jvm == python
+    assert max(row[4] for row in jvm) > 0  # batched entries: batch indexes
+    small, _ = both(spark, meta, stream="jvm-striped", maxRowsPerPartition="3",
+                    arrowBatchRows="5")
+    assert small == python
+
+    # Positions inside producer batches.
+    batched = sorted((m for m in produced if m.partition == 0 and m.position.batch_index > 0),
+                     key=lambda m: m.seq_position)
+    start, end = batched[3].position, batched[-5].position
+    jvm, inside = both(spark, meta, stream="jvm-striped",
+                       startingPositions=json.dumps({"0": start.to_json(), "1": "latest"}),
+                       endingPositions=json.dumps({"0": end.to_json()}))
+    assert jvm == inside and len(jvm) == len(batched) - 8
+
+    # A write quorum wider than the ensemble is a malformed plan.
+    too_wide = json.loads(plan)
+    too_wide["partitions"][0]["ranges"][0]["write_quorum"] = 4
+    with pytest.raises(Exception, match="write_quorum"):
+        spark.read.format("quorumlog.jvm").option("plan", json.dumps(too_wide)).load().count()
+
+    # Every entry is on 2 of the 3 bookies: with one down, each is read from
+    # the other member of its write set.
+    victim = 3
+    address = next(info.address for info in cluster.load(cluster_dir) if info.id == victim)
+    assert all(address in f["bookies"] for r in ranges for f in r["fragments"])
+    cluster.stop_node(cluster_dir, victim)
+    try:
+        frame = spark.read.format("quorumlog.jvm").option("plan", plan).load()
+        assert rows(frame) == python
+    finally:
+        with contextlib.suppress(Exception):
+            cluster.restart_node(cluster_dir, victim, serving_timeout_s=60)
+
+
 class _FlippingProxy:
     """A TCP relay in front of a real bookie that flips the last byte of every
     batch-read answer's payload (a bad disk or link the bookie cannot see):
@@ -243,6 +295,8 @@ def test_the_jvm_reader_detects_a_corrupt_answer_and_reads_the_other_replica(
                         if first in fragment["bookies"]:
                             others = [b for b in fragment["bookies"] if b != first]
                             fragment["bookies"] = [proxy.address] + ([] if only else others)
+                    # No more than the narrowest fragment's bookies (1 with only the relay).
+                    part["write_quorum"] = min(len(f["bookies"]) for f in part["fragments"])
             return json.dumps(changed)
 
         frame = spark.read.format("quorumlog.jvm").option("plan", through_proxy(False)).load()

@@ -25,15 +25,18 @@ final class BookieConnection implements AutoCloseable {
     static final int ERROR_RESPONSE = 1;
     static final int HELLO_REQUEST = 2;
     static final int HELLO_RESPONSE = 3;
+    static final int READ_ENTRY_REQUEST = 1202;
+    static final int READ_ENTRY_RESPONSE = 1203;
     static final int READ_BATCH_REQUEST = 1204;
     static final int READ_BATCH_RESPONSE = 1205;
     private static final int HEADER_BYTES = 20;
     private static final int MAGIC = 0xB7;
     private static final int FRAME_VERSION = 1;
     private static final long PROTOCOL_VERSION = 1;
-    // Answers kept while waiting for another: a reader has a few requests in
-    // flight, so more means a confused peer.
-    private static final int STASHED_MAX = 16;
+    // Answers kept while waiting for another: a reader has at most
+    // EntryFetcher.ENTRIES_IN_FLIGHT_MAX requests in flight, so more means a
+    // confused peer.
+    private static final int STASHED_MAX = EntryFetcher.ENTRIES_IN_FLIGHT_MAX + 16;
 
     /** A response: its msgpack body, and its payload {@code buf[payloadStart..)}. */
     record Response(int typeId, Map<String, Object> body, byte[] buf, int payloadStart) {}

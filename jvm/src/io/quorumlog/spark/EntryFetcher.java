@@ -13,11 +13,20 @@ import java.util.Map;
  * the caller decodes an answer. A short answer (byte budget) is continued at
  * once; after a failed one (error, empty, bad envelope) the rest of its
  * segment is read synchronously, from each bookie of the fragment in turn.
+ *
+ * <p>A striped fragment (more bookies than the write quorum) holds each entry
+ * on its write set only, so its entries are read one by one, as
+ * {@code read_range} does: up to {@link #ENTRIES_IN_FLIGHT_MAX} ReadEntry
+ * requests in flight, each to a member of the entry's write set (rotating
+ * which goes first); a failed one is asked of the other members in turn.
  */
 final class EntryFetcher {
     // Requests sent ahead of the answer being decoded: enough to keep the
     // bookies busy meanwhile; each answer holds at most batch_read_bytes_max.
     private static final int AHEAD_MAX = 2;
+    // ReadEntry requests in flight on striped fragments (the ledger client's
+    // read_entries_in_flight_max).
+    static final int ENTRIES_IN_FLIGHT_MAX = 64;
 
     /** Payload i (of entry firstEntry + i) is {@code buf[starts[i], ends[i])}. */
     record Entries(long firstEntry, byte[] buf, int[] starts, int[] ends, int count) {}
@@ -33,6 +42,9 @@ final class EntryFetcher {
     private final BookieConnection.Pool pool;
     private final Envelope envelope;
     private final ArrayDeque<Pending> inFlight = new ArrayDeque<>();
+    // ReadEntry requests, one entry each, in entry order; only one of
+    // inFlight and entriesInFlight holds requests at a time.
+    private final ArrayDeque<Pending> entriesInFlight = new ArrayDeque<>();
     private long nextToSend;
     private int rotation;
     // After a failure, entries repairFrom..repairTo are read one bookie at a
@@ -52,6 +64,10 @@ final class EntryFetcher {
     /** The next verified entries (at least one), or null after the range's last entry. */
     Entries next() throws IOException {
         while (repairFrom > repairTo) {
+            if (inFlight.isEmpty() && (!entriesInFlight.isEmpty()
+                    || (nextToSend <= range.lastEntry() && range.striped(nextToSend)))) {
+                return nextStriped();
+            }
             fill();
             Pending pending = inFlight.poll();
             if (pending == null) {
@@ -75,9 +91,10 @@ final class EntryFetcher {
         return repair();
     }
 
-    /** Sends requests until AHEAD_MAX are in flight or the whole range is asked for. */
+    /** Sends requests until AHEAD_MAX are in flight or the range is asked for up to a striped fragment. */
     private void fill() {
-        while (inFlight.size() < AHEAD_MAX && nextToSend <= range.lastEntry()) {
+        while (inFlight.size() < AHEAD_MAX && nextToSend <= range.lastEntry()
+                && !range.striped(nextToSend)) {
             long last = Math.min(range.fragmentLast(nextToSend),
                     nextToSend + settings.batchReadEntriesMax() - 1);
             inFlight.add(send(nextToSend, last, nextBookie(nextToSend)));
@@ -109,9 +126,43 @@ final class EntryFetcher {
             }
             return answer.entries();
         }
+        throw unavailable(repairFrom);
+    }
+
+    /** The next entry of a striped fragment, from the first of its write set that has it. */
+    private Entries nextStriped() throws IOException {
+        fillEntries();
+        Pending pending = entriesInFlight.poll();
+        fillEntries();
+        failures.clear();
+        Entries entries = collectEntry(pending);
+        List<String> writeSet = range.writeSet(pending.first());
+        int first = writeSet.indexOf(pending.bookie());
+        for (int k = 1; entries == null && k < writeSet.size(); k++) {
+            String bookie = writeSet.get((first + k) % writeSet.size());
+            entries = collectEntry(sendEntry(pending.first(), bookie));
+        }
+        if (entries == null) {
+            throw unavailable(pending.first());
+        }
+        return entries;
+    }
+
+    /** Sends ReadEntry requests until the window is full or the striped fragment is asked for. */
+    private void fillEntries() {
+        while (entriesInFlight.size() < ENTRIES_IN_FLIGHT_MAX && nextToSend <= range.lastEntry()
+                && range.striped(nextToSend)) {
+            List<String> writeSet = range.writeSet(nextToSend);
+            entriesInFlight.add(sendEntry(nextToSend,
+                    writeSet.get(Math.floorMod(rotation++, writeSet.size()))));
+            nextToSend++;
+        }
+    }
+
+    private IOException unavailable(long entryId) {
         StringBuilder why = new StringBuilder();
         failures.forEach((bookie, error) -> why.append("; ").append(bookie).append(": ").append(error));
-        throw new IOException("ledger " + range.ledgerId() + " entry " + repairFrom
+        return new IOException("ledger " + range.ledgerId() + " entry " + entryId
                 + ": no bookie returned it" + why);
     }
 
@@ -121,13 +172,51 @@ final class EntryFetcher {
         request.put("first_entry_id", first);
         request.put("max_entries", last - first + 1);
         request.put("max_bytes", (long) settings.batchReadBytesMax());
+        return send(first, last, bookie, BookieConnection.READ_BATCH_REQUEST, request);
+    }
+
+    private Pending sendEntry(long entryId, String bookie) {
+        Map<String, Object> request = new LinkedHashMap<>();
+        request.put("ledger_id", range.ledgerId());
+        request.put("entry_id", entryId);
+        request.put("flags", 0L);
+        request.put("master_key", new byte[0]);
+        return send(entryId, entryId, bookie, BookieConnection.READ_ENTRY_REQUEST, request);
+    }
+
+    private Pending send(long first, long last, String bookie, int typeId, Map<String, Object> request) {
         try {
             BookieConnection connection = pool.get(bookie);
-            return new Pending(first, last, bookie, connection,
-                    connection.send(BookieConnection.READ_BATCH_REQUEST, request), null);
+            return new Pending(first, last, bookie, connection, connection.send(typeId, request), null);
         } catch (IOException e) {
             return new Pending(first, last, bookie, null, 0, e);
         }
+    }
+
+    /** The verified entry a ReadEntry request asked for, or null (its error in failures). */
+    private Entries collectEntry(Pending pending) {
+        String error;
+        try {
+            if (pending.sendError() != null) {
+                throw pending.sendError();
+            }
+            BookieConnection.Response response = pending.connection().await(pending.requestId(),
+                    BookieConnection.READ_ENTRY_RESPONSE);
+            byte[] buf = response.buf();
+            int start = response.payloadStart();
+            if (!Long.valueOf(range.ledgerId()).equals(response.body().get("ledger_id"))
+                    || !Long.valueOf(pending.first()).equals(response.body().get("entry_id"))) {
+                error = "answer is not for ledger " + range.ledgerId() + " entry " + pending.first()
+                        + ": " + response.body();
+            } else if ((error = envelope.check(buf, start, buf.length - start, pending.first())) == null) {
+                return new Entries(pending.first(), buf, new int[] {start + envelope.payloadOffset()},
+                        new int[] {buf.length}, 1);
+            }
+        } catch (IOException e) {
+            error = e.getMessage();
+        }
+        failures.put(pending.bookie(), String.valueOf(error));
+        return null;
     }
 
     /** Waits for an answer and verifies the longest sound prefix of its envelopes. */

@@ -28,14 +28,37 @@ final class Plan {
 
     record Fragment(long firstEntry, List<String> bookies) implements Serializable {}
 
-    /** Entries firstEntry..lastEntry (inclusive) of one ledger of one stream partition. */
+    /**
+     * Entries firstEntry..lastEntry (inclusive) of one ledger of one stream
+     * partition; each entry is stored on writeQuorum bookies of its fragment.
+     */
     record Range(String stream, int partition, long ledgerId, long firstEntry, long lastEntry,
                  int firstBatch, int endBatch, Long publishMinMs, Long publishMaxMs,
-                 Digest digest, byte[] macKey, List<Fragment> fragments) implements Serializable {
+                 Digest digest, byte[] macKey, int writeQuorum, List<Fragment> fragments)
+            implements Serializable {
 
         /** The bookies of the fragment (ensemble) holding {@code entryId}. */
         List<String> bookies(long entryId) {
             return fragments.get(fragmentIndex(entryId)).bookies();
+        }
+
+        /** Whether {@code entryId}'s fragment is wider than the write quorum (striped). */
+        boolean striped(long entryId) {
+            return bookies(entryId).size() > writeQuorum;
+        }
+
+        /**
+         * The bookies storing {@code entryId}, in write order: ensemble indexes
+         * (e % E + k) % E for k in 0..Qw-1 (ledger/_quorum.py {@code write_set}).
+         */
+        List<String> writeSet(long entryId) {
+            List<String> ensemble = bookies(entryId);
+            int size = ensemble.size();
+            List<String> writeSet = new ArrayList<>(writeQuorum);
+            for (int k = 0; k < writeQuorum; k++) {
+                writeSet.add(ensemble.get((int) ((entryId % size + k) % size)));
+            }
+            return writeSet;
         }
 
         /** The last entry of this range in the fragment holding {@code entryId}. */
@@ -114,13 +137,19 @@ final class Plan {
         if (fragments.isEmpty() || fragments.get(0).firstEntry() > first) {
             throw r.bad("fragments", "must include the fragment holding first_entry " + first);
         }
+        long writeQuorum = r.integer("write_quorum", 1, Integer.MAX_VALUE);
+        int narrowest = fragments.stream().mapToInt(f -> f.bookies().size()).min().getAsInt();
+        if (writeQuorum > narrowest) {
+            throw r.bad("write_quorum", "is " + writeQuorum + ", more than the " + narrowest
+                    + " bookies of the smallest fragment");
+        }
         return new Range(r.text("stream"), (int) r.integer("partition", 0, Integer.MAX_VALUE),
                 r.integer("ledger_id", 0, Long.MAX_VALUE), first,
                 r.integer("last_entry", first, Long.MAX_VALUE),
                 (int) r.integer("first_batch", 0, Integer.MAX_VALUE),
                 (int) r.integer("end_batch", -1, Integer.MAX_VALUE),
                 r.optionalInteger("publish_min_ms"), r.optionalInteger("publish_max_ms"),
-                digest, key, fragments);
+                digest, key, (int) writeQuorum, fragments);
     }
 
     /** A JSON node with its path, so every error names the field that is wrong. */

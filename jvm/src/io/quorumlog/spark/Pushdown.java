@@ -109,7 +109,7 @@ final class Pushdown {
         return new Plan.Range(r.stream(), r.partition(), r.ledgerId(), first, last,
                 first == r.firstEntry() ? r.firstBatch() : 0,
                 last == r.lastEntry() ? r.endBatch() : -1, low, high,
-                r.digest(), r.macKey(), r.fragments());
+                r.digest(), r.macKey(), r.writeQuorum(), r.fragments());
     }
 
     private static Long tighter(Long planned, long pushed, LongBinaryOperator pick, long none) {
