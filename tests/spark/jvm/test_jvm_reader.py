@@ -81,29 +81,34 @@ def events(meta: list[str]) -> list[Any]:
     return produced
 
 
+def reads_like_the_python_source(spark: Any, meta: list[str], stream: str,
+                                 produced: list[Any]) -> list[Any]:
+    """The JVM reader's rows of ``stream`` equal the Python source's: all of
+    them, with small tasks and batches, and between positions inside producer
+    batches. Returns the JVM reader's rows."""
+    jvm, python = both(spark, meta, stream=stream)
+    assert len(jvm) == len(produced) and jvm == python
+    assert max(row[4] for row in jvm) > 0  # batched entries: batch indexes
+    small, _ = both(spark, meta, stream=stream, maxRowsPerPartition="3", arrowBatchRows="5")
+    assert small == python
+    batched = sorted((m for m in produced if m.partition == 0 and m.position.batch_index > 0),
+                     key=lambda m: m.seq_position)
+    start, end = batched[3].position, batched[-5].position
+    inside, inside_python = both(
+        spark, meta, stream=stream,
+        startingPositions=json.dumps({"0": start.to_json(), "1": "latest"}),
+        endingPositions=json.dumps({"0": end.to_json()}))
+    assert inside == inside_python and len(inside) == len(batched) - 8
+    return jvm
+
+
 def test_the_jvm_reader_reads_the_rows_the_python_source_reads(
         spark: Any, meta: list[str], events: list[Any]) -> None:
     assert jvm_available(spark)
     produced = events
-    jvm, python = both(spark, meta, stream="jvm-events")
-    assert len(jvm) == 460
-    assert jvm == python
+    jvm = reads_like_the_python_source(spark, meta, "jvm-events", produced)
     assert len({row[2] for row in jvm}) >= 8  # many ledgers
     assert any(row[6] is None for row in jvm) and any(row[8] for row in jvm)
-    assert max(row[4] for row in jvm) > 0  # batched entries: batch indexes
-    # Small tasks: many Spark partitions, the same rows.
-    small, _ = both(spark, meta, stream="jvm-events", maxRowsPerPartition="3",
-                    arrowBatchRows="5")
-    assert small == python
-
-    # Positions inside producer batches, per partition; publish times.
-    batched = sorted((m for m in produced if m.partition == 0 and m.position.batch_index > 0),
-                     key=lambda m: m.seq_position)
-    start, end = batched[3].position, batched[-5].position
-    jvm, python = both(spark, meta, stream="jvm-events",
-                       startingPositions=json.dumps({"0": start.to_json(), "1": "latest"}),
-                       endingPositions=json.dumps({"0": end.to_json()}))
-    assert jvm == python and len(jvm) == len(batched) - 8
     cut = sorted(m.publish_time_ms for m in produced)[200]
     jvm, python = both(spark, meta, stream="jvm-events", startingTime=str(cut),
                        endingTime=str(cut + 5))
@@ -189,21 +194,8 @@ def test_the_jvm_reader_reads_striped_ledgers_entry_by_entry(
     assert len({r["ledger_id"] for r in ranges}) >= 8
     assert all(r["write_quorum"] == 2 for r in ranges)
     assert all(len(f["bookies"]) == 3 for r in ranges for f in r["fragments"])
-    jvm, python = both(spark, meta, stream="jvm-striped")
-    assert len(jvm) == 460 and jvm == python
-    assert max(row[4] for row in jvm) > 0  # batched entries: batch indexes
-    small, _ = both(spark, meta, stream="jvm-striped", maxRowsPerPartition="3",
-                    arrowBatchRows="5")
-    assert small == python
-
-    # Positions inside producer batches.
-    batched = sorted((m for m in produced if m.partition == 0 and m.position.batch_index > 0),
-                     key=lambda m: m.seq_position)
-    start, end = batched[3].position, batched[-5].position
-    jvm, inside = both(spark, meta, stream="jvm-striped",
-                       startingPositions=json.dumps({"0": start.to_json(), "1": "latest"}),
-                       endingPositions=json.dumps({"0": end.to_json()}))
-    assert jvm == inside and len(jvm) == len(batched) - 8
+    python = rows(read_stream(spark, jvm=False, **options))
+    reads_like_the_python_source(spark, meta, "jvm-striped", produced)
 
     # A write quorum wider than the ensemble is a malformed plan.
     too_wide = json.loads(plan)
