@@ -69,20 +69,25 @@ def _reader(spark: Any, meta: list[str], table: str, **options: str) -> Any:
     return reader.load()
 
 
-def test_write_then_read_back_with_pushdown(spark: Any, meta: list[str]) -> None:
+@pytest.mark.parametrize("copysets", [None, 2], ids=["group-per-partition", "copysets"])
+def test_write_then_read_back_with_pushdown(spark: Any, meta: list[str],
+                                            copysets: int | None) -> None:
+    """Also with the partitions in fewer Raft groups (copysets): still one Spark
+    partition per table partition, each reading its own records only."""
+    table = "sparkt" if copysets is None else "sparkt-copysets"
     with BlockingTableClient(meta) as tables:
-        tables.create_table("sparkt", partitions=PARTITIONS, replicas=3)
+        tables.create_table(table, partitions=PARTITIONS, replicas=3, copysets=copysets)
     frame = spark.createDataFrame(_rows(), "hash_key binary, sort_key binary, value binary, "
                                            "ttl_s int")
     for _ in range(2):  # an upsert by key: writing the same rows again changes nothing
         (frame.repartition(3).write.format("quorumlog.table").option("meta", ",".join(meta))
-         .option("table", "sparkt").mode("append").save())
+         .option("table", table).mode("append").save())
     with BlockingTableClient(meta) as tables:
-        assert tables.get("sparkt", b"h03", b"s2") == b"v3-2"
-        assert 3500 < tables.ttl("sparkt", b"h03", b"s2") <= 3600
-        assert tables.ttl("sparkt", b"h04", b"s2") == -1
+        assert tables.get(table, b"h03", b"s2") == b"v3-2"
+        assert 3500 < tables.ttl(table, b"h03", b"s2") <= 3600
+        assert tables.ttl(table, b"h04", b"s2") == -1
 
-    df = _reader(spark, meta, "sparkt")
+    df = _reader(spark, meta, table)
     assert df.rdd.getNumPartitions() == PARTITIONS
     rows = df.collect()
     assert sorted((r.hash_key, r.sort_key, r.value) for r in rows) == sorted(

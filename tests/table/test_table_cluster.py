@@ -20,6 +20,7 @@ import pytest
 from inprocess_cli import run_cli, run_cli_process
 from quorumlog import node as cluster
 from quorumlog import rpc
+from quorumlog.errors import UsageError
 from quorumlog.table import (
     VALUE_BYTES_MAX,
     BlockingTableClient,
@@ -109,6 +110,54 @@ def test_unknown_table_and_oversize_input_are_clear_errors(tables: BlockingTable
     tables.drop_table("limits")
     with pytest.raises(UnknownTableError):
         tables.set("limits", b"h", b"s", b"v")
+
+
+def test_partitions_in_copysets_route_scan_and_count_like_partitions(
+        cluster_dir: Path, tables: BlockingTableClient) -> None:
+    """8 partitions in 3 copysets: 3 Raft groups on every node, each holding the
+    partitions p with p % 3 == its index. Every operation finds its record, and a
+    scan of one partition gives exactly that partition's records (a copyset's
+    RocksDB holds its other partitions too)."""
+    before = _replica_dirs(cluster_dir)
+    layout = tables.create_table("copysets", partitions=PARTITIONS, replicas=REPLICAS,
+                                 copysets=3)
+    assert (layout.record.partitions, layout.record.groups, len(layout.partitions)) == (
+        PARTITIONS, 3, 3)
+    assert [layout.record.copyset_of(p) for p in range(PARTITIONS)] == [0, 1, 2, 0, 1, 2, 0, 1]
+    written = {b"h%03d" % i: b"v%d" % i for i in range(120)}
+    for hash_key, value in written.items():
+        tables.set("copysets", hash_key, b"s", value)
+    assert len(_replica_dirs(cluster_dir) - before) == 3  # one group per copyset
+    assert {partition_of(h, PARTITIONS) for h in written} == set(range(PARTITIONS))
+    assert all(tables.get("copysets", h, b"s") == v for h, v in written.items())
+    tables.multi_set("copysets", b"h000", {b"a": b"1", b"b": b"2"})
+    assert tables.sort_key_count("copysets", b"h000") == 3
+    assert tables.incr("copysets", b"h001", b"n", 2) == 2
+    for h in (b"h000", b"h001"):
+        written.pop(h)
+    tables.delete("copysets", b"h002", b"s")
+    written.pop(b"h002")
+    seen: dict[bytes, bytes] = {}
+    for partition in range(PARTITIONS):
+        for page_records in (1000, 7):  # one page, and many pages
+            items = list(tables.scan_records("copysets", partition, page_records=page_records))
+            assert {partition_of(i.hash_key, PARTITIONS) for i in items} <= {partition}
+            ours = {i.hash_key: i.value for i in items if i.hash_key in written}
+            assert ours == {h: v for h, v in written.items()
+                            if partition_of(h, PARTITIONS) == partition}
+            seen.update(ours)
+    assert seen == written
+    full = [(h, v) for h, s, v in tables.full_scan("copysets", page_records=5)
+            if h in written]
+    assert dict(full) == written and len(full) == len(written)  # each record once
+    info = json.loads(_cli(cluster_dir, "info", "copysets", "-o", "json").stdout)
+    assert (info["partitions"], info["copysets"]) == (PARTITIONS, 3)
+    assert [g["partitions"] for g in info["partition_groups"]] == [[0, 3, 6], [1, 4, 7],
+                                                                   [2, 5]]
+    with pytest.raises(UsageError, match=r"copysets must be in 1\.\.8"):
+        tables.create_table("copysets-9", partitions=PARTITIONS, replicas=REPLICAS,
+                            copysets=9)
+    tables.drop_table("copysets")
 
 
 def _replica_dirs(cluster_dir: Path) -> set[str]:

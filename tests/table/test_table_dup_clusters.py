@@ -154,8 +154,9 @@ def _paused_dup(one: BlockingTableClient, two: BlockingTableClient, table: str) 
 def test_two_way_duplication_converges(clusters: Clusters) -> None:
     with BlockingTableClient(clusters.meta(clusters.one)) as one, \
             BlockingTableClient(clusters.meta(clusters.two)) as two:
-        one.create_table("conv", partitions=4, replicas=3)
-        two.create_table("conv", partitions=2, replicas=3)  # partition counts differ
+        # partition counts differ, and the source's partitions live in 2 copysets
+        one.create_table("conv", partitions=4, replicas=3, copysets=2)
+        two.create_table("conv", partitions=2, replicas=3)
         one.add_dup("conv", "two")
         two.add_dup("conv", "one")
         with pytest.raises(NonIdempotentWriteRefusedError):
@@ -182,7 +183,8 @@ def test_two_way_duplication_converges(clusters: Clusters) -> None:
         sources = {timetag >> 1 & 0x7F for _, timetag in both.values()}
         assert sources == {1, 2}
         status = one.dup_progress("conv", one.list_dups("conv")[0].dup_id)
-        assert len(status) == 4 and sum(p.shipped_mutations for p in status.values()) > 0
+        # one shipper per Raft group (copyset): it ships every partition the group holds
+        assert len(status) == 2 and sum(p.shipped_mutations for p in status.values()) > 0
         dup_id = one.list_dups("conv")[0].dup_id
         shown = _cli(clusters.one, "status", "conv", str(dup_id), "-o", "json")
         assert shown.returncode == 0 and '"confirmed_decree"' in shown.stdout
@@ -316,7 +318,7 @@ def test_records_grown_past_a_call_since_their_block_was_written_still_ship(
 def test_checkpoint_copies_existing_records_then_the_log(clusters: Clusters) -> None:
     with BlockingTableClient(clusters.meta(clusters.one)) as one, \
             BlockingTableClient(clusters.meta(clusters.two)) as two:
-        one.create_table("existing", partitions=3, replicas=3)
+        one.create_table("existing", partitions=3, replicas=3, copysets=2)
         two.create_table("existing", partitions=2, replicas=3)
         # on the remote, a value older than the source's tombstone: the tombstone wins
         two.set("existing", b"h0", b"0", b"stale")

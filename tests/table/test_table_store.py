@@ -39,8 +39,10 @@ from quorumlog.table import (
     decode_entry,
     encode_entry,
     make_timetag,
+    partition_of,
 )
-from quorumlog.table._errors import NotAnIntegerError
+from quorumlog.table import _store as store_module
+from quorumlog.table._errors import BadTableRequestError, NotAnIntegerError
 
 T0_S = 1_700_000_000
 US = 1_000_000
@@ -414,3 +416,40 @@ def test_store_matches_a_dict_model(tmp_path_factory: pytest.TempPathFactory,
                 assert r.store.sort_key_count(h, now) == len(live)
     finally:
         r.store.close()
+
+
+@pytest.mark.parametrize("skip_max", [1, 3, 10_000])
+def test_a_copyset_store_scans_one_partition_at_a_time(
+        replica: Replica, monkeypatch: pytest.MonkeyPatch, skip_max: int) -> None:
+    """A copyset's store holds several partitions: a full scan of one gives its
+    live records only, in key order, each once; a page that passed
+    ``FILTERED_SCAN_SKIP_MAX`` other records ends early (maybe empty) with where
+    to go on."""
+    monkeypatch.setattr(store_module, "FILTERED_SCAN_SKIP_MAX", skip_max)
+    partitions = 5
+    hash_keys = [b"k%d" % i for i in range(60)]
+    for h in hash_keys:
+        replica.write(SetCommand(h, b"a", b"1"), SetCommand(h, b"b", b"2"))
+    replica.write(DeleteCommand(hash_keys[0], b"a"))
+    everything = [(i.hash_key, i.sort_key)
+                  for i in replica.store.full_scan(T0_S, limit=1000).items]
+    union = []
+    for partition in range(partitions):
+        got, after, empty_pages = [], None, 0
+        while True:
+            page = replica.store.full_scan(T0_S, limit=4, after=after, partitions=partitions,
+                                           partition=partition)
+            got += [(i.hash_key, i.sort_key) for i in page.items]
+            empty_pages += not page.items and page.next_after is not None
+            if page.next_after is None:
+                break
+            after = page.next_after
+        assert got == [k for k in everything if partition_of(k[0], partitions) == partition]
+        if skip_max == 1:  # a page ends at the first record of another partition
+            assert empty_pages > 0
+        elif skip_max == 10_000:
+            assert empty_pages == 0
+        union += got
+    assert sorted(union) == sorted(everything) and len(everything) == 119
+    with pytest.raises(BadTableRequestError, match="partition 5 out of range"):
+        replica.store.full_scan(T0_S, partitions=5, partition=5)

@@ -42,21 +42,29 @@ def _show(value: bytes) -> str:
 def create(
     name: str,
     partitions: int = typer.Option(8, help="Partitions P (hash of hash_key)."),
-    replicas: int = typer.Option(3, help="Replicas R of each partition (one Raft group)."),
+    replicas: int = typer.Option(3, help="Replicas R of each Raft group."),
+    copysets: int | None = typer.Option(
+        None, help="Raft groups (copysets) holding the partitions, partition p in copyset "
+                   "p % G [default: one per partition]. Fewer groups share Raft's "
+                   "per-entry costs (docs/table.md, \"Copysets\")."),
     members: str | None = MembersOption,
     directory: Path | None = DirOption,
 ) -> None:
-    """Create a table: place every partition on the table nodes."""
+    """Create a table: place every Raft group (partition or copyset) on the table nodes."""
     with _client(members, directory) as client:
-        layout = client.create_table(name, partitions=partitions, replicas=replicas)
+        layout = client.create_table(name, partitions=partitions, replicas=replicas,
+                                     copysets=copysets)
+    groups = ("" if layout.record.groups == partitions
+              else f" in {layout.record.groups} copyset(s)")
     console.print(f"created table {name!r} (id {layout.record.table_id}) with "
-                  f"{partitions} partition(s) x {replicas} replica(s)")
+                  f"{partitions} partition(s){groups} x {replicas} replica(s)")
 
 
 LIST_COLUMNS = (
     field("name", no_wrap=True),
     field("table_id", header="id"),
     field("partitions"),
+    field("copysets", header="groups"),
     field("replicas"),
     field("created_ms", human_age_ms, header="created"),
     field("created_ms", human_time_ms, header="created at", wide_only=True),
@@ -71,7 +79,8 @@ def list_(members: str | None = MembersOption, directory: Path | None = DirOptio
     with _client(members, directory) as client:
         layouts = client.list_tables()
     rows = [{"name": layout.name, "table_id": layout.record.table_id,
-             "partitions": layout.record.partitions, "replicas": layout.record.replicas,
+             "partitions": layout.record.partitions, "copysets": layout.record.groups,
+             "replicas": layout.record.replicas,
              "created_ms": layout.record.created_ms} for layout in layouts]
     emit(console, fmt, "tables", rows, LIST_COLUMNS, title=f"{len(rows)} table(s)")
 
@@ -100,10 +109,16 @@ def _check_output(output: str) -> None:
         raise typer.BadParameter(f"--output must be table or json, got {output!r}")
 
 
+def _short_list(items: list[int]) -> str:
+    text = ",".join(map(str, items))
+    return text if len(text) <= 16 else text[:13] + "..."
+
+
 @app.command()
 def info(name: str, members: str | None = MembersOption,
          directory: Path | None = DirOption, output: str = OutputOption) -> None:
-    """Show a table's partitions: leader, members, learners, epoch (from the scheduler)."""
+    """Show a table's Raft groups (partitions or copysets): leader, members, learners,
+    epoch (from the scheduler)."""
     from quorumlog.table import group_id_of
 
     _check_output(output)
@@ -114,22 +129,28 @@ def info(name: str, members: str | None = MembersOption,
     rows: list[dict[str, Any]] = []
     for p, part in enumerate(layout.partitions):
         group = view.get(group_id_of(r.table_id, p))
-        rows.append({"partition": p, "leader": group.leader if group else 0,
+        rows.append({"partition": p, "copyset": p,
+                     "partitions": [q for q in range(r.partitions) if r.copyset_of(q) == p],
+                     "leader": group.leader if group else 0,
                      "members": list(part.members), "learners": list(part.learners),
                      "epoch": part.epoch, "group_epoch": group.epoch if group else None,
                      "applied_index": group.applied_index if group else None,
                      "size_bytes": group.size_bytes if group else None})
     if output == "json":
         typer.echo(json.dumps({"name": name, "table_id": r.table_id,
-                               "partitions": r.partitions, "replicas": r.replicas,
-                               "partition_groups": rows}))
+                               "partitions": r.partitions, "copysets": r.groups,
+                               "replicas": r.replicas, "partition_groups": rows}))
         return
-    console.print(f"table {name!r}: id {r.table_id}, {r.partitions} partition(s), "
+    groups = "" if r.groups == r.partitions else f" in {r.groups} copyset(s)"
+    console.print(f"table {name!r}: id {r.table_id}, {r.partitions} partition(s){groups}, "
                   f"{r.replicas} replica(s)")
-    table = Table("part", "leader", "members", "learners", "epoch", "applied", "bytes",
+    table = Table("part" if r.groups == r.partitions else "copyset: parts", "leader",
+                  "members", "learners", "epoch", "applied", "bytes",
                   width=80)
     for row in rows:
-        table.add_row(str(row["partition"]), str(row["leader"] or "-"),
+        label = str(row["partition"]) if r.groups == r.partitions else (
+            f"{row['copyset']}: {_short_list(row['partitions'])}")
+        table.add_row(label, str(row["leader"] or "-"),
                       ",".join(map(str, row["members"])),
                       ",".join(map(str, row["learners"])) or "-",
                       str(row["epoch"]), str(row["applied_index"] or "-"),

@@ -223,7 +223,7 @@ class Collector:
             parts = []
             for p, part in enumerate(layout.partitions):
                 group = groups.get(group_id_of(r.table_id, p))
-                parts.append({"partition": p, "leader": group.leader if group else 0,
+                parts.append({"partition": p, "copyset": p, "leader": group.leader if group else 0,
                               "members": list(part.members), "learners": list(part.learners),
                               "epoch": part.epoch, "group_epoch": group.epoch if group else None,
                               "applied_index": group.applied_index if group else None,

@@ -170,9 +170,12 @@ class TableClient:
 
     # ----- administration ---------------------------------------------------------
 
-    async def create_table(self, name: str, *, partitions: int = 8,
-                           replicas: int = 3) -> TableLayout:
-        return await create_table(self.meta, name, partitions=partitions, replicas=replicas)
+    async def create_table(self, name: str, *, partitions: int = 8, replicas: int = 3,
+                           copysets: int | None = None) -> TableLayout:
+        """``copysets``: the Raft groups the partitions live in (None: one per
+        partition; docs/table.md, "Copysets")."""
+        return await create_table(self.meta, name, partitions=partitions, replicas=replicas,
+                                  copysets=copysets)
 
     async def drop_table(self, name: str) -> None:
         await drop_table(self.meta, name)
@@ -206,9 +209,9 @@ class TableClient:
         ``checkpoint``: the records the table holds are copied first (state
         prepare until every partition is done; ``dup_progress`` shows it)."""
         record = await add_dup(self.meta, table, remote, checkpoint=checkpoint)
-        partitions = (await table_info(self.meta, table)).record.partitions
+        groups = (await table_info(self.meta, table)).record.groups  # progress is per group
         deadline = time.monotonic() + start_deadline_s
-        while len(await read_progress(self.meta, table, record.dup_id)) < partitions:
+        while len(await read_progress(self.meta, table, record.dup_id)) < groups:
             if time.monotonic() > deadline:
                 raise DeadlineExceededError(
                     f"duplication {record.dup_id} of {table!r} was added, but not every "
@@ -513,9 +516,10 @@ class TableClient:
             return (0,) * layout.record.partitions
         leaders = {g.group_id: g.leader for g in view.groups}
         out = []
-        for p, record in enumerate(layout.partitions):
-            leader = leaders.get(group_id_of(layout.record.table_id, p), 0)
-            followers = [m for m in record.members if m != leader]
+        for p in range(layout.record.partitions):
+            copyset = layout.record.copyset_of(p)
+            leader = leaders.get(group_id_of(layout.record.table_id, copyset), 0)
+            followers = [m for m in layout.partitions[copyset].members if m != leader]
             out.append(followers[p % len(followers)] if leader and followers else 0)
         return tuple(out)
 
@@ -524,7 +528,7 @@ class TableClient:
         """The next page of a snapshot scan, from the node that holds its context."""
         invariant(bool(address), "a snapshot scan's context has a node")
         layout = await self._layout(table)
-        request = msgspec.structs.replace(template, table_id=layout.record.table_id)
+        request = _scan_request(template, layout, layout.record.copyset_of(template.partition))
         response: TableScanResponse = await self._pool.call(
             address, request, timeout_s=self._request_timeout_s)
         return response
@@ -532,8 +536,7 @@ class TableClient:
     async def _scan_response(self, table: str, partition: int, template: TableScanRequest,
                              pin: _Pin) -> TableScanResponse:
         async def send(address: str, layout: TableLayout, target: int) -> TableScanResponse:
-            request = msgspec.structs.replace(
-                template, table_id=layout.record.table_id, partition=target)
+            request = _scan_request(template, layout, target)
             response: TableScanResponse = await self._pool.call(
                 address, request, timeout_s=self._request_timeout_s)
             pin.address = address
@@ -547,8 +550,7 @@ class TableClient:
                          ) -> tuple[list[tuple[bytes, bytes, bytes]], bytes | None]:
         async def send(address: str, layout: TableLayout, target: int
                        ) -> tuple[list[tuple[bytes, bytes, bytes]], bytes | None]:
-            request = msgspec.structs.replace(
-                template, table_id=layout.record.table_id, partition=target)
+            request = _scan_request(template, layout, target)
             response = await self._pool.call(address, request,
                                              timeout_s=self._request_timeout_s)
             if pin is not None:
@@ -582,8 +584,8 @@ class TableClient:
         layout = await self._layout(table)
         last: Exception | None = None
         while time.monotonic() < deadline:
-            target = partition if partition is not None else partition_of(
-                hash_key, layout.record.partitions)
+            target = layout.record.copyset_of(partition if partition is not None else
+                                              partition_of(hash_key, layout.record.partitions))
             key = (layout.record.table_id, target)
             members = layout.partitions[target].members
             candidates = [self._leaders[key]] if key in self._leaders and not stale_ok else []
@@ -627,6 +629,18 @@ class TableClient:
         raise DeadlineExceededError(
             f"table {table!r}: no leader of the partition answered within "
             f"{self._deadline_s:.0f} s (last error: {last}); check `quorumlog status`")
+
+
+def _scan_request(template: TableScanRequest, layout: TableLayout,
+                  group: int) -> TableScanRequest:
+    """``template`` (its ``partition`` the table partition) as sent to ``group``,
+    the copyset that holds the partition: a full scan of a copyset that holds
+    several partitions names the one it reads."""
+    several = layout.record.groups < layout.record.partitions
+    return msgspec.structs.replace(
+        template, table_id=layout.record.table_id, partition=group,
+        of_partitions=layout.record.partitions if template.full and several else 0,
+        of_partition=template.partition if template.full and several else 0)
 
 
 class _Pin:

@@ -495,9 +495,9 @@ class DupManager:
 
     async def finish_prepare(self, table: str, dup_id: int) -> None:
         """Move a duplication from prepare to log once every partition copied."""
-        partitions = (await table_info(self.meta, table)).record.partitions
+        groups = (await table_info(self.meta, table)).record.groups  # progress is per group
         progress = await read_progress(self.meta, table, dup_id)
-        if len(progress) < partitions or not all(p.prepared for p in progress.values()):
+        if len(progress) < groups or not all(p.prepared for p in progress.values()):
             return
         record, _ = await get_dup(self.meta, table, dup_id)
         if record.state is DupState.PREPARE:

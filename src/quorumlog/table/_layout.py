@@ -6,16 +6,26 @@ Key layout (values are msgpack):
   ephemeral key bound to the node's meta session (like a bookie's
   registration): a node whose session expires is not a placement candidate;
 - ``/tables/<name>/config``: :class:`TableRecord` (table id, partitions P,
-  replicas R, created_ms);
-- ``/tables/<name>/partitions/<p>``: :class:`PartitionRecord` (members,
-  learners, epoch), rewritten by the scheduler (CAS) after each committed
-  configuration change (docs/table.md, "Scheduler").
+  replicas R, created_ms, copysets G);
+- ``/tables/<name>/partitions/<g>``: :class:`PartitionRecord` (members,
+  learners, epoch) of the table's Raft group g, rewritten by the scheduler
+  (CAS) after each committed configuration change (docs/table.md,
+  "Scheduler").
 
-:func:`create_table` places every partition with ``place_replicas`` over the
+Partitions and Raft groups, in Curve's words: the partition of a hash_key is
+``crc32c(hash_key) % P``; partition p lives in the table's **copyset**
+``p % G`` (:func:`copyset_of`), one Raft group with one RocksDB that holds all
+of its partitions' records. A table created without a copyset count has
+G = P: each Raft group is one partition, as in Pegasus. Fewer copysets than
+partitions share the per-group costs of Raft (a log entry, its messages, a
+RocksDB write batch) between partitions; docs/table.md, "Copysets", has the
+numbers. Group records are indexed by copyset; with G = P the copyset of
+partition p is p. The Raft group id of copyset g of table t is
+:func:`group_id_of` (t, g).
+
+:func:`create_table` places every copyset with ``place_replicas`` over the
 registered table nodes and writes all records in one meta transaction that
-also checks the table does not exist. The partition of a hash_key is
-``crc32c(hash_key) % P``; the Raft group of partition p of table t is
-:func:`group_id_of` (t, p).
+also checks the table does not exist.
 """
 
 from __future__ import annotations
@@ -68,6 +78,18 @@ class TableRecord(msgspec.Struct, frozen=True):
     partitions: int
     replicas: int
     created_ms: int
+    # Raft groups (copysets) the partitions live in; 0: one per partition (records
+    # written before copysets existed read as that).
+    copysets: int = 0
+
+    @property
+    def groups(self) -> int:
+        """The table's Raft groups: its copysets (G), P when each is one partition."""
+        return self.copysets or self.partitions
+
+    def copyset_of(self, partition: int) -> int:
+        """The copyset (index of the Raft group) that holds ``partition``."""
+        return partition % self.groups
 
 
 class PartitionRecord(msgspec.Struct, frozen=True):
@@ -166,11 +188,16 @@ class LostReplicas:
 
 @dataclass(frozen=True, slots=True)
 class TableLayout:
-    """A table's record and the members of each partition (index = partition)."""
+    """A table's record and the members of each Raft group (index = copyset; the
+    partition's own index when each group is one partition)."""
 
     name: str
     record: TableRecord
     partitions: tuple[PartitionRecord, ...]
+
+    def group_of(self, partition: int) -> PartitionRecord:
+        """The record of the Raft group (copyset) that holds ``partition``."""
+        return self.partitions[self.record.copyset_of(partition)]
 
 
 def check_table_name(name: str) -> str:
@@ -197,7 +224,9 @@ def partition_of(hash_key: bytes, partitions: int) -> int:
 
 
 def group_id_of(table_id: int, partition: int) -> int:
-    """The Raft group id of one partition (never the meta group's)."""
+    """The Raft group id of a table's group ``partition`` (its copyset index; the
+    partition's own index when each group is one partition); never the meta
+    group's."""
     invariant(0 <= partition < (1 << PARTITION_BITS), f"partition {partition} out of range")
     invariant(0 < table_id < (1 << (48 - PARTITION_BITS)), f"table id {table_id} out of range")
     return TABLE_GROUP_BASE | table_id << PARTITION_BITS | partition
@@ -270,7 +299,7 @@ def parse_layouts(kvs: list[tuple[str, bytes]]) -> dict[str, TableLayout]:
     out = {}
     for name, record in records.items():
         found = parts.get(name, {})
-        if sorted(found) == list(range(record.partitions)):
+        if sorted(found) == list(range(record.groups)):
             out[name] = TableLayout(name, record, tuple(found[p] for p in sorted(found)))
     return out
 
@@ -281,11 +310,17 @@ async def all_layouts(meta: MetaClient) -> dict[str, TableLayout]:
 
 
 async def create_table(meta: MetaClient, name: str, *, partitions: int, replicas: int,
-                       seed: int | None = None) -> TableLayout:
-    """Place and record a new table; raises TableExistsError or NotEnoughTableNodesError."""
+                       copysets: int | None = None, seed: int | None = None) -> TableLayout:
+    """Place and record a new table of ``partitions`` partitions in ``copysets``
+    Raft groups (None: one per partition); raises TableExistsError or
+    NotEnoughTableNodesError."""
     check_table_name(name)
     if not 1 <= partitions <= PARTITIONS_MAX:
         raise UsageError(f"partitions must be in 1..{PARTITIONS_MAX}, got {partitions}")
+    if copysets is not None and not 1 <= copysets <= partitions:
+        raise UsageError(f"copysets must be in 1..{partitions} (the partitions), "
+                         f"got {copysets}")
+    groups = partitions if copysets is None else copysets
     if not 1 <= replicas <= REPLICAS_MAX:
         raise UsageError(f"replicas must be in 1..{REPLICAS_MAX}, got {replicas}")
     if await meta.get(config_key(name)) is not None:
@@ -298,13 +333,14 @@ async def create_table(meta: MetaClient, name: str, *, partitions: int, replicas
     load = ClusterLoad.of(p.members for t in existing.values() for p in t.partitions)
     rng = random.Random(seed)
     placed = []
-    for _ in range(partitions):
+    for _ in range(groups):
         members = place_replicas(candidates, replicas, load, rng=rng)
         load.add(members)
         placed.append(PartitionRecord(members=tuple(sorted(members))))
     table_id = await meta.next_id(TABLE_ID_SEQUENCE)
     record = TableRecord(table_id=table_id, partitions=partitions, replicas=replicas,
-                         created_ms=int(time.time() * 1000))
+                         created_ms=int(time.time() * 1000),
+                         copysets=0 if groups == partitions else groups)
     puts = [PutOp(key=config_key(name), value=encode(record))]
     puts += [PutOp(key=partition_key(name, p), value=encode(part))
              for p, part in enumerate(placed)]

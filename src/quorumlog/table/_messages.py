@@ -116,6 +116,11 @@ class TableScanRequest(rpc.Request[TableScanResponse], frozen=True):
     # or read the next page of an open one (sent to the node that holds it).
     open_context: bool = False
     context_id: int = 0
+    # A full scan of one partition of a group that holds several (a copyset):
+    # only the records whose hash_key is in partition ``of_partition`` of a table
+    # of ``of_partitions`` partitions (0: every record of the group).
+    of_partitions: int = 0
+    of_partition: int = 0
 
 
 class TableCountResponse(rpc.Message, frozen=True):

@@ -605,7 +605,9 @@ class TableService:
                 context_id = self.scan_contexts.open(group_id, store)
                 store = self.scan_contexts.get(context_id, group_id)
         if request.full:
-            page = store.full_scan(_now_s(), limit=request.limit, after=request.after)
+            page = store.full_scan(_now_s(), limit=request.limit, after=request.after,
+                                   partitions=request.of_partitions,
+                                   partition=request.of_partition)
         else:
             page = store.scan(request.hash_key, _now_s(), start=request.start, stop=request.stop,
                               start_inclusive=request.start_inclusive,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,6 +68,7 @@ from quorumlog.table._commands import (
     parse_int64,
 )
 from quorumlog.table._errors import BadTableRequestError, TableError
+from quorumlog.table._layout import partition_of
 from quorumlog.table._sessions import ClientSessions, SessionCache
 from quorumlog.table._timetag import CLUSTER_ID_MAX, check_cluster_id, make_timetag
 
@@ -92,6 +93,9 @@ _U64 = struct.Struct(">Q")
 _APPLIED = struct.Struct(">QQ")
 NO_ENTRY_US = (1 << 64) - 1
 US_PER_S = 1_000_000
+FILTERED_SCAN_SKIP_MAX = 10_000
+"""Records of other partitions one filtered full-scan page passes over at most
+(bounds a page's time on a copyset whose other partitions hold most records)."""
 GC_SCAN_RECORDS_MAX = 10_000
 """Records one collection entry looks at (it continues where the last one
 stopped): bounds the time one entry holds the apply thread."""
@@ -322,12 +326,24 @@ class TableStore:
                           stop_inclusive=stop_inclusive and stop is not None, limit=limit,
                           reverse=reverse, after=after)
 
-    def full_scan(self, now_s: int, *, limit: int = 100, after: bytes | None = None) -> ScanPage:
-        """Every live record of the partition, in key order, a page at a time."""
+    def full_scan(self, now_s: int, *, limit: int = 100, after: bytes | None = None,
+                  partitions: int = 0, partition: int = 0) -> ScanPage:
+        """Every live record of the replica, in key order, a page at a time; with
+        ``partitions`` (a copyset's store, holding several partitions), only those
+        of ``partition`` of a table of that many. Such a page ends early, possibly
+        empty but with a ``next_after``, once it passed ``FILTERED_SCAN_SKIP_MAX``
+        records of other partitions."""
         if not 1 <= limit <= SCAN_LIMIT_MAX:
             raise BadTableRequestError(f"scan limit {limit} out of range 1..{SCAN_LIMIT_MAX}")
+        if partitions and not 0 <= partition < partitions:
+            raise BadTableRequestError(f"partition {partition} out of range 0..{partitions - 1}")
+        keep = None
+        if partitions:
+            def keep(hash_key: bytes) -> bool:
+                return partition_of(hash_key, partitions) == partition
         return self._page(b"", STORE_KEY_PREFIX, now_s, start_inclusive=True,
-                          stop_inclusive=False, limit=limit, reverse=False, after=after)
+                          stop_inclusive=False, limit=limit, reverse=False, after=after,
+                          keep=keep)
 
     def sort_key_count(self, hash_key: bytes, now_s: int) -> int:
         check_key(hash_key)
@@ -335,20 +351,26 @@ class TableStore:
         return sum(1 for _ in self._live(prefix, prefix_end(prefix), now_s, reverse=False))
 
     def _page(self, low: bytes, high: bytes | None, now_s: int, *, start_inclusive: bool,
-              stop_inclusive: bool, limit: int, reverse: bool, after: bytes | None) -> ScanPage:
+              stop_inclusive: bool, limit: int, reverse: bool, after: bytes | None,
+              keep: Callable[[bytes], bool] | None = None) -> ScanPage:
         if after is not None:
             if reverse:
                 high, stop_inclusive = after, False
             else:
                 low, start_inclusive = after, False
         items: list[ScanItem] = []
-        size = 0
+        size = skipped = 0
         for key, record in self._live(low, high, now_s, reverse=reverse,
                                       start_inclusive=start_inclusive,
                                       stop_inclusive=stop_inclusive):
             if len(items) == limit or size >= SCAN_PAGE_BYTES_MAX:
                 return ScanPage(items, next_after=_raw_key(items[-1]))
             hash_key, sort_key = decode_key(key)
+            if keep is not None and not keep(hash_key):
+                skipped += 1
+                if skipped >= FILTERED_SCAN_SKIP_MAX:
+                    return ScanPage(items, next_after=key)
+                continue
             items.append(ScanItem(hash_key, sort_key, record.value, record.expire_ts_s,
                                   record.timetag))
             size += len(key) + len(record.value)
