@@ -13,10 +13,11 @@ Systems, all on 127.0.0.1, data directories in one temporary directory:
 
 * **table**: ``quorumlog.node.up(dir, 3)`` (3 node processes with the meta,
   bookie and table roles, default config), one table of 8 partitions x 3
-  replicas (8 Raft groups per node, RocksDB state machines, WAL fdatasync per
-  ready pass). Clients: ``TableClient.set`` / ``get`` (the key is the hash
-  key, the sort key empty; gets are linearizable reads at the partition
-  leader), one TableClient shared by up to ``--tasks-per-client`` tasks.
+  replicas in ``--copysets`` Raft groups (1 by default: one copyset holding the
+  8 partitions in one RocksDB state machine; ``--copysets 8``: one group per
+  partition), WAL fdatasync per ready pass. Clients: ``TableClient.set`` /
+  ``get`` (the key is the hash key, the sort key empty; gets are linearizable
+  reads at the group's leader), one TableClient shared by up to ``--tasks-per-client`` tasks.
 * **etcd**: 3 ``etcd`` 3.4 members started as ``bench/meta_vs_etcd.py`` does
   (installed with apt-get when missing), default fsync, through its HTTP/JSON
   gateway with aiohttp, to the leader: ``/v3/kv/put`` and ``/v3/kv/range``
@@ -61,6 +62,10 @@ from meta_vs_etcd import (
 BENCH = "table_bench"
 CONCURRENCIES = (64, 256)
 PARTITIONS = 8
+# The 8 partitions live in one copyset: with 3 nodes and 3 replicas every group
+# has the same members, and a group's Raft costs are per entry (docs/table.md,
+# "Copysets"); --copysets 8 runs one group per partition.
+COPYSETS = 1
 TABLE = "bench"
 OPERATIONS = ("set", "get")
 TARGETS = {  # name: (operation, ratio table/etcd at least, at every concurrency)
@@ -73,16 +78,22 @@ Ops = dict[str, Put]
 
 
 class TableSystem(QuorumlogSystem):
-    """The same 3-node local cluster as the meta benchmark's, with a table."""
+    """The same 3-node local cluster as the meta benchmark's, with a table of
+    PARTITIONS partitions in ``copysets`` Raft groups."""
 
     name = "table"
+
+    def __init__(self, tasks_per_client: int, copysets: int) -> None:
+        super().__init__(tasks_per_client)
+        self.copysets = copysets
 
     def start(self, root: Path) -> None:
         from quorumlog.table import BlockingTableClient
 
         super().start(root)
         with BlockingTableClient(self.addresses) as tables:
-            tables.create_table(TABLE, partitions=PARTITIONS, replicas=3)
+            tables.create_table(TABLE, partitions=PARTITIONS, replicas=3,
+                                copysets=self.copysets)
 
     async def connect(self, clients: int) -> tuple[Ops, Close]:  # type: ignore[override]
         from quorumlog.table import TableClient
@@ -235,6 +246,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-ops", type=int, default=100_000, help="per run (bounded)")
     p.add_argument("--warmup-ops", type=int, default=500)
     p.add_argument("--tasks-per-client", type=int, default=16)
+    p.add_argument("--copysets", type=int, default=COPYSETS,
+                   help=f"Raft groups holding the {PARTITIONS} partitions (default "
+                        f"{COPYSETS}; {PARTITIONS}: one group per partition)")
     p.add_argument("--etcd", default=None, help="the etcd binary (default: from PATH)")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     args = p.parse_args(argv)
@@ -242,6 +256,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.repeats, args.seconds, args.max_ops, args.warmup_ops = 1, 4.0, 20_000, 200
     if args.repeats < 1 or args.seconds <= 0 or args.max_ops < 1 or args.tasks_per_client < 1:
         p.error("--repeats, --seconds, --max-ops and --tasks-per-client must be positive")
+    if not 1 <= args.copysets <= PARTITIONS:
+        p.error(f"--copysets must be in 1..{PARTITIONS}")
     return args
 
 
@@ -250,7 +266,8 @@ def main(argv: list[str]) -> int:
 
     args = parse_args(argv)
     try:
-        systems: list[Any] = [TableSystem(args.tasks_per_client), EtcdKv(ensure_etcd(args.etcd))]
+        systems: list[Any] = [TableSystem(args.tasks_per_client, args.copysets),
+                              EtcdKv(ensure_etcd(args.etcd))]
     except SetupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -270,7 +287,8 @@ def main(argv: list[str]) -> int:
                 system.stop()
     lines, outcome = report(summarize(results))
     print(f"\n{BENCH}: {VALUE_BYTES}-byte values, {len(KEY_NAMES)} keys, {PARTITIONS} "
-          f"partitions x 3 replicas, etcd 3 members; median of {args.repeats} run(s)")
+          f"partitions in {args.copysets} Raft group(s) (copysets) x 3 replicas, etcd 3 "
+          f"members; median of {args.repeats} run(s)")
     print("\n".join(lines))
     if args.json is not None:
         args.json.write_text(json.dumps({
