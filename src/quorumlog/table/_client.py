@@ -580,6 +580,23 @@ class TableClient:
         ``prefer`` address first if it is one, then the others in a random order with
         the leader the client knows of last (follower reads spread over the copyset,
         off the leader)."""
+        cached = None if stale_ok else self._layouts.get(table)
+        if cached is not None:  # the common case: the leader is known, one try
+            target = cached.record.copyset_of(partition if partition is not None else
+                                              partition_of(hash_key, cached.record.partitions))
+            key = (cached.record.table_id, target)
+            address = self._leaders.get(key)
+            if address is not None:
+                try:
+                    return await send(address, cached, target)
+                except NotLeaderError as exc:
+                    self._leaders.pop(key, None)
+                    if exc.leader_hint:
+                        self._leaders[key] = exc.leader_hint
+                except PartitionNotHostedError:
+                    pass
+                except TransientError:
+                    self._leaders.pop(key, None)
         deadline = time.monotonic() + self._deadline_s
         layout = await self._layout(table)
         last: Exception | None = None

@@ -147,6 +147,7 @@ class ClientSessions:
         self._timestamp_us = timestamp_us
         self._cache = cache
         self._rows: dict[int, tuple[int, int, int] | None] = {}  # this entry's sessions
+        self._rows_written: set[int] = set()  # clients whose row :meth:`write_rows` puts
         self._results: dict[bytes, bytes | None] = {}  # this entry's results (None: deleted)
         self._expired_below: int | None = None  # this entry's scan minute, if it moved
         self._wrote = False
@@ -155,6 +156,16 @@ class ClientSessions:
     def at(self, timestamp_us: int) -> None:
         """The next write applied has this timestamp."""
         self._timestamp_us = timestamp_us
+
+    def write_rows(self) -> None:
+        """Put the session rows the entry's writes moved into its batch, once per
+        client (a combined entry holds many writes of each client); call before
+        the batch is written."""
+        for client_id in self._rows_written:
+            row = self._rows[client_id]
+            if row is not None:
+                self._batch.put(_SESSION + _U64.pack(client_id), _U64_PAIR.pack(row[0], row[1]))
+        self._rows_written.clear()
 
     def commit(self) -> None:
         """The entry's write batch is written: its rows are the committed ones."""
@@ -270,9 +281,8 @@ class ClientSessions:
                    else _RESULTS_ENCODER.encode(results))
         written[key] = encoded
         self._batch.put(key, encoded)
-        last_us = max(self._timestamp_us, 0)
-        self._batch.put(_SESSION + _U64.pack(client_id), _U64_PAIR.pack(floor, last_us))
-        self._rows[client_id] = (floor, last_us, max(top, seq))
+        self._rows[client_id] = (floor, max(self._timestamp_us, 0), max(top, seq))
+        self._rows_written.add(client_id)
 
     def _session(self, client_id: int) -> tuple[int, int, int] | None:
         """(floor, last_timestamp_us, top) of the client's session, None: none."""

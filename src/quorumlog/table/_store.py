@@ -235,6 +235,7 @@ class TableStore:
                 results.append(self._run(batch, sessions, entry))
                 if entry.timestamp_us < since_min_us and has_local_writes(entry):
                     since_min_us = entry.timestamp_us
+        sessions.write_rows()
         batch.write_batch.put(KEY_APPLIED_DECREE, _APPLIED.pack(decree, since_min_us))
         self._db.write(batch.write_batch)
         sessions.commit()
