@@ -64,7 +64,7 @@ CONCURRENCIES = (64, 256)
 PARTITIONS = 8
 # The 8 partitions live in one copyset: with 3 nodes and 3 replicas every group
 # has the same members, and a group's Raft costs are per entry (docs/table.md,
-# "Copysets"); --copysets 8 runs one group per partition.
+# "Partitions and copysets"); --copysets 8 runs one group per partition.
 COPYSETS = 1
 TABLE = "bench"
 OPERATIONS = ("set", "get")

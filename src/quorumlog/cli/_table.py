@@ -46,7 +46,7 @@ def create(
     copysets: int | None = typer.Option(
         None, help="Raft groups (copysets) holding the partitions, partition p in copyset "
                    "p % G [default: one per partition]. Fewer groups share Raft's "
-                   "per-entry costs (docs/table.md, \"Copysets\")."),
+                   "per-entry costs (docs/table.md, \"Partitions and copysets\")."),
     members: str | None = MembersOption,
     directory: Path | None = DirOption,
 ) -> None:

@@ -173,7 +173,7 @@ class TableClient:
     async def create_table(self, name: str, *, partitions: int = 8, replicas: int = 3,
                            copysets: int | None = None) -> TableLayout:
         """``copysets``: the Raft groups the partitions live in (None: one per
-        partition; docs/table.md, "Copysets")."""
+        partition; docs/table.md, "Partitions and copysets")."""
         return await create_table(self.meta, name, partitions=partitions, replicas=replicas,
                                   copysets=copysets)
 

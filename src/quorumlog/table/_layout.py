@@ -18,7 +18,7 @@ Partitions and Raft groups, in Curve's words: the partition of a hash_key is
 of its partitions' records. A table created without a copyset count has
 G = P: each Raft group is one partition, as in Pegasus. Fewer copysets than
 partitions share the per-group costs of Raft (a log entry, its messages, a
-RocksDB write batch) between partitions; docs/table.md, "Copysets", has the
+RocksDB write batch) between partitions; docs/table.md, "Partitions and copysets", has the
 numbers. Group records are indexed by copyset; with G = P the copyset of
 partition p is p. The Raft group id of copyset g of table t is
 :func:`group_id_of` (t, g).

@@ -1,9 +1,9 @@
-"""Where a table partition's replicas go: zones first, scatter width bounded.
+"""Where a table's Raft groups go: zones first, scatter width bounded.
 
-A partition is one Raft group (Pegasus's replica group, not a Curve copyset
-holding many shards: every partition has its own RocksDB, its own log and,
-for duplication, its own ``confirmed_decree``, so the group is the unit that
-moves, snapshots and ships). What we borrow from Curve and the Copysets paper
+A table's Raft group is one partition (Pegasus's replica group) or, for a
+table created with copysets, several partitions in one RocksDB and one log
+(table/_layout.py); either way the group is the unit that moves, snapshots
+and ships. What we borrow from Curve and the Copysets paper
 (Cidon et al., USENIX ATC 2013) that gave copysets their name is the
 placement rule: the node sets that hold a group (a *copyset*) are chosen so
 that each node shares groups with a bounded number of other nodes, its

@@ -93,7 +93,7 @@ replaces, the session row), and a skip-list insert slows as the memtable
 grows past the caches: in a 3-node run of 8 partitions in one copyset,
 ``InlineSkipList::Insert`` was 11 % of the leader's CPU (perf). 4 MiB halved
 the write of a 25-set batch (90 -> 47 us, bench-like keys, docs/table.md
-"Copysets") and bounds the memory of a node's hundreds of replicas."""
+"Partitions and copysets") and bounds the memory of a node's hundreds of replicas."""
 _U64 = struct.Struct(">Q")
 # applied_decree, and the smallest timestamp of an entry with local writes
 # applied after the GC mark (NO_ENTRY_US: none). A store written before it holds the decree alone
