@@ -158,6 +158,17 @@ def test_partitions_in_copysets_route_scan_and_count_like_partitions(
         tables.create_table("copysets-9", partitions=PARTITIONS, replicas=REPLICAS,
                             copysets=9)
     tables.drop_table("copysets")
+    created = _cli(cluster_dir, "create", "copysets-cli", "--partitions", "4", "--copysets", "2")
+    assert "4 partition(s) in 2 copyset(s)" in created.stdout.replace("\n", " ")
+    shown = _cli(cluster_dir, "info", "copysets-cli").stdout
+    assert "copyset: parts" in shown and "0: 0,2" in shown and "1: 1,3" in shown
+    listed = json.loads(_cli(cluster_dir, "list", "-o", "json").stdout)["tables"]
+    assert [(t["partitions"], t["copysets"]) for t in listed
+            if t["name"] == "copysets-cli"] == [(4, 2)]
+    refused = _cli_process(cluster_dir, "create", "copysets-0", "--copysets", "0")
+    assert refused.returncode != 0 and "copysets must be in 1..8" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert _cli(cluster_dir, "drop", "copysets-cli", "--yes").returncode == 0
 
 
 def _replica_dirs(cluster_dir: Path) -> set[str]:
