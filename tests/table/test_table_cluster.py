@@ -14,17 +14,20 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from inprocess_cli import run_cli, run_cli_process
 from quorumlog import node as cluster
 from quorumlog import rpc
-from quorumlog.errors import UsageError
+from quorumlog.errors import NotLeaderError, UsageError
 from quorumlog.table import (
     VALUE_BYTES_MAX,
+    BadTableRequestError,
     BlockingTableClient,
     CheckType,
+    IncrCommand,
     KeyTooLargeError,
     Mutation,
     NotAnIntegerError,
@@ -34,6 +37,7 @@ from quorumlog.table import (
     ValueTooLargeError,
     partition_of,
 )
+from quorumlog.table._messages import TableWriteBatchRequest, TableWriteItem
 
 from .kill_writer import write_through_kill
 
@@ -110,6 +114,63 @@ def test_unknown_table_and_oversize_input_are_clear_errors(tables: BlockingTable
     tables.drop_table("limits")
     with pytest.raises(UnknownTableError):
         tables.set("limits", b"h", b"s", b"v")
+
+
+def _leader_call(cluster_dir: Path, request: Any) -> Any:
+    """``request`` sent to the nodes in turn, following NotLeaderError hints."""
+    async def main() -> Any:
+        pool = rpc.Pool()
+        try:
+            addresses = list(cluster.meta_addresses(cluster_dir))
+            for _ in range(10):
+                for address in addresses:
+                    try:
+                        return await pool.call(address, request, timeout_s=5.0)
+                    except NotLeaderError as exc:
+                        if exc.leader_hint:
+                            addresses = [exc.leader_hint]
+                            break
+                await asyncio.sleep(0.2)
+            raise AssertionError("no leader answered")
+        finally:
+            await pool.close()
+    return rpc.run(main())
+
+
+def test_concurrent_writes_travel_in_batches_each_applied_once(
+        cluster_dir: Path, tables: BlockingTableClient) -> None:
+    """200 sets from concurrent tasks of one client (sent in batches) all land;
+    a raw batch holding the same proposal id twice applies it once and answers
+    both with the first result; an empty batch is a clear error and the node
+    keeps serving."""
+    layout = tables.create_table("batches", partitions=2, replicas=REPLICAS, copysets=1)
+
+    async def writes() -> int:
+        async with TableClient(cluster.meta_addresses(cluster_dir)) as client:
+            await client.set("batches", b"warm", b"s", b"v")  # learns the layout and leader
+            before = client._batcher.batches_sent
+            await asyncio.gather(*(client.set("batches", b"k%d" % i, b"s", b"v%d" % i)
+                                   for i in range(200)))
+            return client._batcher.batches_sent - before
+
+    batches = rpc.run(writes())
+    assert 0 < batches < 50, batches  # started in one loop turn: they shared requests
+    assert all(tables.get("batches", b"k%d" % i, b"s") == b"v%d" % i for i in range(200))
+    incr = TableWriteItem(commands=[IncrCommand(b"n", b"c", 5)], client_id=77, seq=1,
+                          first_outstanding_seq=1)
+    other = TableWriteItem(commands=[IncrCommand(b"n", b"d", 1)], client_id=77, seq=2,
+                           first_outstanding_seq=1)
+    answer = _leader_call(cluster_dir, TableWriteBatchRequest(
+        table_id=layout.record.table_id, partition=0, writes=[incr, other, incr]))
+    assert answer.errors == [None, None, None]
+    assert [r[0].value for r in answer.results] == [5, 1, 5]  # the duplicate: first result
+    assert tables.get("batches", b"n", b"c") == b"5"
+    with pytest.raises(BadTableRequestError, match=r"holds 1\.\.256 writes, got 0"):
+        _leader_call(cluster_dir, TableWriteBatchRequest(
+            table_id=layout.record.table_id, partition=0, writes=[]))
+    tables.set("batches", b"after", b"s", b"v")
+    assert tables.get("batches", b"after", b"s") == b"v"
+    tables.drop_table("batches")
 
 
 def test_partitions_in_copysets_route_scan_and_count_like_partitions(

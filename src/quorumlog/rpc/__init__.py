@@ -75,6 +75,8 @@ from ._errors import (
     RemoteInternalError,
     ResponseTooLargeError,
     UnsupportedRequestError,
+    error_from_wire,
+    error_to_wire,
     register_error,
 )
 from ._loop import install_uvloop, run
@@ -84,7 +86,7 @@ from ._loop_thread import (
     LoopReentryError,
     LoopThread,
 )
-from ._messages import Message, Request
+from ._messages import ErrorResponse, Message, Request
 from ._metrics import (
     LATENCY_BUCKETS_SECONDS,
     LatencyHistogram,
@@ -105,6 +107,7 @@ __all__ = [
     "Connection",
     "ConnectionClosedError",
     "DeferredAnswer",
+    "ErrorResponse",
     "LatencyHistogram",
     "LoopCallTimeoutError",
     "LoopClosedError",
@@ -124,6 +127,8 @@ __all__ = [
     "connect",
     "counter_family",
     "default_security",
+    "error_from_wire",
+    "error_to_wire",
     "gauge_family",
     "histogram_family",
     "install_uvloop",

@@ -18,10 +18,12 @@ no proposal id (a retry may apply twice, as in Pegasus).
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import msgspec
@@ -30,6 +32,7 @@ from quorumlog import rpc
 from quorumlog.errors import (
     DeadlineExceededError,
     NotLeaderError,
+    ProtocolError,
     TransientError,
     UsageError,
     invariant,
@@ -86,6 +89,9 @@ from quorumlog.table._layout import (
     table_nodes,
 )
 from quorumlog.table._messages import (
+    WRITE_BATCH_BYTES_MAX,
+    WRITE_BATCH_WRITES_MAX,
+    WRITE_BATCHED_BYTES_MAX,
     PartitionNotHostedError,
     TableCountRequest,
     TableGetRequest,
@@ -93,6 +99,9 @@ from quorumlog.table._messages import (
     TableScanRequest,
     TableScanResponse,
     TableTtlRequest,
+    TableWriteBatchRequest,
+    TableWriteBatchResponse,
+    TableWriteItem,
     TableWriteRequest,
     TableWriteResponse,
 )
@@ -135,8 +144,118 @@ class _WriterSession:
         return min(self._outstanding, default=self._next_seq)
 
 
+@dataclass(slots=True)
+class _OpenBatch:
+    pool: rpc.Pool
+    items: list[TableWriteItem] = field(default_factory=list)
+    futures: list[asyncio.Future[TableWriteResponse]] = field(default_factory=list)
+    bytes: int = 0
+
+
+class _WriteBatcher:
+    """The writes a client's tasks start in one event-loop turn, per (leader
+    address, table, group), go in one TableWriteBatchRequest (a lone one as a
+    TableWriteRequest). Each write gets its own answer or error, so the routing
+    and retries of a write stay its own (``TableClient._route``)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self._timeout_s = timeout_s
+        self._open: dict[tuple[str, int, int], _OpenBatch] = {}
+        self._sending: set[asyncio.Future[Any]] = set()
+        self.batches_sent = 0  # requests, batched or alone (tests and benchmarks read it)
+        self.writes_sent = 0
+
+    def write(self, pool: rpc.Pool, address: str, group: tuple[int, int],
+              item: TableWriteItem, size: int) -> asyncio.Future[TableWriteResponse]:
+        """Queue ``item`` for the leader at ``address`` of ``group`` (table id,
+        group index); the future of its answer."""
+        loop = asyncio.get_running_loop()
+        key = (address, *group)
+        batch = self._open.get(key)
+        if batch is None:
+            batch = self._open[key] = _OpenBatch(pool)
+            loop.call_soon(self._send, key, batch)
+        future: asyncio.Future[TableWriteResponse] = loop.create_future()
+        batch.items.append(item)
+        batch.futures.append(future)
+        batch.bytes += size
+        if len(batch.items) >= WRITE_BATCH_WRITES_MAX or batch.bytes >= WRITE_BATCH_BYTES_MAX:
+            self._send(key, batch)
+        return future
+
+    def _send(self, key: tuple[str, int, int], batch: _OpenBatch) -> None:
+        if self._open.get(key) is not batch:
+            return  # sent when it filled up
+        del self._open[key]
+        self.batches_sent += 1
+        self.writes_sent += len(batch.items)
+        address, table_id, partition = key
+        sending: asyncio.Future[Any]
+        if len(batch.items) == 1:
+            item = batch.items[0]
+            sending = asyncio.ensure_future(batch.pool.call(address, TableWriteRequest(
+                table_id=table_id, partition=partition, commands=item.commands,
+                client_id=item.client_id, seq=item.seq,
+                first_outstanding_seq=item.first_outstanding_seq), timeout_s=self._timeout_s))
+        else:
+            sending = asyncio.ensure_future(batch.pool.call(address, TableWriteBatchRequest(
+                table_id=table_id, partition=partition, writes=batch.items),
+                timeout_s=self._timeout_s))
+        self._sending.add(sending)
+        sending.add_done_callback(functools.partial(self._answered, batch))
+
+    def _answered(self, batch: _OpenBatch, sending: asyncio.Future[Any]) -> None:
+        self._sending.discard(sending)
+        waiting = batch.futures
+        if sending.cancelled():
+            for future in waiting:
+                future.cancel()
+            return
+        error = sending.exception()
+        response = None if error is not None else sending.result()
+        if isinstance(response, TableWriteBatchResponse) and not (
+                len(response.results) == len(response.errors) == len(waiting)):
+            error = ProtocolError(f"a write batch of {len(waiting)} got "
+                                  f"{len(response.results)} results and "
+                                  f"{len(response.errors)} errors back")
+        for index, future in enumerate(waiting):
+            if future.done():
+                continue  # its caller gave up
+            if error is not None:
+                future.set_exception(error)
+            elif isinstance(response, TableWriteBatchResponse):
+                wire = response.errors[index]
+                if wire is not None:
+                    future.set_exception(rpc.error_from_wire(wire))
+                else:
+                    future.set_result(TableWriteResponse(results=response.results[index]))
+            elif isinstance(response, TableWriteResponse):
+                future.set_result(response)
+            else:
+                future.set_exception(ProtocolError(
+                    f"a write got {type(response).__name__} back"))
+
+
+def _batched_size(commands: Sequence[WriteCommand]) -> int | None:
+    """The key and value bytes of a write the batcher takes (sets and deletes up
+    to ``WRITE_BATCHED_BYTES_MAX``), None for one that goes alone."""
+    size = 0
+    for command in commands:
+        if isinstance(command, SetCommand):
+            size += len(command.hash_key) + len(command.sort_key) + len(command.value)
+        elif isinstance(command, DeleteCommand):
+            size += len(command.hash_key) + len(command.sort_key)
+        else:
+            return None
+    return size if size <= WRITE_BATCHED_BYTES_MAX else None
+
+
 class TableClient:
-    """asyncio client; ``async with TableClient(meta_addresses) as tables:``."""
+    """asyncio client; ``async with TableClient(meta_addresses) as tables:``.
+
+    Writes that the client's tasks start in the same event-loop turn for the
+    same group go to its leader in one request (``_WriteBatcher``), each with
+    its own proposal id and answer."""
 
     def __init__(self, meta_addresses: Sequence[str], *,
                  deadline_s: float = OPERATION_DEADLINE_S,
@@ -154,6 +273,7 @@ class TableClient:
         self._pool = rpc.Pool()
         self._deadline_s = deadline_s
         self._request_timeout_s = request_timeout_s
+        self._batcher = _WriteBatcher(request_timeout_s)
         self._layouts: dict[str, TableLayout] = {}
         self._addresses: dict[int, str] = {}
         self._leaders: dict[tuple[int, int], str] = {}
@@ -309,6 +429,7 @@ class TableClient:
                           command: WriteCommand) -> WriteResult:
         """One write, retried with one proposal id until a leader answers."""
         proposals: dict[tuple[int, int], tuple[_WriterSession, int]] = {}
+        size = _batched_size((command,))
 
         async def send(address: str, layout: TableLayout, partition: int) -> TableWriteResponse:
             key = (layout.record.table_id, partition)
@@ -321,6 +442,10 @@ class TableClient:
             if key in proposals:
                 session, seq = proposals[key]
                 client_id, first = session.client_id, session.first_outstanding()
+            if size is not None:
+                return await self._batcher.write(self._pool, address, key, TableWriteItem(
+                    commands=[command], client_id=client_id, seq=seq,
+                    first_outstanding_seq=first), size)
             return await self._pool.call(address, TableWriteRequest(
                 table_id=key[0], partition=partition, commands=[command],
                 client_id=client_id, seq=seq, first_outstanding_seq=first),

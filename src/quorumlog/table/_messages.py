@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import msgspec
+
 from quorumlog import rpc
 from quorumlog.errors import TransientError
 from quorumlog.table._commands import WriteCommand, WriteResult
@@ -55,6 +57,48 @@ class TableWriteRequest(rpc.Request[TableWriteResponse], frozen=True):
     client_id: int = 0
     seq: int = 0
     first_outstanding_seq: int = 0
+
+
+WRITE_BATCH_WRITES_MAX = 256
+"""Writes one TableWriteBatchRequest holds at most."""
+WRITE_BATCH_BYTES_MAX = 1024 * 1024
+"""Keys and values a client puts in one batch at most; a write larger than
+``WRITE_BATCHED_BYTES_MAX`` goes alone, as a TableWriteRequest."""
+WRITE_BATCHED_BYTES_MAX = 64 * 1024
+
+
+class TableWriteItem(msgspec.Struct, frozen=True):
+    """One write of a :class:`TableWriteBatchRequest`: what a TableWriteRequest
+    carries besides the table and partition."""
+
+    commands: list[WriteCommand]
+    client_id: int = 0
+    seq: int = 0
+    first_outstanding_seq: int = 0
+
+
+class TableWriteBatchResponse(rpc.Message, frozen=True):
+    """Per write, in order: its results, or (``errors``) why it failed; a write
+    that failed has no results (an empty list) and is retried by the client
+    with its proposal id, like a TableWriteRequest that failed."""
+
+    type_id: ClassVar[int] = 3013
+    results: list[list[WriteResult]]
+    errors: list[rpc.ErrorResponse | None]
+
+
+class TableWriteBatchRequest(rpc.Request[TableWriteBatchResponse], frozen=True):
+    """Independent writes of one partition group, each with its own proposal id,
+    sent together by a client that had several at once (``TableClient`` batches
+    the writes its tasks start in one event-loop turn). The leader proposes
+    each as a TableWriteRequest's write; they may share log entries. The
+    whole batch fails only when this node is not the leader (or hosts no
+    replica); any other failure is per write."""
+
+    type_id: ClassVar[int] = 3012
+    table_id: int
+    partition: int
+    writes: list[TableWriteItem]
 
 
 class TableGetResponse(rpc.Message, frozen=True):

@@ -31,7 +31,7 @@ from quorumlog.config import Config, require
 from quorumlog.errors import QuorumlogError
 from quorumlog.log import get_logger
 from quorumlog.meta import MetaClient, write_marker
-from quorumlog.raft import HostConfig, RaftHost, Role
+from quorumlog.raft import HostConfig, ProposalDroppedError, RaftHost, Role
 from quorumlog.table._commands import (
     NON_IDEMPOTENT_COMMANDS,
     NON_IDEMPOTENT_REFUSED,
@@ -47,7 +47,7 @@ from quorumlog.table._disk import DiskGuard
 from quorumlog.table._dup_gc import LedReplica, TombstoneCollector
 from quorumlog.table._dup_layout import TableFlags, parse_table_extras
 from quorumlog.table._dup_shipper import DupManager, DupSettings, HostedPartition
-from quorumlog.table._errors import DiskInsufficientError
+from quorumlog.table._errors import BadTableRequestError, DiskInsufficientError
 from quorumlog.table._heartbeat import (
     ChangeExecutor,
     ChangeOutcome,
@@ -71,6 +71,7 @@ from quorumlog.table._layout import (
 )
 from quorumlog.table._machine import PartitionMachine, observe_duplicates
 from quorumlog.table._messages import (
+    WRITE_BATCH_WRITES_MAX,
     PartitionNotHostedError,
     TableCountRequest,
     TableCountResponse,
@@ -82,6 +83,8 @@ from quorumlog.table._messages import (
     TableScanResponse,
     TableTtlRequest,
     TableTtlResponse,
+    TableWriteBatchRequest,
+    TableWriteBatchResponse,
     TableWriteRequest,
     TableWriteResponse,
 )
@@ -308,6 +311,7 @@ class TableService:
         """The table requests; the Raft host's own handlers are in ``host.handlers()``."""
         return {
             TableWriteRequest: metered_deferred("write", self._on_write),
+            TableWriteBatchRequest: metered_deferred("write_batch", self._on_write_batch),
             TableGetRequest: metered("get", self._on_get),
             TableMultiGetRequest: metered("multi_get", self._on_multi_get),
             TableScanRequest: metered("scan", self._on_scan),
@@ -550,21 +554,62 @@ class TableService:
         task or coroutine per write: the hot path of every set)."""
         replica = self._replica(request.table_id, request.partition)
         self.host.require_leader(self.host.group(replica.group_id))
-        if self.disk.check() and not all(isinstance(c, DELETE_COMMANDS)
-                                         for c in request.commands):
+        outcome = self._propose_write(replica, request.commands, request.client_id,
+                                      request.seq, request.first_outstanding_seq)
+        if isinstance(outcome, list):
+            return TableWriteResponse(results=outcome)
+        return rpc.answer_from(outcome, _write_response)
+
+    def _on_write_batch(self, request: TableWriteBatchRequest, ctx: rpc.RequestContext,
+                        ) -> TableWriteBatchResponse | asyncio.Future[TableWriteBatchResponse]:
+        """A client's concurrent writes to one group in one request: each is
+        proposed as :meth:`_on_write` proposes one, and answered or failed on
+        its own; the answer goes when the last is done."""
+        replica = self._replica(request.table_id, request.partition)
+        self.host.require_leader(self.host.group(replica.group_id))
+        if not 1 <= len(request.writes) <= WRITE_BATCH_WRITES_MAX:
+            raise BadTableRequestError(f"a write batch holds 1..{WRITE_BATCH_WRITES_MAX} "
+                                       f"writes, got {len(request.writes)}")
+        outcomes: list[list[Any] | asyncio.Future[Any] | QuorumlogError] = []
+        for item in request.writes:
+            try:
+                outcomes.append(self._propose_write(replica, item.commands, item.client_id,
+                                                    item.seq, item.first_outstanding_seq))
+            except QuorumlogError as exc:
+                outcomes.append(exc)
+        pending = [o for o in outcomes if isinstance(o, asyncio.Future)]
+        if not pending:
+            return _batch_response(outcomes)
+        answer: asyncio.Future[TableWriteBatchResponse] = (
+            asyncio.get_running_loop().create_future())
+        left = len(pending)
+
+        def done(_: asyncio.Future[Any]) -> None:
+            nonlocal left
+            left -= 1
+            if left == 0 and not answer.done():
+                answer.set_result(_batch_response(outcomes))
+
+        for future in pending:
+            future.add_done_callback(done)
+        return answer
+
+    def _propose_write(self, replica: _Replica, commands: list[WriteCommand], client_id: int,
+                       seq: int, first_outstanding_seq: int) -> list[Any] | asyncio.Future[Any]:
+        """Propose one write at this leader: its results at once (refused), or the
+        future of its proposal's results."""
+        if self.disk.check() and not all(isinstance(c, DELETE_COMMANDS) for c in commands):
             raise DiskInsufficientError(self.disk.message())
-        refusal = self._refuse_non_idempotent(replica.table, request.commands)
+        refusal = self._refuse_non_idempotent(replica.table, commands)
         if refusal is not None:
-            return TableWriteResponse(results=[refusal] * len(request.commands))
-        commands = tuple(request.commands)
-        observe_duplicates(replica.machine.clock, commands)
+            return [refusal] * len(commands)
+        entry_commands = tuple(commands)
+        observe_duplicates(replica.machine.clock, entry_commands)
         entry = TableEntry(timestamp_us=replica.machine.clock.next(time.time_ns() // 1000),
-                           commands=commands, client_id=request.client_id,
-                           seq=request.seq,
-                           first_outstanding_seq=request.first_outstanding_seq)
+                           commands=entry_commands, client_id=client_id, seq=seq,
+                           first_outstanding_seq=first_outstanding_seq)
         # Requests reaching this leader before the next ready pass share a log entry.
-        proposal = self.host.propose_nowait(replica.group_id, encode_entry(entry), combine=True)
-        return rpc.answer_from(proposal, _write_response)
+        return self.host.propose_nowait(replica.group_id, encode_entry(entry), combine=True)
 
     def _refuse_non_idempotent(self, table: str,
                                commands: list[WriteCommand]) -> Refused | None:
@@ -647,3 +692,28 @@ def _monotonic_ms() -> int:
 
 def _write_response(results: list[Any]) -> TableWriteResponse:
     return TableWriteResponse(results=list(results))
+
+
+def _batch_response(outcomes: list[list[Any] | asyncio.Future[Any] | QuorumlogError]
+                    ) -> TableWriteBatchResponse:
+    """Each write's results or error (every future among ``outcomes`` is done)."""
+    results: list[list[Any]] = []
+    errors: list[rpc.ErrorResponse | None] = []
+    for outcome in outcomes:
+        settled: list[Any] | QuorumlogError
+        if not isinstance(outcome, asyncio.Future):
+            settled = outcome
+        elif outcome.cancelled():
+            settled = ProposalDroppedError("the write's proposal was cancelled; retry")
+        elif (error := outcome.exception()) is not None:
+            settled = error if isinstance(error, QuorumlogError) else QuorumlogError(
+                f"the write failed: {error!r}")
+        else:
+            settled = list(outcome.result())
+        if isinstance(settled, QuorumlogError):
+            results.append([])
+            errors.append(rpc.error_to_wire(settled))
+        else:
+            results.append(settled)
+            errors.append(None)
+    return TableWriteBatchResponse(results=results, errors=errors)
