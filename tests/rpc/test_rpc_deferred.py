@@ -186,3 +186,43 @@ def test_answer_from_converts_fails_and_never_cancels_its_source() -> None:
                 await server.close()
 
     run(body())
+
+
+def test_answer_from_can_answer_a_failed_source_with_a_response() -> None:
+    """``convert_error``: a failed source is answered with the response made of
+    its error (a table write batch answers each write's error in its response),
+    after ``on_error``; a converter that breaks is an internal error."""
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        errors: list[BaseException] = []
+        sources: dict[int, asyncio.Future[int]] = {}
+
+        def handle(request: EchoRequest, ctx: rpc.RequestContext) -> Any:
+            source: asyncio.Future[int] = loop.create_future()
+            sources[request.n] = source
+            broken = request.n == 2
+            return rpc.answer_from(
+                source, lambda n: EchoResponse(n=n, text="ok"), on_error=errors.append,
+                convert_error=(lambda exc: 1 // 0) if broken  # type: ignore[arg-type,return-value]
+                else lambda exc: EchoResponse(n=-1, text=f"failed: {exc}"))
+
+        server = await started({EchoRequest: handle})
+        conn = await rpc.connect("127.0.0.1", server.port)
+        try:
+            calls = [asyncio.ensure_future(conn.call(EchoRequest(n=i), timeout_s=30))
+                     for i in range(3)]
+            await wait_until(lambda: len(sources) == 3, what="3 requests parked")
+            sources[0].set_result(5)
+            assert await calls[0] == EchoResponse(n=5, text="ok")
+            failure = NotLeaderError("moved", leader_hint=None)
+            sources[1].set_exception(failure)
+            assert await calls[1] == EchoResponse(n=-1, text="failed: moved")
+            assert errors == [failure]
+            sources[2].set_exception(NotLeaderError("moved too", leader_hint=None))
+            with pytest.raises(rpc.RemoteInternalError, match="ZeroDivisionError"):
+                await calls[2]
+        finally:
+            await conn.close()
+            await server.close()
+
+    run(body())

@@ -176,3 +176,34 @@ def test_a_batch_answer_of_the_wrong_length_fails_every_write(answer: str) -> No
 
     outcomes = run(main())
     assert all("a write batch of 3 got" in str(o) for o in outcomes), outcomes
+
+
+def test_the_leader_answers_each_write_of_a_batch_as_it_came_out() -> None:
+    """``_batch_response`` (the leader's answer once the batch's last write is
+    done): results, refusals and errors per write; a write still waiting (not
+    expected: writes apply in log order) or cancelled is a retriable drop."""
+    from quorumlog.errors import TransientError, UsageError
+    from quorumlog.table._service import _batch_response
+
+    async def main() -> TableWriteBatchResponse:
+        loop = asyncio.get_running_loop()
+        done, failed, waiting, cancelled, broken = (loop.create_future() for _ in range(5))
+        done.set_result([Done()])
+        failed.set_exception(NotLeaderError("moved", leader_hint="127.0.0.1:9"))
+        cancelled.cancel()
+        broken.set_exception(ZeroDivisionError("bug"))
+        response = _batch_response([done, [Done(), Done()], DiskInsufficientError("full"),
+                                    failed, waiting, cancelled, broken])
+        waiting.cancel()
+        return response
+
+    response = run(main())
+    assert response.results == [[Done()], [Done(), Done()], [], [], [], [], []]
+    errors = [None if e is None else rpc.error_from_wire(e) for e in response.errors]
+    assert errors[:2] == [None, None]
+    assert isinstance(errors[2], DiskInsufficientError)
+    assert isinstance(errors[3], NotLeaderError) and errors[3].leader_hint == "127.0.0.1:9"
+    # a drop travels as its registered ancestor: retriable, so the client sends it again
+    assert isinstance(errors[4], TransientError) and "not applied" in str(errors[4])
+    assert isinstance(errors[5], TransientError) and "cancelled" in str(errors[5])
+    assert "ZeroDivisionError" in str(errors[6]) and not isinstance(errors[6], UsageError)

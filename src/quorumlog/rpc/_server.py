@@ -67,24 +67,29 @@ class DeferredAnswer(Generic[T, R]):
     """A plain handler's answer taken from another future, say a Raft
     proposal's (what :func:`answer_from` returns)."""
 
-    __slots__ = ("convert", "on_error", "source")
+    __slots__ = ("convert", "convert_error", "on_error", "source")
 
     def __init__(self, source: asyncio.Future[T], convert: Callable[[T], R],
-                 on_error: Callable[[BaseException], None] | None) -> None:
+                 on_error: Callable[[BaseException], None] | None,
+                 convert_error: Callable[[BaseException], R] | None = None) -> None:
         self.source = source
         self.convert = convert
         self.on_error = on_error
+        self.convert_error = convert_error
 
 
 def answer_from(source: asyncio.Future[T], convert: Callable[[T], R], *,
-                on_error: Callable[[BaseException], None] | None = None) -> DeferredAnswer[T, R]:
+                on_error: Callable[[BaseException], None] | None = None,
+                convert_error: Callable[[BaseException], R] | None = None,
+                ) -> DeferredAnswer[T, R]:
     """A plain handler's deferred answer (no task) built from another future,
     say a Raft proposal's: the server answers ``convert(source.result())``
     once ``source`` is done, or the error ``source`` failed with (after
-    ``on_error``); nothing when ``source`` is cancelled. The server waits on
-    ``source`` itself (one callback, no future of its own per request) and
-    never cancels it: a connection that closes meanwhile gets no answer."""
-    return DeferredAnswer(source, convert, on_error)
+    ``on_error``), or with ``convert_error`` the answer it makes of that error;
+    nothing when ``source`` is cancelled. The server waits on ``source``
+    itself (one callback, no future of its own per request) and never cancels
+    it: a connection that closes meanwhile gets no answer."""
+    return DeferredAnswer(source, convert, on_error, convert_error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -456,14 +461,19 @@ class _ServerProtocol(FramedProtocol):
             if source.cancelled():
                 return
             error = source.exception()
+            convert_error = deferred.convert_error
             if error is not None:
                 if deferred.on_error is not None:
                     deferred.on_error(error)
-                if not self.closing:
-                    self._send_failure(request_id, entry, error)
-                return
-            try:
-                result = deferred.convert(source.result())  # counts, even if unsent
+                if convert_error is None:
+                    if not self.closing:
+                        self._send_failure(request_id, entry, error)
+                    return
+            try:  # the conversion counts, even if unsent
+                if error is None:
+                    result = deferred.convert(source.result())
+                elif convert_error is not None:
+                    result = convert_error(error)
             except Exception as exc:
                 if not self.closing:
                     self._send_internal_error(request_id, entry, exc)

