@@ -127,6 +127,20 @@ def test_flush_writes_queued_frames_before_the_loop_turns() -> None:
     run(body())
 
 
+class Parked:
+    """A plain handler answering each request from a source future the test
+    settles (``sources`` by request n), through ``answer(n, source)``."""
+
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+        self.sources: dict[int, asyncio.Future[int]] = {}
+
+    def handle(self, request: EchoRequest, ctx: rpc.RequestContext) -> Any:
+        source: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.sources[request.n] = source
+        return self.answer(request.n, source)
+
+
 def test_answer_from_converts_fails_and_never_cancels_its_source() -> None:
     """``rpc.answer_from``: a plain handler's answer taken from a proposal's
     future (meta's and the table's writes). The server answers from the
@@ -134,19 +148,17 @@ def test_answer_from_converts_fails_and_never_cancels_its_source() -> None:
     a cancelled source; it never cancels the source, and closing the server
     does not wait for it."""
     async def body() -> None:
-        loop = asyncio.get_running_loop()
         errors: list[BaseException] = []
-        sources: dict[int, asyncio.Future[int]] = {}
 
-        def handle(request: EchoRequest, ctx: rpc.RequestContext) -> Any:
-            source: asyncio.Future[int] = loop.create_future()
-            sources[request.n] = source
-            if request.n == 4:
+        def answer(n: int, source: asyncio.Future[int]) -> Any:
+            if n == 4:
                 return rpc.answer_from(source, lambda n: 1 // 0)  # a broken converter
             return rpc.answer_from(source, lambda n: EchoResponse(n=n, text=f"n={n}"),
                                    on_error=errors.append)
 
-        server = await started({EchoRequest: handle})
+        parked = Parked(answer)
+        sources = parked.sources
+        server = await started({EchoRequest: parked.handle})
         conn = await rpc.connect("127.0.0.1", server.port)
         closed = False
         try:
@@ -193,20 +205,17 @@ def test_answer_from_can_answer_a_failed_source_with_a_response() -> None:
     its error (a table write batch answers each write's error in its response),
     after ``on_error``; a converter that breaks is an internal error."""
     async def body() -> None:
-        loop = asyncio.get_running_loop()
         errors: list[BaseException] = []
-        sources: dict[int, asyncio.Future[int]] = {}
 
-        def handle(request: EchoRequest, ctx: rpc.RequestContext) -> Any:
-            source: asyncio.Future[int] = loop.create_future()
-            sources[request.n] = source
-            broken = request.n == 2
+        def answer(n: int, source: asyncio.Future[int]) -> Any:
             return rpc.answer_from(
                 source, lambda n: EchoResponse(n=n, text="ok"), on_error=errors.append,
-                convert_error=(lambda exc: 1 // 0) if broken  # type: ignore[arg-type,return-value]
+                convert_error=(lambda exc: 1 // 0) if n == 2  # type: ignore[arg-type,return-value]
                 else lambda exc: EchoResponse(n=-1, text=f"failed: {exc}"))
 
-        server = await started({EchoRequest: handle})
+        parked = Parked(answer)
+        sources = parked.sources
+        server = await started({EchoRequest: parked.handle})
         conn = await rpc.connect("127.0.0.1", server.port)
         try:
             calls = [asyncio.ensure_future(conn.call(EchoRequest(n=i), timeout_s=30))
