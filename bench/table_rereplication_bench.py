@@ -58,6 +58,7 @@ BENCH = "table_rereplication_bench"
 TABLE = "rerep"
 REPLICAS = 3
 DEAD_NODE = 4
+PLACEMENT_ATTEMPTS_MAX = 10
 VALUE_BYTES = 64 * 1024
 VALUES_PER_BATCH = 16  # one multi-set = 1 MiB
 LOAD_THREADS = 4
@@ -199,9 +200,20 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, float]:
                     return None
 
             layout = until(create, "4 registered table nodes", START_DEADLINE_S)
+            for _ in range(PLACEMENT_ATTEMPTS_MAX):
+                if any(DEAD_NODE in record.members for record in layout.partitions):
+                    break
+                # Placement prefers node sets already in use (bounded scatter width):
+                # a small table can land on nodes 1-3 alone. Place it again.
+                client.drop_table(TABLE)
+                layout = until(create, "the table placed again", START_DEADLINE_S)
             victims = {group_id_of(layout.record.table_id, p)
                        for p, record in enumerate(layout.partitions)
                        if DEAD_NODE in record.members}
+            if not victims:
+                raise SystemExit(f"error: no placement of {args.partitions} partitions put "
+                                 f"a replica on node {DEAD_NODE} in {PLACEMENT_ATTEMPTS_MAX} "
+                                 "attempts; run again or with more partitions")
             started = time.perf_counter()
             loaded = load(client, args.partitions, args.mib_per_partition)
             load_s = time.perf_counter() - started
