@@ -35,6 +35,8 @@ from quorumlog.stream import (
 )
 from quorumlog.stream._layout import pending_prefix
 
+from .sessions import spark_session
+
 ROW_KEYS = ("partition", "ledger_id", "entry_id", "batch_index", "key", "value")
 
 
@@ -51,13 +53,7 @@ def meta(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    from quorumlog.spark import local_session
-
-    session = local_session("local[2,2]", "quorumlog-tests")
-    try:
-        yield session
-    finally:
-        session.stop()
+    yield from spark_session("local[2,2]", "quorumlog-tests")
 
 
 def run(meta: list[str], body: Any) -> Any:

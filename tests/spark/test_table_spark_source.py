@@ -26,6 +26,8 @@ if shutil.which("java") is None:
 from quorumlog import node as cluster
 from quorumlog.table import BlockingTableClient
 
+from .sessions import running_cluster, spark_session
+
 pytestmark = pytest.mark.slow
 
 PARTITIONS = 4
@@ -35,9 +37,7 @@ SORT_KEYS = 5
 
 @pytest.fixture(scope="module")
 def cluster_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    directory = tmp_path_factory.mktemp("spark-table") / "cluster"
-    with cluster.running(directory, 3):
-        yield directory
+    yield from running_cluster(tmp_path_factory, "spark-table")
 
 
 @pytest.fixture(scope="module")
@@ -47,13 +47,7 @@ def meta(cluster_dir: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    from quorumlog.spark import local_session
-
-    session = local_session("local[2,2]", "quorumlog-table-tests")
-    try:
-        yield session
-    finally:
-        session.stop()
+    yield from spark_session("local[2,2]", "quorumlog-table-tests")
 
 
 def _rows() -> list[tuple[bytes, bytes, bytes, int]]:

@@ -12,12 +12,12 @@ import pytest
 
 from quorumlog import node as cluster
 
+from ..sessions import running_cluster, spark_session
+
 
 @pytest.fixture(scope="module")
 def cluster_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    directory = tmp_path_factory.mktemp("spark-jvm") / "cluster"
-    with cluster.running(directory, 3):
-        yield directory
+    yield from running_cluster(tmp_path_factory, "spark-jvm")
 
 
 @pytest.fixture(scope="module")
@@ -27,10 +27,4 @@ def meta(cluster_dir: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    from quorumlog.spark import local_session
-
-    session = local_session("local[2]", "quorumlog-jvm-tests")
-    try:
-        yield session
-    finally:
-        session.stop()
+    yield from spark_session("local[2]", "quorumlog-jvm-tests")

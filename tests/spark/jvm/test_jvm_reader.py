@@ -172,10 +172,17 @@ def test_the_jvm_reader_reads_from_the_other_replica_while_a_bookie_is_down(
     victim = 3
     address = next(info.address for info in cluster.load(cluster_dir) if info.id == victim)
     assert any(address in bookies for bookies in ensembles)
+    reads_with_a_node_stopped(spark, cluster_dir, plan, python, victim)
+
+
+def reads_with_a_node_stopped(spark: Any, cluster_dir: Path, plan: str,
+                              expected: list[Any], victim: int) -> None:
+    """The JVM reader reads ``plan`` as ``expected`` with node ``victim`` stopped
+    (restarted afterwards, for the module's next tests)."""
     cluster.stop_node(cluster_dir, victim)
     try:
         frame = spark.read.format("quorumlog.jvm").option("plan", plan).load()
-        assert rows(frame) == python
+        assert rows(frame) == expected
     finally:
         with contextlib.suppress(Exception):
             cluster.restart_node(cluster_dir, victim, serving_timeout_s=60)
@@ -208,13 +215,7 @@ def test_the_jvm_reader_reads_striped_ledgers_entry_by_entry(
     victim = 3
     address = next(info.address for info in cluster.load(cluster_dir) if info.id == victim)
     assert all(address in f["bookies"] for r in ranges for f in r["fragments"])
-    cluster.stop_node(cluster_dir, victim)
-    try:
-        frame = spark.read.format("quorumlog.jvm").option("plan", plan).load()
-        assert rows(frame) == python
-    finally:
-        with contextlib.suppress(Exception):
-            cluster.restart_node(cluster_dir, victim, serving_timeout_s=60)
+    reads_with_a_node_stopped(spark, cluster_dir, plan, python, victim)
 
 
 class _FlippingProxy:
